@@ -1,0 +1,74 @@
+"""The ``ppmulti`` command: subcommands and their parsers only (no paddle import here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ppmulti import __version__
+from ppmulti.errors import exit_on_user_error
+
+
+def _cmd_data_demo(args: argparse.Namespace) -> int:
+    from ppmulti.data.demo import generate
+
+    ds = generate(args.dir, fmt=args.format, n_train=args.train, n_val=args.val, size=args.size, seed=args.seed)
+    print(f"demo dataset written to {ds.root} ({args.train} train / {args.val} val images, {args.format})")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ppmulti.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppmulti",
+        description="Multi-GPU and multi-machine YOLO training on PaddlePaddle (ppdet inside).")
+    parser.add_argument("--version", action="version", version=f"ppmulti {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="generate the demo data, train the demo config, evaluate, summarise")
+    demo.add_argument("--data", default="dataset/demo", help="demo dataset directory (default: dataset/demo)")
+    demo.add_argument("--output", help="run directory (default: output/ppyoloe_demo, numbered)")
+    demo.add_argument("--epochs", type=int, help="epochs (default: the demo config's)")
+    demo.add_argument("--nproc", type=int, default=1, help="train as N ranks on this machine (gloo on CPU)")
+    demo.add_argument("--config", help="config to train (default: configs/demo/ppyoloe_demo.yml)")
+    demo.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                      help="config overrides, e.g. -o TrainReader.batch_size=4")
+    demo.set_defaults(func=_cmd_demo)
+
+    data = sub.add_parser("data", help="dataset utilities")
+    data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")
+    gen = data_sub.add_parser("demo", help="write the synthetic demo detection dataset")
+    gen.add_argument("dir", help="output directory, e.g. dataset/demo")
+    gen.add_argument("--format", choices=("coco", "yolo", "both"), default="both")
+    gen.add_argument("--train", type=int, default=256, help="training images (default 256)")
+    gen.add_argument("--val", type=int, default=64, help="validation images (default 64)")
+    gen.add_argument("--size", type=int, default=256, help="image side in pixels (default 256)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_cmd_data_demo)
+    data.set_defaults(func=lambda a: (data.print_help(), 2)[1])
+
+    try:
+        from ppmulti.launch import command as launch_command
+    except ImportError:  # pragma: no cover - the launcher package is part of ppmulti
+        launch_command = None
+    if launch_command is not None:
+        launch_command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return exit_on_user_error(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The training run around ppdet's parts: build, loop, evaluate, checkpoint, resume."""

@@ -1,0 +1,23 @@
+"""The one exception type for bad user input, and how it becomes a one-line exit."""
+
+from __future__ import annotations
+
+import sys
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit code 2, never a traceback.
+
+    The message names the offending path, key or flag and says how to fix it.
+    """
+
+    exit_code = 2
+
+
+def exit_on_user_error(func, *args, **kwargs) -> int:
+    """Run ``func``; turn a UserError into one line on stderr and its exit code."""
+    try:
+        return func(*args, **kwargs) or 0
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code

@@ -1,0 +1,1 @@
+"""Run directories, detached runs and hyperparameter evolution."""

@@ -1,0 +1,49 @@
+"""Shared fixtures: the repo paths, a small demo dataset, and a subprocess runner for the CLI tools."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+DEMO_CONFIG = CONFIGS / "demo" / "ppyoloe_demo.yml"
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def small_demo(tmp_path_factory) -> Path:
+    """48 train / 16 val images of 128 px in both formats, made once per test session."""
+    from ppmulti.data.demo import generate
+
+    root = tmp_path_factory.mktemp("demo") / "data"
+    generate(root, fmt="both", n_train=48, n_val=16, size=128, seed=3)
+    return root
+
+
+def demo_overrides(root: Path, size: int = 128) -> list[str]:
+    """-o values that point the demo config at ``root`` and shrink it for tests."""
+    return [f"TrainDataset.dataset_dir={root}", f"EvalDataset.dataset_dir={root}",
+            f"TestDataset.dataset_dir={root}", f"eval_height={size}", f"eval_width={size}",
+            f"TrainReader.batch_transforms=[{{BatchRandomResize: {{target_size: [{size}], random_size: true, "
+            f"random_interp: false, keep_ratio: false}}}}, {{NormalizeImage: {{mean: [0.485, 0.456, 0.406], "
+            f"std: [0.229, 0.224, 0.225], is_scale: true}}}}, {{Permute: {{}}}}, {{PadGT: {{}}}}]",
+            "worker_num=0", "log_iter=2"]
+
+
+def run_tool(args: list[str], cwd: Path | None = None, timeout: float = 600, env: dict | None = None):
+    """Run a command as a user would (``python tools/x.py ...`` or ``python -m ppmulti.cli ...``)."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONPATH", str(REPO))
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, *args], cwd=cwd or REPO, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)

@@ -1,0 +1,35 @@
+"""Evaluate weights on a config's EvalDataset (COCO bbox mAP); shards across ranks when launched."""
+
+import argparse
+import json
+import sys
+
+from ppmulti.errors import exit_on_user_error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("-c", "--config", required=True, help="ppdet YAML config, e.g. configs/yolo.yml")
+    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE")
+    p.add_argument("--weights", help="a .pdparams file or a run directory (uses weights/best)")
+    p.add_argument("--save-json", help="also write the metrics to this json file")
+    return p
+
+
+def run(args) -> int:
+    from ppmulti import dist
+    from ppmulti.engine.inference import evaluate
+
+    overrides = [x for group in args.opt for x in group]
+    result = evaluate(args.config, overrides, args.weights, args.save_json)
+    if dist.is_main():
+        print(json.dumps(result))
+    return 0
+
+
+def main(argv=None) -> int:
+    return exit_on_user_error(run, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

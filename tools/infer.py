@@ -1,0 +1,36 @@
+"""Detect objects in images and write them with their boxes drawn, as PNGs, plus detections.json."""
+
+import argparse
+import sys
+
+from ppmulti.errors import exit_on_user_error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("-c", "--config", required=True, help="ppdet YAML config")
+    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE")
+    p.add_argument("--weights", help="a .pdparams file or a run directory (uses weights/best)")
+    p.add_argument("--infer_img", "--infer-img", dest="infer_img", help="one image")
+    p.add_argument("--infer_dir", "--infer-dir", dest="infer_dir", help="a directory of images")
+    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output/infer")
+    p.add_argument("--draw_threshold", "--draw-threshold", dest="draw_threshold", type=float, default=0.5)
+    return p
+
+
+def run(args) -> int:
+    from ppmulti.engine.inference import predict
+
+    overrides = [x for group in args.opt for x in group]
+    written = predict(args.config, overrides, args.weights, args.infer_img, args.infer_dir, args.output_dir,
+                      args.draw_threshold)
+    print(f"{len(written)} images written to {args.output_dir}")
+    return 0
+
+
+def main(argv=None) -> int:
+    return exit_on_user_error(run, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
