@@ -35,7 +35,7 @@ def run_demo(args: argparse.Namespace) -> int:
     overrides = [f"{section}.dataset_dir={data}" for section in ("TrainDataset", "EvalDataset", "TestDataset")]
     overrides += [item for group in (args.opt or []) for item in group]
     output = Path(args.output) if args.output else new_run_dir(Path("output"), config.stem)
-    train_argv = ["-c", str(config), "-o", *overrides, "--output", str(output), "--exist-ok"]
+    train_argv = ["-c", str(config), "-o", *overrides, "--output", str(output), "--exist-ok", "--eval"]
     if args.epochs:
         train_argv += ["--epochs", str(args.epochs)]
     if args.nproc < 1:

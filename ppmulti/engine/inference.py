@@ -85,7 +85,6 @@ def predict(config: str, overrides: list[str], weights: str | None, image: str |
     from ppdet.core.workspace import create
     from ppdet.data.source.category import get_categories
     from ppdet.metrics.coco_utils import get_infer_results
-    from ppdet.utils.visualizer import visualize_results
     import paddle
 
     images = _collect_images(image, image_dir)
@@ -113,17 +112,40 @@ def predict(config: str, overrides: list[str], weights: str | None, image: str |
     for im_id, dets in sorted(by_image.items()):
         src = Path(imid2path[im_id])
         img = Image.open(src).convert("RGB")
-        drawn = visualize_results(img, dets, None, None, None, None, im_id, catid2name, threshold)
-        dst = out / (src.stem + ".png")
-        drawn.save(dst, format="PNG")
-        written.append(dst)
         kept = [d for d in dets if d["score"] >= threshold]
+        draw_boxes(img, kept, catid2name)
+        dst = out / (src.stem + ".png")
+        img.save(dst, format="PNG")
+        written.append(dst)
         records.append({"image": str(src), "output": str(dst), "detections": [
             {"category": catid2name.get(d["category_id"], str(d["category_id"])), "score": round(float(d["score"]), 4),
              "bbox_xywh": [round(float(v), 2) for v in d["bbox"]]} for d in kept]})
         log.info("%s: %d objects >= %.2f -> %s", src.name, len(kept), threshold, dst)
     atomic_write_text(out / "detections.json", json.dumps(records, indent=2) + "\n")
     return written
+
+
+PALETTE = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240),
+           (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128)]
+
+
+def draw_boxes(img, detections: list[dict], catid2name: dict) -> None:
+    """Draw COCO-style detections (bbox x,y,w,h) with class name and score onto a PIL image.
+
+    Written here because ppdet 2.6.0's visualizer calls ``ImageDraw.textsize``, which Pillow 10 removed.
+    """
+    from PIL import ImageDraw
+
+    draw = ImageDraw.Draw(img)
+    for det in detections:
+        x, y, w, h = det["bbox"]
+        color = PALETTE[int(det["category_id"]) % len(PALETTE)]
+        draw.rectangle([x, y, x + w, y + h], outline=color, width=2)
+        label = f"{catid2name.get(det['category_id'], det['category_id'])} {det['score']:.2f}"
+        left, top, right, bottom = draw.textbbox((x, y), label)
+        th = bottom - top
+        draw.rectangle([x, max(0, y - th - 2), x + (right - left) + 4, max(th + 2, y)], fill=color)
+        draw.text((x + 2, max(0, y - th - 2)), label, fill=(255, 255, 255))
 
 
 def export(config: str, overrides: list[str], weights: str | None, output_dir: str) -> Path:
