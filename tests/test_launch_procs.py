@@ -1,0 +1,226 @@
+"""ppmulti launch for real: gloo ranks on this CPU, two "nodes" on loopback addresses, taken ports, missing nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+REPO = Path(__file__).resolve().parents[1]
+ALLREDUCE = str(REPO / "tests" / "fixtures" / "allreduce_script.py")
+SLEEPER = str(REPO / "tests" / "fixtures" / "launch_sleep.py")
+
+
+def _free(port: int, host: str = "") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def free_ports(n: int) -> int:
+    """A base port p with p .. p+n-1 all free (outside Paddle's random 35100-64000 range)."""
+    for _ in range(200):
+        base = random.randint(20000, 34000)
+        if all(_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PADDLE_", "FLAGS_START_PORT", "POD_IP", "MASTER_", "RANK", "WORLD_SIZE"))}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+class Launches:
+    """Starts ``ppmulti launch`` processes in their own process groups; kills every group at teardown."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = self.tmp / f"launch{len(self.procs)}.out"
+        proc = subprocess.Popen([sys.executable, "-m", "ppmulti.cli", "launch", *args], cwd=self.tmp,
+                                env=env or _env(), stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append((proc, log))
+        return proc
+
+    def output(self, proc: subprocess.Popen) -> str:
+        return next(log for p, log in self.procs if p is proc).read_text(errors="replace")
+
+    def wait(self, proc: subprocess.Popen, timeout: float) -> int:
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"launch did not finish in {timeout}s:\n{self.output(proc)[-3000:]}")
+
+    def close(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(proc.pid, sig)
+                        proc.wait(timeout=20)
+                        break
+                    except (ProcessLookupError, subprocess.TimeoutExpired):
+                        continue
+
+
+@pytest.fixture
+def launches(tmp_path):
+    runs = Launches(tmp_path)
+    try:
+        yield runs
+    finally:
+        runs.close()
+
+
+def _records(out: Path, n: int) -> list[dict]:
+    files = sorted(out.glob("rank*.json"))
+    assert len(files) == n, [f.name for f in files]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def test_two_ranks_on_one_machine(launches, tmp_path):
+    out = tmp_path / "out"
+    proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), ALLREDUCE, str(out),
+                          "--", "--flag-for-script")
+    assert launches.wait(proc, 120) == 0, launches.output(proc)[-3000:]
+    records = _records(out, 2)
+    for rank, rec in enumerate(records):
+        assert rec["sum"] == 1.0 and rec["world_size"] == 2 and rec["name"] == "__main__"
+        assert rec["argv"] == [str(out), "--", "--flag-for-script"]
+        env = rec["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
+            (str(rank), str(rank), "2", "2")
+        assert f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == env["PADDLE_MASTER"]  # the store Paddle uses
+        assert env["PADDLE_DISTRI_BACKEND"] == "gloo"
+
+
+def test_two_nodes_with_ips_and_flags_start_port(launches, tmp_path):
+    start = free_ports(2) + 1          # start_port - 1 is ppmulti's rendezvous on node 0
+    env = _env(FLAGS_START_PORT=str(start))
+    out = tmp_path / "out"
+    common = ["--ips", "127.0.0.2,127.0.0.3", "--rdzv-timeout", "60"]
+    dry = subprocess.run([sys.executable, "-m", "ppmulti.cli", "launch", *common, "--host", "127.0.0.2",
+                          "--dry-run", ALLREDUCE, str(out)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert f"--start_port {start} " in dry.stdout.splitlines()[0], dry.stdout + dry.stderr
+    node0 = launches.start(*common, "--host", "127.0.0.2", "--log_dir", str(tmp_path / "l0"), ALLREDUCE, str(out),
+                           env=env)
+    node1 = launches.start(*common, "--host", "127.0.0.3", "--log_dir", str(tmp_path / "l1"), ALLREDUCE, str(out),
+                           env=env)
+    assert launches.wait(node0, 150) == 0, launches.output(node0)[-3000:]
+    assert launches.wait(node1, 60) == 0, launches.output(node1)[-3000:]
+    records = _records(out, 2)
+    for rank, rec in enumerate(records):
+        assert rec["sum"] == 1.0 and rec["env"]["RANK"] == str(rank) and rec["env"]["GROUP_RANK"] == str(rank)
+        assert rec["env"]["PADDLE_TRAINER_ENDPOINTS"] == f"127.0.0.2:{start},127.0.0.3:{start}"
+        assert rec["env"]["MASTER_ADDR"] == "127.0.0.2" and rec["env"]["MASTER_PORT"] == str(start)
+
+
+def test_two_nodes_with_master_addr(launches, tmp_path):
+    port = free_ports(2)
+    out = tmp_path / "out"
+    common = ["--nnodes", "2", "--master_addr", "127.0.0.1", "--master_port", str(port), "--rdzv-timeout", "60"]
+    node1 = launches.start(*common, "--node_rank", "1", "--log_dir", str(tmp_path / "l1"), ALLREDUCE, str(out))
+    time.sleep(0.5)                  # node 1 first: it must wait for node 0, not fail
+    node0 = launches.start(*common, "--node_rank", "0", "--log_dir", str(tmp_path / "l0"), ALLREDUCE, str(out))
+    assert launches.wait(node0, 150) == 0, launches.output(node0)[-3000:]
+    assert launches.wait(node1, 60) == 0, launches.output(node1)[-3000:]
+    records = _records(out, 2)
+    assert [r["sum"] for r in records] == [1.0, 1.0]
+    assert [r["env"]["RANK"] for r in records] == ["0", "1"] and records[1]["env"]["GROUP_RANK"] == "1"
+    assert "node 1 joined" in launches.output(node0)
+
+
+@pytest.mark.parametrize("how", ["master_port", "master_port_multinode", "start_port", "FLAGS_START_PORT"])
+def test_taken_port_is_a_one_line_error_naming_port_and_flag(launches, tmp_path, how):
+    port = free_ports(2)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", port))
+    blocker.listen(1)
+    env = None
+    if how == "master_port":
+        args, flag = ["--nproc_per_node", "2", "--master_port", str(port)], "--master_port"
+    elif how == "master_port_multinode":
+        args, flag = ["--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
+                      str(port)], "--master_port"
+    elif how == "start_port":
+        args, flag = ["--ips", "127.0.0.1", "--nproc_per_node", "2", "--start_port", str(port)], "--start_port"
+    else:
+        args, flag, env = ["--ips", "127.0.0.1", "--nproc_per_node", "2"], "FLAGS_START_PORT", \
+            _env(FLAGS_START_PORT=str(port))
+    try:
+        t = time.time()
+        proc = launches.start(*args, ALLREDUCE, str(tmp_path / "out"), env=env)
+        code = launches.wait(proc, 30)
+        text = launches.output(proc)
+    finally:
+        blocker.close()
+    assert code == 2 and time.time() - t < 10, text
+    errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in text, text
+    assert f"port {port} " in errors[0] and flag in errors[0] and "already in use" in errors[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("who", ["node0_alone", "node1_alone", "ips_node0_alone"])
+def test_missing_node_times_out_and_is_named(launches, tmp_path, who):
+    port = free_ports(2)
+    if who == "node0_alone":
+        args = ["--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port", str(port)]
+        needle = "missing node_rank 1"
+    elif who == "node1_alone":
+        args = ["--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--master_port", str(port)]
+        needle = f"node 0 at 127.0.0.1:{port} did not answer"
+    else:
+        args = ["--ips", "127.0.0.2,127.0.0.3", "--host", "127.0.0.2", "--start_port", str(port + 1)]
+        needle = "missing node_rank 1 (127.0.0.3)"
+    t = time.time()
+    proc = launches.start(*args, "--rdzv-timeout", "4", ALLREDUCE, str(tmp_path / "out"))
+    code = launches.wait(proc, 30)
+    text = launches.output(proc)
+    assert code != 0 and time.time() - t < 30, text
+    assert needle in text and "--rdzv-timeout" in text, text
+
+
+def test_sigterm_reaches_the_ranks(launches, tmp_path):
+    out = tmp_path / "out"
+    proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), SLEEPER, str(out))
+    deadline = time.time() + 60
+    while len(list(out.glob("pid*"))) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in out.glob("pid*")]
+    assert len(pids) == 2, launches.output(proc)
+    proc.send_signal(signal.SIGTERM)           # to ppmulti only, as a scheduler would
+    launches.wait(proc, 45)
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"ranks {alive} outlived the launch"
