@@ -115,6 +115,8 @@ def sync_eval_size(cfg) -> None:
         for op in section.get("sample_transforms", []) or []:
             if isinstance(op, dict) and "Resize" in op and isinstance(op["Resize"], dict):
                 op["Resize"]["target_size"] = [h, w]
+            if isinstance(op, dict) and "Pad" in op and isinstance(op["Pad"], dict) and "size" in op["Pad"]:
+                op["Pad"]["size"] = [h, w]
         inputs_def = section.get("inputs_def")
         if isinstance(inputs_def, dict) and "image_shape" in inputs_def:
             inputs_def["image_shape"] = [3, h, w]
