@@ -71,6 +71,11 @@ MASTER_PORT = "MASTER_PORT"
 # --- ppmulti's own ---
 PPMULTI_NODE_RANK = "PPMULTI_NODE_RANK"
 PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: the runner knows ranks started
+# The ssh fan-out's tag on every process it starts on a node (launcher, Paddle, ranks): the node is cleaned
+# up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
+PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"
+PYTHONPATH = "PYTHONPATH"
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"                  # node output is streamed line by line through ssh
 
 # Everything a launcher or a worker leaves behind that would steer a *new* launch started from inside
 # a worker (evolution, a re-exec): Paddle's launcher lets these override its flags or its mode.

@@ -36,6 +36,11 @@ def _launch(argv: list[str]) -> int:
         build_parser().print_help(sys.stderr)
         return 2
     ns = parse_launch_args(argv)
+    from ppmulti.launch.nodes import check_nodes_only_flags, launch_nodes
+
+    if ns.nodes:
+        return launch_nodes(argv)   # ssh fan-out: the same launch on every node (nodes.py)
+    check_nodes_only_flags(ns)
     # address discovery can wait on DNS; only multi-node launches need it
     need_addrs = bool(ns.ips or ns.master_addr or ns.master)
     plan = build_plan(ns, os.environ, local_addresses() if need_addrs else set(), visible_gpu_count(os.environ))

@@ -26,6 +26,7 @@ class Flag:
     help: str
     takes_value: bool = True
     metavar: str | None = None
+    repeat: bool = False      # may be given several times; the values are kept in order
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -66,6 +67,25 @@ FLAGS: tuple[Flag, ...] = (
          metavar="SECONDS"),
     Flag(("--dry-run", "--dry_run"), "dry_run", "print the Paddle command and environment changes; run nothing",
          takes_value=False),
+    # --- ssh fan-out (ppmulti/launch/nodes.py): one command starts the launch on every node ---
+    Flag(("--nodes",), "nodes",
+         "start this launch on every node over ssh (BatchMode, your ssh config and keys), node rank = position, "
+         "e.g. 10.0.0.1,10.0.0.2; the first is the master. Replaces --nnodes/--node_rank/--master_addr/--ips/--host", metavar="HOST,HOST"),
+    Flag(("--ssh-port", "--ssh_port"), "ssh_port", "with --nodes: ssh port, e.g. 2222 (default: your ssh config's)",
+         metavar="PORT"),
+    Flag(("--ssh-identity", "--ssh_identity"), "ssh_identity", "with --nodes: ssh key file, e.g. ~/.ssh/id_ed25519",
+         metavar="KEY"),
+    Flag(("--ssh-config", "--ssh_config"), "ssh_config", "with --nodes: ssh config file (ssh -F), e.g. ~/.ssh/cluster",
+         metavar="FILE"),
+    Flag(("--ssh-option", "--ssh_option"), "ssh_option",
+         "with --nodes: an ssh -o option, repeatable, e.g. StrictHostKeyChecking=accept-new", metavar="KEY=VALUE",
+         repeat=True),
+    Flag(("--ssh-timeout", "--ssh_timeout"), "ssh_timeout",
+         "with --nodes: seconds to wait for each node's ssh connection, e.g. 10 (default 10)", metavar="SECONDS"),
+    Flag(("--remote-cwd", "--remote_cwd"), "remote_cwd",
+         "with --nodes: working directory on every node, e.g. /data/ppmulti (default: this directory)", metavar="DIR"),
+    Flag(("--remote-python", "--remote_python"), "remote_python",
+         "with --nodes: Python on every node, e.g. /opt/venv/bin/python (default: this one)", metavar="PATH"),
 )
 
 # torchrun/Paddle flags that ppmulti cannot honour: refused by name, each with the way out.
@@ -118,9 +138,12 @@ def build_parser(prog: str = "ppmulti launch") -> argparse.ArgumentParser:
                f"  {prog} --nproc_per_node 2 tools/train.py -c configs/yolo.yml\n"
                f"  {prog} --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 tools/train.py ...\n"
                f"  {prog} --ips 10.0.0.1,10.0.0.2 --gpus 0,1,2,3 tools/train.py ...\n"
+               f"  {prog} --nodes 10.0.0.1,10.0.0.2 --nproc_per_node 2 tools/train.py -c configs/yolo.yml\n"
                "workers also get torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT")
     for flag in FLAGS:
-        if flag.takes_value:
+        if flag.repeat:
+            parser.add_argument(*flag.names, dest=flag.dest, help=flag.help, metavar=flag.metavar, action="append")
+        elif flag.takes_value:
             parser.add_argument(*flag.names, dest=flag.dest, help=flag.help, metavar=flag.metavar)
         else:
             parser.add_argument(*flag.names, dest=flag.dest, help=flag.help, action="store_true")
