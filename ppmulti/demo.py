@@ -18,6 +18,14 @@ def _fmt_duration(seconds: float) -> str:
     return f"{m}m{s:02d}s"
 
 
+def default_nproc() -> int:
+    """Two ranks where two cores exist: one Paddle CPU process uses about one core (see STACK notes)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 2 if cores >= 2 else 1
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from ppmulti.data.demo import exists, generate
     from ppmulti.runs.rundir import new_run_dir
@@ -35,9 +43,12 @@ def run_demo(args: argparse.Namespace) -> int:
     overrides = [f"{section}.dataset_dir={data}" for section in ("TrainDataset", "EvalDataset", "TestDataset")]
     overrides += [item for group in (args.opt or []) for item in group]
     output = Path(args.output) if args.output else new_run_dir(Path("output"), config.stem)
-    train_argv = ["-c", str(config), "-o", *overrides, "--output", str(output), "--exist-ok", "--eval"]
+    train_argv = ["-c", str(config), "-o", *overrides, "--output", str(output), "--exist-ok", "--eval",
+                  "--batch", str(args.batch)]
     if args.epochs:
         train_argv += ["--epochs", str(args.epochs)]
+    if args.nproc is None:
+        args.nproc = default_nproc()
     if args.nproc < 1:
         raise UserError(f"--nproc {args.nproc}: need at least 1 process")
     print(f"demo: training {config} as {args.nproc} rank(s); run directory {output}", flush=True)

@@ -7,19 +7,20 @@ import json
 import numpy as np
 import pytest
 
-from conftest import DEMO_CONFIG, demo_overrides, run_tool
+from conftest import DEMO_CONFIG, REPO, demo_overrides, run_tool
+from test_launch_procs import Launches, _env, free_ports
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 
 def _train_args(data, out, *extra):
-    return ["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(data), *extra, "--output", str(out)]
+    return [str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(data), *extra, "--output", str(out)]
 
 
 def test_two_ranks_train_eval_checkpoint(small_demo, tmp_path):
     out = tmp_path / "run"
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
-                     *_train_args(small_demo, out, "--batch", "8", "--epochs", "2", "--eval")])
+                     *_train_args(small_demo, out, "--batch", "8", "--epochs", "2", "--eval")], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["global_batch"] == 8
@@ -35,7 +36,7 @@ def test_two_ranks_train_eval_checkpoint(small_demo, tmp_path):
 
 def test_train_py_device_cpu_nproc_relaunches(small_demo, tmp_path):
     out = tmp_path / "run"
-    proc = run_tool(_train_args(small_demo, out, "--device", "cpu", "--nproc", "2", "--epochs", "1"))
+    proc = run_tool(_train_args(small_demo, out, "--device", "cpu", "--nproc", "2", "--epochs", "1"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert json.loads((out / "metrics.json").read_text())["world_size"] == 2
 
@@ -52,27 +53,22 @@ def test_paddle_launcher_without_ppmulti(small_demo, tmp_path):
 
 def test_global_batch_not_divisible(small_demo, tmp_path):
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
-                     *_train_args(small_demo, tmp_path / "run", "--batch", "7")])
+                     *_train_args(small_demo, tmp_path / "run", "--batch", "7")], cwd=tmp_path)
     assert proc.returncode != 0
-    logs = proc.stdout + proc.stderr + "".join(p.read_text() for p in tmp_path.rglob("*.log"))
-    logs += "".join(p.read_text() for p in tmp_path.rglob("workerlog*"))
-    assert "--batch 7 is not divisible by the world size 2" in logs or \
-        "--batch 7 is not divisible by the world size 2" in _worker_logs()
+    assert "--batch 7 is not divisible by the world size 2" in _all_output(proc, tmp_path)
 
 
-def _worker_logs() -> str:
-    from pathlib import Path
-
-    return "".join(p.read_text(errors="replace") for p in Path("log").glob("workerlog*")) if Path("log").is_dir() else ""
+def _all_output(proc, tmp_path) -> str:
+    """What the launcher printed plus every worker log Paddle wrote under tmp_path/log."""
+    text = proc.stdout + proc.stderr
+    return text + "".join(p.read_text(errors="replace") for p in tmp_path.rglob("workerlog*"))
 
 
 def test_sync_bn_on_cpu_stops_clearly(small_demo, tmp_path):
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
-                     *_train_args(small_demo, tmp_path / "run", "--batch", "8", "--sync-bn")])
+                     *_train_args(small_demo, tmp_path / "run", "--batch", "8", "--sync-bn")], cwd=tmp_path)
     assert proc.returncode != 0
-    text = proc.stdout + proc.stderr + "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.log"))
-    text += _worker_logs()
-    assert "no CPU kernel for sync_batch_norm" in text
+    assert "no CPU kernel for sync_batch_norm" in _all_output(proc, tmp_path)
 
 
 def _weights(npz):
@@ -84,7 +80,8 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path, repo):
     script = str(repo / "tests" / "fixtures" / "equivalence_train.py")
     one = run_tool([script, str(tmp_path / "one.npz"), "8", "6"])
     assert one.returncode == 0, one.stderr[-2000:]
-    two = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path / "two.npz"), "8", "6"])
+    two = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path / "two.npz"), "8", "6"],
+                   cwd=tmp_path)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
     half = run_tool([script, str(tmp_path / "half.npz"), "4", "6"])
     assert half.returncode == 0
@@ -93,3 +90,29 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path, repo):
         np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
     # the control: a different global batch really gives different weights
     assert max(np.abs(a[k] - c[k]).max() for k in a) > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["master", "ips"])
+def test_two_nodes_train_together(small_demo, tmp_path, mode):
+    """Two "machines" on loopback: one rank each, one world of 2, one run directory."""
+    out = tmp_path / "run"
+    port = free_ports(4)
+    launches = Launches(tmp_path)
+    try:
+        procs = []
+        for rank, host in enumerate(("127.0.0.2", "127.0.0.3")):
+            if mode == "master":
+                flags = ["--master_addr", "127.0.0.1", "--master_port", str(port), "--nnodes", "2",
+                         "--node_rank", str(rank)]
+            else:
+                flags = ["--ips", "127.0.0.2,127.0.0.3", "--host", host, "--start_port", str(port + 1)]
+            flags += ["--nproc_per_node", "1", "--log_dir", str(tmp_path / f"log{rank}")]
+            procs.append(launches.start(*flags, *_train_args(small_demo, out, "--batch", "8", "--epochs", "1"),
+                                        env=_env()))
+        codes = [launches.wait(p, timeout=400) for p in procs]
+        assert codes == [0, 0], [launches.output(p)[-2000:] for p in procs]
+    finally:
+        launches.close()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["global_batch"] == 8
+    assert (out / "logs" / "rank1.log").is_file()
