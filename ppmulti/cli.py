@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nproc", type=int, default=None,
                       help="train as N ranks on this machine (gloo on CPU); default 2 where there are 2+ cores "
                            "(a Paddle CPU process keeps about one core busy), else 1")
-    demo.add_argument("--batch", type=int, default=8, help="global batch, split across the ranks (default 8)")
+    demo.add_argument("--batch", type=int, default=16, help="global batch, split across the ranks (default 16)")
     demo.add_argument("--config", help="config to train (default: configs/demo/ppyoloe_demo.yml)")
     demo.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                       help="config overrides, e.g. -o TrainReader.batch_size=4")

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 def trained(small_demo, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "demo"
     proc = run_tool(["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
-                     "PPYOLOEHead.static_assigner_epoch=1", "--epochs", "4", "--eval", "--output", str(out)])
+                     "PPYOLOEHead.static_assigner_epoch=1", "snapshot_epoch=1", "--epochs", "4", "--eval",
+                     "--output", str(out)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -40,6 +41,18 @@ def test_run_directory_contents(trained):
     metrics = json.loads((trained / "metrics.json").read_text())
     assert 0.0 <= metrics["mAP50"] <= 1.0 and 0.0 <= metrics["mAP50_95"] <= metrics["mAP50"]
     assert metrics["epochs"] == 4 and metrics["images"] == 16
+
+
+def test_visualdl_log_on_rank0(trained):
+    from visualdl import LogReader
+
+    files = list((trained / "vdl").glob("vdlrecords.*"))
+    assert len(files) == 1
+    reader = LogReader(file_path=str(files[0]))
+    tags = reader.get_tags()["scalar"]
+    for tag in ("train/loss", "train/lr", "train/images_per_s", "eval/mAP50", "eval/mAP50_95"):
+        assert tag in tags, tags
+    assert len(reader.get_data("scalar", "eval/mAP50")) == 4
 
 
 def test_training_lowers_the_box_losses(trained):

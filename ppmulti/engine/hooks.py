@@ -1,4 +1,4 @@
-"""Training hooks, one concern each: console log, checkpoints, results.csv and metrics.json."""
+"""Training hooks, one concern each: console log, checkpoints, results.csv/metrics.json, VisualDL."""
 
 from __future__ import annotations
 
@@ -127,3 +127,48 @@ class ResultsHook(Hook):
         if trainer.state.best_map >= 0:
             metrics["best_mAP50_95"] = trainer.state.best_map
         atomic_write_text(Path(trainer.run_dir) / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+
+
+class VisualDLHook(Hook):
+    """Rank 0 writes a VisualDL log under ``run_dir/vdl``: losses, lr and global images/s per logging
+    step, mAP per evaluated epoch. ``visualdl --logdir RUN_DIR/vdl`` shows it."""
+
+    def before_train(self, trainer) -> None:
+        self.writer = None
+        if not dist.is_main():
+            return
+        from visualdl import LogWriter
+
+        self.writer = LogWriter(logdir=str(Path(trainer.run_dir) / "vdl"))
+        self.interval = max(1, int(trainer.cfg.get("log_iter", 20)))
+        self.tic = time.time()
+        self.steps = 0
+
+    def after_step(self, trainer, epoch, step, outputs, lr, data_time) -> None:
+        if self.writer is None:
+            return
+        self.steps += 1
+        if (step + 1) % self.interval:
+            return
+        g = trainer.state.global_step
+        for key, value in outputs.items():
+            if key.startswith("loss"):
+                self.writer.add_scalar(f"train/{key}", float(value.numpy().reshape(-1)[0]), g)
+        self.writer.add_scalar("train/lr", float(lr), g)
+        elapsed = time.time() - self.tic
+        if elapsed > 0:
+            self.writer.add_scalar("train/images_per_s", self.steps * trainer.batch.global_batch / elapsed, g)
+        self.writer.add_scalar("train/data_time", float(data_time), g)
+        self.tic, self.steps = time.time(), 0
+
+    def after_epoch(self, trainer, stats) -> None:
+        if self.writer is None:
+            return
+        self.writer.add_scalar("epoch/images_per_s", stats.images_per_s, stats.epoch + 1)
+        if stats.metrics:
+            self.writer.add_scalar("eval/mAP50", stats.metrics["mAP50"], stats.epoch + 1)
+            self.writer.add_scalar("eval/mAP50_95", stats.metrics["mAP50_95"], stats.epoch + 1)
+
+    def after_train(self, trainer) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 from ppmulti import config as config_mod
 from ppmulti import dist
 from ppmulti.engine import checkpoint as ckpt
-from ppmulti.engine.hooks import CheckpointHook, ConsoleLogHook, Hook, ResultsHook
+from ppmulti.engine.hooks import CheckpointHook, ConsoleLogHook, Hook, ResultsHook, VisualDLHook
 from ppmulti.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
 from ppmulti.errors import UserError
 
@@ -244,7 +244,7 @@ class Trainer:
             getattr(hook, name)(self, *args)
 
     def default_hooks(self) -> None:
-        self.register(ConsoleLogHook(), CheckpointHook(), ResultsHook())
+        self.register(ConsoleLogHook(), CheckpointHook(), ResultsHook(), VisualDLHook())
 
     def train(self) -> dict:
         """Run every remaining epoch; return the final metrics (as written to metrics.json)."""
