@@ -5,13 +5,12 @@ import json
 import sys
 
 from ppmulti.errors import exit_on_user_error
+from ppmulti.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("-c", "--config", required=True, help="ppdet YAML config, e.g. configs/yolo.yml")
-    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE")
-    p.add_argument("--weights", help="a .pdparams file or a run directory (uses weights/best)")
+    add_model_args(p)
     p.add_argument("--save-json", help="also write the metrics to this json file")
     return p
 
@@ -20,8 +19,7 @@ def run(args) -> int:
     from ppmulti import dist
     from ppmulti.engine.inference import evaluate
 
-    overrides = [x for group in args.opt for x in group]
-    result = evaluate(args.config, overrides, args.weights, args.save_json)
+    result = evaluate(args.config, overrides(args), args.weights, args.save_json)
     if dist.is_main():
         print(json.dumps(result))
     return 0

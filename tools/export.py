@@ -4,13 +4,12 @@ import argparse
 import sys
 
 from ppmulti.errors import exit_on_user_error
+from ppmulti.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("-c", "--config", required=True, help="ppdet YAML config")
-    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE")
-    p.add_argument("--weights", help="a .pdparams file or a run directory (uses weights/best)")
+    add_model_args(p)
     p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output_inference")
     return p
 
@@ -18,8 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     from ppmulti.engine.inference import export
 
-    overrides = [x for group in args.opt for x in group]
-    dst = export(args.config, overrides, args.weights, args.output_dir)
+    dst = export(args.config, overrides(args), args.weights, args.output_dir)
     print(f"inference model written to {dst}")
     return 0
 

@@ -4,13 +4,12 @@ import argparse
 import sys
 
 from ppmulti.errors import exit_on_user_error
+from ppmulti.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("-c", "--config", required=True, help="ppdet YAML config")
-    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE")
-    p.add_argument("--weights", help="a .pdparams file or a run directory (uses weights/best)")
+    add_model_args(p)
     p.add_argument("--infer_img", "--infer-img", dest="infer_img", help="one image")
     p.add_argument("--infer_dir", "--infer-dir", dest="infer_dir", help="a directory of images")
     p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output/infer")
@@ -21,8 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     from ppmulti.engine.inference import predict
 
-    overrides = [x for group in args.opt for x in group]
-    written = predict(args.config, overrides, args.weights, args.infer_img, args.infer_dir, args.output_dir,
+    written = predict(args.config, overrides(args), args.weights, args.infer_img, args.infer_dir, args.output_dir,
                       args.draw_threshold)
     print(f"{len(written)} images written to {args.output_dir}")
     return 0

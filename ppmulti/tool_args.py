@@ -1,0 +1,17 @@
+"""Flags shared by the model tools (eval, infer, export): config, overrides, weights."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", required=True, help="ppdet YAML config, e.g. configs/yolo.yml")
+    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config values, e.g. -o EvalDataset.dataset_dir=dataset/demo")
+    p.add_argument("--weights", help="a .pdparams file or a run directory (uses weights/best)")
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The -o values, flattened (each -o may carry several key=value items)."""
+    return [item for group in (args.opt or []) for item in group]
