@@ -30,7 +30,7 @@ SLEEPER = str(FIXTURES / "launch_sleep.py")
 FAILER = str(FIXTURES / "nodes_fail_script.py")
 
 
-def plan_of(*argv: str, cwd: str = "/work/run", root: str | None = "/work/run", job: str = "J") -> N.NodesPlan:
+def plan_of(*argv: str, cwd: str = "/srv/run", root: str | None = "/srv/run", job: str = "J") -> N.NodesPlan:
     return N.plan_nodes(list(argv), cwd, "/usr/bin/python3", root, job)
 
 
