@@ -101,11 +101,18 @@ def all_reduce_sum(values: list[float]) -> list[float]:
 
 def set_cpu_threads(local_size: int | None = None) -> int:
     """Give each rank its share of this machine's cores (Paddle otherwise keeps ~1 core busy)."""
-    from ppmulti.env import worker_info
+    from ppmulti.env import PPMULTI_CPU_THREADS, worker_info
 
     n_local = local_size or worker_info().local_size or 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // max(1, n_local))
+    override = os.environ.get(PPMULTI_CPU_THREADS, "").strip()
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            from ppmulti.errors import UserError
+
+            raise UserError(f"{PPMULTI_CPU_THREADS}={override!r}: expected a whole number of threads >= 1")
+        threads = int(override)
     import paddle
 
     paddle.base.core.set_num_threads(threads)

@@ -74,6 +74,11 @@ PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: t
 # The ssh fan-out's tag on every process it starts on a node (launcher, Paddle, ranks): the node is cleaned
 # up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
 PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"
+PPMULTI_CPU_THREADS = "PPMULTI_CPU_THREADS"          # CPU threads per rank, overriding cores // local ranks
+# A launch's own directory, kept across its restarts: ranks mark themselves started / failed there, and
+# rank 0 of a training records its run directory so that a restarted launch resumes the same run.
+PPMULTI_LAUNCH_DIR = "PPMULTI_LAUNCH_DIR"
+PPMULTI_RESTART = "PPMULTI_RESTART"                  # 0 on the first start, k on the k-th restart
 PYTHONPATH = "PYTHONPATH"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"                  # node output is streamed line by line through ssh
 
@@ -90,7 +95,7 @@ _LAUNCH_STATE = frozenset({
     PADDLE_SERVERS_ENDPOINTS, PADDLE_TRAINERS_ENDPOINTS, PADDLE_GLOO_PORT, PADDLE_WITH_GLOO,
     PADDLE_AUTO_PARALLEL_CONFIG,
     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-    PPMULTI_NODE_RANK, PPMULTI_READY_FILE,
+    PPMULTI_NODE_RANK, PPMULTI_READY_FILE, PPMULTI_LAUNCH_DIR, PPMULTI_RESTART,
 })
 _PADDLE_PREFIX = "PADDLE_"
 _USER_PADDLE_SETTINGS = frozenset({PADDLE_PG_TIMEOUT, PADDLE_XCCL_BACKEND, PADDLE_ENV_LIMIT_LEN})
@@ -129,6 +134,19 @@ def worker_info(environ: Mapping[str, str] | None = None) -> WorkerInfo:
     node_rank = _int(env, PPMULTI_NODE_RANK, rank // max(1, local_size))
     return WorkerInfo(rank=rank, world_size=world, local_rank=local_rank, local_size=local_size,
                       node_rank=node_rank, nnodes=nnodes)
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """The launch this worker belongs to: its directory (None outside ``ppmulti launch``) and restart count."""
+
+    directory: str | None = None
+    restart: int = 0
+
+
+def launch_record(environ: Mapping[str, str] | None = None) -> LaunchRecord:
+    env = os.environ if environ is None else environ
+    return LaunchRecord(env.get(PPMULTI_LAUNCH_DIR) or None, max(0, _int(env, PPMULTI_RESTART, 0)))
 
 
 def in_paddle_worker(environ: Mapping[str, str] | None = None) -> bool:

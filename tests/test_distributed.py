@@ -28,7 +28,7 @@ def test_two_ranks_train_eval_checkpoint(small_demo, tmp_path):
     assert len(metrics["per_rank_images_per_s"]) == 2
     log0 = (out / "train.log").read_text()
     assert "world size 2, global batch 8 (4 per rank)" in log0
-    assert "lr 0.004 = base_lr 0.004 x global batch 8 / ref_batch 8" in log0
+    assert "lr 0.001 = base_lr 0.002 x global batch 8 / ref_batch 16" in log0
     assert (out / "logs" / "rank1.log").is_file()      # rank 1 logs to its own file only
     assert (out / "weights" / "last.pdparams").is_file() and (out / "weights" / "best.pdparams").is_file()
     assert not list(out.glob("weights/*rank1*"))
@@ -116,3 +116,58 @@ def test_two_nodes_train_together(small_demo, tmp_path, mode):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["global_batch"] == 8
     assert (out / "logs" / "rank1.log").is_file()
+
+
+def _rank_pid(rank: int, marker: str) -> int | None:
+    """The pid of training rank ``rank`` whose command line mentions ``marker`` (our run directory); not one
+    of its data-loader children, which share its environment."""
+    from pathlib import Path
+
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if marker in cmdline and "worker.py" in cmdline and f"PADDLE_TRAINER_ID={rank}".encode() in environ:
+            found[int(proc.name)] = ppid
+    roots = [pid for pid, ppid in found.items() if ppid not in found]
+    return roots[0] if len(roots) == 1 else None
+
+
+def test_sigkill_of_one_rank_restarts_and_resumes(small_demo, tmp_path):
+    """Issue 6: kill -9 one rank during epoch 2; --max_restarts brings every rank back from the last
+    checkpoint and the run still finishes every epoch."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    launches = Launches(tmp_path)
+    try:
+        proc = launches.start("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(tmp_path / "log"),
+                              *_train_args(small_demo, out, "snapshot_epoch=1", "--batch", "8", "--epochs", "3"),
+                              env=_env())
+        log = out / "train.log"
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and "epoch 2/3 step" in log.read_text():
+                break
+            time.sleep(0.2)
+        pid = _rank_pid(1, str(out))
+        assert pid is not None, launches.output(proc)[-3000:]
+        os.kill(pid, signal.SIGKILL)
+        assert launches.wait(proc, 400) == 0, launches.output(proc)[-3000:]
+    finally:
+        launches.close()
+    text = launches.output(proc)
+    assert "rank 1 died without a Python error" in text and "1 of 1 restarts" in text
+    assert "launch restart 1: resuming" in log.read_text()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs"] == 3 and metrics["world_size"] == 2
+    epochs = [line.split(",")[0] for line in (out / "results.csv").read_text().splitlines()[1:]]
+    assert epochs == ["1", "2", "3"]

@@ -89,7 +89,7 @@ GOLDEN = [
      ["--devices", "0,1"], {E.PPMULTI_NODE_RANK: "0"}),
     ("max_restarts_log_dir_job_id",
      ["--max_restarts", "3", "--log-dir", "out/log", "--job-id", "yolo1", "--nproc_per_node", "2", "train.py"],
-     {}, (), 0, ["--nproc_per_node", "2", "--log_dir", "out/log", "--job_id", "yolo1", "--max_restart", "3"], CPU),
+     {}, (), 0, ["--nproc_per_node", "2", "--log_dir", "out/log", "--job_id", "yolo1"], CPU),
     ("standalone", ["--standalone", "--nproc_per_node", "2", "train.py"], {}, (), 0, ["--nproc_per_node", "2"], CPU),
     ("master_port_single_node_is_not_passed", ["--nproc_per_node", "2", "--master_port", "29600", "train.py"],
      {}, (), 0, ["--nproc_per_node", "2"], CPU),

@@ -224,3 +224,37 @@ def test_sigterm_reaches_the_ranks(launches, tmp_path):
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"ranks {alive} outlived the launch"
+
+
+RESTART = str(REPO / "tests" / "fixtures" / "restart_script.py")
+
+
+def test_failing_rank_is_named_with_its_error(launches, tmp_path):
+    out = tmp_path / "out"
+    proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), RESTART, str(out), "raise")
+    assert launches.wait(proc, 90) != 0
+    text = launches.output(proc)
+    assert "rank 1 failed: ValueError: rank one fails on purpose" in text, text[-2000:]
+    assert "--max_restarts" in text                        # says how to restart automatically
+    assert (out / "starts.txt").read_text().count("\n") == 2   # no restart without --max_restarts
+
+
+def test_max_restarts_restarts_every_rank_after_a_sigkill(launches, tmp_path):
+    out = tmp_path / "out"
+    proc = launches.start("--nproc_per_node", "2", "--max_restarts", "2", "--log_dir", str(tmp_path / "log"),
+                          RESTART, str(out), "kill-once")
+    assert launches.wait(proc, 120) == 0, launches.output(proc)[-3000:]
+    text = launches.output(proc)
+    assert "rank 1 died without a Python error" in text and "1 of 2 restarts" in text, text[-2000:]
+    starts = sorted((out / "starts.txt").read_text().split())
+    assert starts == ["0:0", "0:1", "1:0", "1:1"]           # both ranks started again, once
+
+
+def test_max_restarts_gives_up_naming_rank_and_cause(launches, tmp_path):
+    out = tmp_path / "out"
+    proc = launches.start("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(tmp_path / "log"),
+                          RESTART, str(out), "raise")
+    assert launches.wait(proc, 120) != 0
+    text = launches.output(proc)
+    assert "giving up after 1 restart(s): rank 1 failed: ValueError: rank one fails on purpose" in text, text[-2000:]
+    assert (out / "starts.txt").read_text().count("\n") == 4

@@ -116,6 +116,10 @@ def check_shapes(model, weights: dict, source: str) -> tuple[list[str], list[str
 def load_weights(model, path: str | os.PathLike) -> tuple[list[str], list[str]]:
     """Load inference weights (a .pdparams or a stem) into ``model``, checking shapes."""
     p = str(path)
+    if p.endswith((".pt", ".pth")):
+        raise UserError(f"weights {p}: a PyTorch checkpoint; ppmulti loads Paddle .pdparams only (YOLOv5's "
+                        f".pt files hold pickled torch modules, unreadable without torch and YOLOv5's code). "
+                        f"Train from scratch with --weights '' or pass a .pdparams file")
     if not p.endswith(WEIGHTS):
         p += WEIGHTS
     if not os.path.isfile(p):

@@ -17,6 +17,7 @@ from ppmulti.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
 from ppmulti.errors import UserError
 
 log = logging.getLogger("ppmulti")
+RUN_DIR_MARKER = "run_dir"   # in the launch directory: the run a restarted launch continues
 
 
 @dataclass
@@ -70,8 +71,12 @@ class Trainer:
         config_mod.check_dataset(self.cfg, "EvalDataset")
         self.batch = self._batch_plan()
         self.cfg.TrainReader["batch_size"] = self.batch.per_rank
+        restarted = self._continue_after_restart()
         self.run_dir = self._make_run_dir()
+        self._record_run_dir()
         self._setup_logging()
+        if restarted:
+            log.warning("%s", restarted)
         if dist.is_main():
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
         self.state = ckpt.TrainState(epoch=0, global_step=0, best_map=-1.0, world_size=self.world,
@@ -111,6 +116,30 @@ class Trainer:
         run_dir = Path(path)
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         return run_dir
+
+    def _continue_after_restart(self) -> str | None:
+        """In a launch restarted by ``--max_restarts``, carry on the run the first start began: resume from
+        its last checkpoint (or start it again in the same directory if none was written yet)."""
+        from ppmulti.env import launch_record
+
+        record = launch_record()
+        marker = Path(record.directory or "", RUN_DIR_MARKER)
+        if record.directory is None or record.restart == 0 or not marker.is_file():
+            return None
+        run_dir = Path(marker.read_text().strip())
+        if (run_dir / "weights" / ("last" + ckpt.STATE)).is_file():
+            self.opts.resume = str(run_dir)
+            return f"launch restart {record.restart}: resuming {run_dir} from its last checkpoint"
+        self.opts.output, self.opts.exist_ok, self.opts.resume = str(run_dir), True, None
+        return f"launch restart {record.restart}: no checkpoint in {run_dir} yet, starting it again"
+
+    def _record_run_dir(self) -> None:
+        from ppmulti.env import launch_record
+        from ppmulti.io import atomic_write_text
+
+        record = launch_record()
+        if record.directory and record.restart == 0 and dist.is_main():
+            atomic_write_text(Path(record.directory, RUN_DIR_MARKER), str(self.run_dir.resolve()) + "\n")
 
     def _setup_logging(self) -> None:
         from ppmulti.logs import setup_rank_logging

@@ -45,8 +45,9 @@ FLAGS: tuple[Flag, ...] = (
          metavar="ADDR:PORT"),
     Flag(("--standalone",), "standalone", "one node on its own (the same as --nnodes 1)", takes_value=False),
     Flag(("--max_restarts", "--max-restarts"), "max_restarts",
-         "restarts after a failure, e.g. 3; passed to Paddle as --max_restart, which restarts only with an "
-         "etcd master", metavar="N"),
+         "restart every rank up to N times when one fails, e.g. 3 (default 0); ppmulti restarts the launch "
+         "itself (Paddle 2.6 restarts only under etcd) and ppmulti's training resumes from its last checkpoint",
+         metavar="N"),
     Flag(("--gpus",), "gpus", "GPU ids, one rank each, e.g. 0,1,2,3 (fleetrun)", metavar="IDS"),
     Flag(("--selected_gpus", "--selected-gpus", "--selected_gpu"), "selected_gpus",
          "the legacy fleetrun spelling of --gpus, e.g. 0,1; runs on Paddle's new launcher", metavar="IDS"),
@@ -440,8 +441,7 @@ def to_paddle(plan: LaunchPlan) -> tuple[list[str], dict[str, str]]:
         argv += ["--log_dir", plan.log_dir]
     if plan.job_id:
         argv += ["--job_id", plan.job_id]
-    if plan.max_restarts is not None:
-        argv += ["--max_restart", str(plan.max_restarts)]
+    # --max_restarts stays with ppmulti (runner.run): Paddle's own restarts loop only under an etcd master
     argv += [WORKER_PATH, plan.script, *plan.script_args]
 
     env = {E.PPMULTI_NODE_RANK: str(plan.node_rank)}

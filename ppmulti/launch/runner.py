@@ -327,13 +327,115 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class _RankWatch:
+    """Which rank of this node went first when a launch fails, and why.
+
+    ``worker.py`` leaves ``rankN.started`` (its pid), then ``rankN.done`` or, on a Python exception or a
+    non-zero exit, ``rankN.failed`` (the cause) in the launch directory. Paddle stops every other rank once
+    one fails, so the first unfinished rank whose process vanished is the one that brought the launch
+    down; one with no ``failed`` mark was killed by a signal (SIGKILL, the out-of-memory killer).
+    """
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.first_gone: int | None = None
+
+    def _started(self) -> dict[int, int]:
+        ranks = {}
+        for name in os.listdir(self.directory):
+            if name.startswith("rank") and name.endswith(".started"):
+                try:
+                    ranks[int(name[4:-8])] = int(open(os.path.join(self.directory, name)).read().strip())
+                except (OSError, ValueError):
+                    continue
+        return ranks
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (OSError, IndexError):
+            return False
+
+    def poll(self) -> None:
+        if self.first_gone is None:
+            mark = os.path.join(self.directory, "rank{}.{}")
+            gone = sorted(r for r, pid in self._started().items()
+                          if not self._alive(pid) and not os.path.exists(mark.format(r, "done"))
+                          and not os.path.exists(mark.format(r, "stopped")))
+            if gone:
+                self.first_gone = gone[0]
+
+    def cause(self) -> str:
+        failed = {}
+        for name in os.listdir(self.directory):
+            if name.startswith("rank") and name.endswith(".failed"):
+                try:
+                    failed[int(name[4:-7])] = open(os.path.join(self.directory, name)).read().strip()
+                except (OSError, ValueError):
+                    continue
+        rank = self.first_gone
+        if rank is not None and rank in failed:
+            return f"rank {rank} failed: {failed[rank]}"
+        if rank is not None:
+            return f"rank {rank} died without a Python error (killed by a signal: SIGKILL, the out-of-memory killer)"
+        if failed:
+            rank = min(failed)
+            return f"rank {rank} failed: {failed[rank]}"
+        return "the launcher failed before any rank started"
+
+    def reset(self) -> None:
+        for name in os.listdir(self.directory):
+            if name.startswith("rank"):
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except OSError:
+                    pass
+        self.first_gone = None
+
+
 def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | None = None,
         out: TextIO | None = None) -> int:
-    """Execute a plan on this node; return the launch's exit code (``--dry-run``: print it, run nothing)."""
+    """Execute a plan on this node; return the launch's exit code (``--dry-run``: print it, run nothing).
+
+    Restarts (``--max_restarts N``): Paddle 2.6 restarts workers only under an etcd master, so ppmulti does
+    it here. When the launch fails (a rank raised, was killed, ran out of memory), every rank is stopped
+    by Paddle, and the whole launch starts again with PPMULTI_RESTART=k; a training started by ppmulti
+    then resumes from its last checkpoint by itself (``ppmulti.engine.trainer``). Interrupts are never
+    restarted. After N restarts the launch fails naming the rank and the cause.
+    """
     environ = dict(os.environ if environ is None else environ)
     if dry_run:
         (out or sys.stdout).write(describe(plan, environ))
         return 0
+    launch_dir = tempfile.mkdtemp(prefix="ppmulti-launch-")
+    watch = _RankWatch(launch_dir)
+    interrupted: list[int] = []
+    restarts = plan.max_restarts or 0
+    try:
+        for attempt in range(restarts + 1):
+            watch.reset()
+            rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted)
+            if rc == 0 or interrupted:
+                return rc
+            cause = watch.cause()
+            if attempt < restarts:
+                _log(f"{cause}; restarting every rank ({attempt + 1} of {restarts} restarts), "
+                     f"training resumes from its last checkpoint", out)
+                continue
+            if restarts:
+                _log(f"giving up after {restarts} restart(s): {cause}", out)
+            else:
+                _log(f"{cause} (exit code {rc}); pass --max_restarts N to restart automatically", out)
+            return rc
+        return 1  # not reached: the loop returns
+    finally:
+        shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
+              watch: _RankWatch, interrupted: list[int]) -> int:
     plan, listener = preflight(plan, out)
     if plan.rdzv_endpoint is not None:
         if plan.node_rank == 0:
@@ -342,13 +444,15 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
             join_rendezvous(plan, out)
     argv, _ = to_paddle(plan)
     child_env, _, _ = launch_env(plan, environ)
-    ready_dir = tempfile.mkdtemp(prefix="ppmulti-launch-")
-    ready = os.path.join(ready_dir, "started")
+    ready = os.path.join(launch_dir, "started")
     child_env[E.PPMULTI_READY_FILE] = ready
+    child_env[E.PPMULTI_LAUNCH_DIR] = launch_dir
+    child_env[E.PPMULTI_RESTART] = str(attempt)
     # its own process group, so that one signal reaches the launcher and nothing else of ours
     proc = subprocess.Popen(argv, env=child_env, start_new_session=True)
 
     def forward(signum, _frame):
+        interrupted.append(signum)
         try:
             os.killpg(proc.pid, signum)
         except ProcessLookupError:
@@ -361,9 +465,10 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
         deadline = time.monotonic() + plan.rdzv_timeout if plan.nnodes > 1 else None
         while True:
             try:
-                return _exit_code(proc.wait(timeout=0.5))
+                return _exit_code(proc.wait(timeout=0.1))   # short: see the first rank that dies
             except subprocess.TimeoutExpired:
                 pass
+            watch.poll()
             if deadline is not None:
                 if os.path.exists(ready):
                     deadline = None
@@ -377,4 +482,5 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
             signal.signal(sig, old)
         if proc.poll() is None:
             _stop(proc)
-        shutil.rmtree(ready_dir, ignore_errors=True)
+        if os.path.exists(ready):
+            os.unlink(ready)

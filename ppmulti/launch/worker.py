@@ -60,11 +60,49 @@ def main(argv: list[str] | None = None) -> None:
             Path(ready).touch()
         except OSError:
             pass
+    marks = _Marks(os.environ.get(env.PPMULTI_LAUNCH_DIR), env.worker_info().rank)
+    marks.write("started", str(os.getpid()))
+    marks.on_sigterm()
     script = args[0]
     # the same sys.argv and sys.path[0] that `python SCRIPT ARGS` would give the script
     sys.argv = [script, *args[1:]]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        marks.write("done" if exc.code in (None, 0) else "failed", f"exited with code {exc.code}")
+        raise
+    except BaseException as exc:
+        text = str(exc).strip().splitlines()
+        marks.write("failed", f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": "))
+        raise
+    marks.write("done", "exited with code 0")
+
+
+class _Marks:
+    """``rankN.started`` (its pid), then ``rankN.done``, ``rankN.failed`` (the cause) or ``rankN.stopped``
+    (SIGTERM) in the launch directory, for the runner to name the rank that brought a launch down. A rank
+    killed by SIGKILL leaves no mark."""
+
+    def __init__(self, directory: str | None, rank: int):
+        self.directory, self.rank = directory, rank
+
+    def on_sigterm(self) -> None:
+        """Mark a rank that Paddle stops (SIGTERM) because another one failed, then die of the signal as before."""
+        def stopped(signum, _frame):
+            self.write("stopped", "stopped by SIGTERM")
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, stopped)
+
+    def write(self, kind: str, text: str) -> None:
+        if not self.directory:
+            return
+        try:
+            Path(self.directory, f"rank{self.rank}.{kind}").write_text(text + "\n")
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":
