@@ -171,3 +171,59 @@ def test_sigkill_of_one_rank_restarts_and_resumes(small_demo, tmp_path):
     assert metrics["epochs"] == 3 and metrics["world_size"] == 2
     epochs = [line.split(",")[0] for line in (out / "results.csv").read_text().splitlines()[1:]]
     assert epochs == ["1", "2", "3"]
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    from pathlib import Path
+
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_sigterm_saves_the_interrupted_epoch_and_it_resumes(small_demo, tmp_path):
+    """Issue 6: SIGTERM to the launcher ends every process within seconds, after rank 0 saved a checkpoint
+    of the interrupted epoch; --resume finishes the run from there."""
+    import signal
+    import time
+
+    import paddle
+
+    out = tmp_path / "run"
+    launches = Launches(tmp_path)
+    try:
+        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
+                              *_train_args(small_demo, out, "--batch", "8", "--epochs", "20"), env=_env())
+        log = out / "train.log"
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and "epoch 2/20 step 2/6" in log.read_text():
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, launches.output(proc)[-3000:]
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        code = launches.wait(proc, 60)
+        took = time.time() - sent
+        time.sleep(0.5)
+        left = _processes_mentioning(str(out))
+    finally:
+        launches.close()
+    assert code != 0 and took < 20, (code, took)
+    assert not left, f"processes left behind: {left}"
+    text = log.read_text()
+    assert "SIGTERM: stopped in epoch 2 after step" in text, text[-2000:]
+    state = paddle.load(str(out / "weights" / "last.pdstate"))["train"]
+    assert state["epoch"] == 1 and 0 < state["step_in_epoch"] < 6
+    proc = run_tool(_train_args(small_demo, out, "--resume", str(out), "--epochs", "2"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs"] == 2
+    epochs = [line.split(",")[0] for line in (out / "results.csv").read_text().splitlines()[1:]]
+    assert epochs == ["1", "2"]

@@ -23,6 +23,7 @@ class TrainState:
     best_map: float
     world_size: int
     global_batch: int
+    step_in_epoch: int = 0   # >0 only in a checkpoint saved on an interrupt: steps of ``epoch`` already done
 
 
 def rng_state() -> dict[str, Any]:

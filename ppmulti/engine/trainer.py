@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,16 +287,21 @@ class Trainer:
         epochs = int(self.cfg["epoch"])
         snapshot = max(1, int(self.cfg.get("snapshot_epoch", 1)))
         self.last_metrics = None
-        for epoch in range(self.state.epoch, epochs):
-            stats = self.train_one_epoch(epoch)
-            last = epoch + 1 == epochs
-            if (self.opts.validate and (epoch + 1) % snapshot == 0) or last:
-                stats.metrics = self.evaluate().as_dict()
-                self.last_metrics = stats.metrics
-            self.state.epoch = epoch + 1
-            self._call("after_epoch", stats)
+        with _StopRequests() as self.stop_requests:
+            for epoch in range(self.state.epoch, epochs):
+                self._run_epoch(epoch, epochs, snapshot)
         self._call("after_train")
         return self.final_metrics
+
+    def _run_epoch(self, epoch: int, epochs: int, snapshot: int) -> None:
+        stats = self.train_one_epoch(epoch)
+        last = epoch + 1 == epochs
+        if (self.opts.validate and (epoch + 1) % snapshot == 0) or last:
+            stats.metrics = self.evaluate().as_dict()
+            self.last_metrics = stats.metrics
+        self.state.epoch = epoch + 1
+        self.state.step_in_epoch = 0
+        self._call("after_epoch", stats)
 
     def train_one_epoch(self, epoch: int) -> EpochStats:
         import paddle
@@ -310,7 +316,12 @@ class Trainer:
         tic = time.time()
         data_time = 0.0
         t_data = time.time()
+        skip = self.state.step_in_epoch   # resuming an interrupted epoch: the same shuffle, minus its done steps
+        check_every = 1 if self.world == 1 else max(1, int(self.cfg.get("log_iter", 20)))
         for step, data in enumerate(self.loader):
+            if step < skip:
+                t_data = time.time()
+                continue
             data_time += time.time() - t_data
             data["epoch_id"] = epoch
             outputs = self.train_model(data)
@@ -329,7 +340,10 @@ class Trainer:
                     v = value.detach()
                     sums[key] = v if key not in sums else sums[key] + v
             n += 1
+            self.state.step_in_epoch = step + 1
             self._call("after_step", epoch, step, outputs, lr, data_time)
+            if (step + 1) % check_every == 0 and self.stop_requests.agreed():
+                self._stop_on_request(epoch, step)
             t_data = time.time()
         seconds = time.time() - tic
         losses = {k: float(v.numpy().reshape(-1)[0]) / max(n, 1) for k, v in sums.items()}
@@ -337,6 +351,16 @@ class Trainer:
         slowest = max(dist.all_gather_object(seconds))
         return EpochStats(epoch=epoch, losses=losses, lr=float(self.optimizer.get_lr()),
                           images_per_s=images / slowest if slowest > 0 else 0.0, seconds=slowest)
+
+    def _stop_on_request(self, epoch: int, step: int) -> None:
+        """Ctrl-C / SIGTERM reached the ranks: save the interrupted epoch (rank 0) and leave."""
+        signum = self.stop_requests.signum or signal.SIGTERM
+        name = signal.Signals(signum).name
+        if dist.is_main():
+            stem = self.save_checkpoint("last")
+            log.warning("%s: stopped in epoch %d after step %d/%d; checkpoint %s saved, continue with "
+                        "--resume %s", name, epoch + 1, step + 1, self.steps_per_epoch, stem, self.run_dir)
+        raise Interrupted(name, 128 + int(signum))
 
     # ----------------------------------------------------------------- weights
     def inference_weights(self) -> dict:
@@ -372,6 +396,48 @@ class Trainer:
         out.update({"epochs": self.state.epoch, "world_size": self.world,
                     "global_batch": self.batch.global_batch, "run_dir": str(self.run_dir)})
         return out
+
+
+class Interrupted(SystemExit):
+    """Training stopped on a signal after saving; exits with 128 + the signal number, as a shell would."""
+
+    def __init__(self, signal_name: str, code: int):
+        super().__init__(code)
+        self.signal_name = signal_name
+
+
+class _StopRequests:
+    """SIGINT/SIGTERM handlers that only take note; the ranks agree on stopping at a step boundary.
+
+    Stopping where the signal lands would leave a rank inside an all-reduce its peers never join, so every
+    ``log_iter`` steps (every step with one rank) the ranks sum their flags and all stop at the same step.
+    """
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def __enter__(self) -> "_StopRequests":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum, _frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt   # a second Ctrl-C: stop now, without a checkpoint
+        self.signum = signum
+
+    def agreed(self) -> bool:
+        if dist.world_size() <= 1:
+            return self.signum is not None
+        return dist.all_reduce_sum([1.0 if self.signum is not None else 0.0])[0] > 0
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def train(opts: TrainOptions) -> dict:
