@@ -258,3 +258,15 @@ def test_max_restarts_gives_up_naming_rank_and_cause(launches, tmp_path):
     text = launches.output(proc)
     assert "giving up after 1 restart(s): rank 1 failed: ValueError: rank one fails on purpose" in text, text[-2000:]
     assert (out / "starts.txt").read_text().count("\n") == 4
+
+
+def test_nodes_disagreeing_on_nnodes_stop_both_naming_the_difference(launches, tmp_path):
+    port = free_ports(2)
+    common = ["--node_rank", "{}", "--master_addr", "127.0.0.1", "--master_port", str(port), "--rdzv-timeout", "20"]
+    node0 = launches.start("--nnodes", "2", *[a.format(0) for a in common], ALLREDUCE, str(tmp_path / "out"))
+    time.sleep(1.0)
+    node1 = launches.start("--nnodes", "3", *[a.format(1) for a in common], ALLREDUCE, str(tmp_path / "out"))
+    assert launches.wait(node0, 40) != 0 and launches.wait(node1, 40) != 0
+    for proc in (node0, node1):
+        text = launches.output(proc)
+        assert "has --nnodes 3, node 0 has --nnodes 2" in text, text[-1500:]
