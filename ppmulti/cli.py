@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         launch_command = None
     if launch_command is not None:
         launch_command.register(sub)
+    from ppmulti.runs import board as board_command
+    board_command.register(sub)
     return parser
 
 

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 import yaml
 
 from ppmulti.errors import UserError
+from ppmulti.paths import IMAGE_SUFFIXES
 
 # Top-level keys that ppdet's Trainer or ppmulti read although a config file may not set them.
 KNOWN_TOP_LEVEL_KEYS = frozenset({
@@ -133,7 +134,9 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
     if path.suffix not in (".yml", ".yaml"):
         raise UserError(f"config file {path} is not YAML (.yml/.yaml)")
     ws = ppdet_workspace()
-    import ppmulti.models  # noqa: F401  registers ppmulti's modules into the workspace
+    from ppmulti.ppdet_ext import register_extensions
+
+    register_extensions()
 
     reset_workspace()
     try:
@@ -186,9 +189,6 @@ def _dataset_paths(section) -> tuple[Path, Path | None, Path | None]:
     return root, (root / image_dir if image_dir else None), (root / anno if anno else None)
 
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
-
 def check_dataset(cfg, section_name: str) -> None:
     """Fail early, with the path named, when a dataset section points at nothing.
 
@@ -198,6 +198,11 @@ def check_dataset(cfg, section_name: str) -> None:
     section = cfg.get(section_name)
     if section is None:
         raise UserError(f"config has no {section_name}; add one (see configs/datasets/)")
+    if section.get("name") == "YOLODataSet":
+        from ppmulti.data.yolo import image_files, load_data_yaml
+
+        image_files(load_data_yaml(section.get("data") or ""), section.get("split", "train"))
+        return
     root, image_dir, anno = _dataset_paths(section)
     if not root.is_dir():
         raise UserError(f"{section_name}: dataset directory not found: {root} "

@@ -8,6 +8,7 @@ from ppmulti.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")   # what a directory of images may hold
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "train_cli.py"
 
 

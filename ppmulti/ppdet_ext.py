@@ -1,4 +1,4 @@
-"""ppmulti's narrow fixes around ppdet 2.6.0 itself: quiet import and a working device."""
+"""ppmulti's one door into ppdet 2.6.0: quiet import, registering our extensions, device choice, export fix."""
 
 from __future__ import annotations
 
@@ -28,6 +28,20 @@ def quiet_import_ppdet() -> None:
     # ppdet's logger writes every debug line twice through the root logger otherwise.
     logging.getLogger("ppdet").propagate = False
     _IMPORTED = True
+
+
+def register_extensions() -> None:
+    """Everything ppmulti adds to ppdet: YOLOv5 modules, the YOLO dataset source, the linear LR decay."""
+    quiet_import_ppdet()
+    import ppmulti.models  # noqa: F401  (importing registers YOLOv5's backbone, neck, head and loss)
+    import ppdet.optimizer.optimizer as ppdet_optimizer
+
+    from ppmulti.data.yolo import register_source
+    from ppmulti.engine.lr import LinearDecay
+
+    register_source()
+    # ppdet's LearningRate looks schedulers up by name in its own module
+    ppdet_optimizer.LinearDecay = LinearDecay
 
 
 def select_device(cfg) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ppmulti.engine.trainer import TrainOptions
 from ppmulti.errors import UserError, exit_on_user_error
@@ -15,7 +16,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override config values, e.g. -o epoch=10 TrainReader.batch_size=4")
     p.add_argument("--eval", action="store_true", help="evaluate every snapshot_epoch and keep the best weights")
-    p.add_argument("--resume", metavar="PATH", help="a run directory or weights/last to continue from")
+    p.add_argument("--resume", metavar="PATH", nargs="?", const=True, default=None,
+                   help="a run directory or weights/last to continue from; bare --resume takes the newest run")
     p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
                    help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
     p.add_argument("--epochs", type=int, help="number of epochs (overrides the config's epoch)")
@@ -26,22 +28,59 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="convert BatchNorm to SyncBatchNorm across ranks (GPU only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, help="data loader worker processes per rank")
-    p.add_argument("--weights", metavar="PDPARAMS", help="initial weights (.pdparams)")
+    p.add_argument("--weights", metavar="PDPARAMS", help="initial weights (.pdparams); '' trains from scratch")
     p.add_argument("--device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
     p.add_argument("--nproc", type=int, help="with --device cpu: number of CPU ranks to start (gloo)")
 
 
 def options_from_args(args: argparse.Namespace) -> TrainOptions:
+    from ppmulti import yolo_flags
+
     overrides = [item for group in (args.opt or []) for item in group]
-    return TrainOptions(config=args.config, overrides=overrides, validate=args.eval, resume=args.resume,
-                        batch=args.batch, epochs=args.epochs, output=args.output, exist_ok=args.exist_ok,
-                        sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=args.weights)
+    config = args.config
+    yolo_style = yolo_flags.yolo_style(args)
+    if getattr(args, "cfg", None):
+        if args.config:
+            raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
+        config = yolo_flags.resolve_cfg(args.cfg).config
+    if not config:
+        raise UserError("no config given: pass -c CONFIG (e.g. -c configs/yolo.yml) or --cfg MODEL (e.g. --cfg yolov5s)")
+    weights = args.weights
+    if weights == "":
+        overrides.append("pretrain_weights=")   # YOLOv5's --weights '': from scratch
+        weights = None
+    output = args.output or yolo_flags.run_output(getattr(args, "project", None), getattr(args, "name", None))
+    validate = args.eval or (yolo_style and not getattr(args, "noval", False))
+    if getattr(args, "patience", None) and not validate:
+        raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
+    resume = args.resume
+    if resume is True:
+        resume = str(newest_run(output))
+    return TrainOptions(config=config, overrides=overrides, validate=validate, resume=resume,
+                        batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
+                        sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
+                        config_edit=yolo_flags.config_edit(args) if yolo_flags.wants_edit(args) else None,
+                        nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
+                        patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None))
+
+
+def newest_run(output: str | None) -> Path:
+    """Bare ``--resume``: the most recently written ``weights/last`` under the usual run roots."""
+    roots = [Path(output).parent] if output else [Path("runs/train"), Path("output")]
+    found = [p for root in roots if root.is_dir() for p in root.glob("*/weights/last.pdstate")]
+    if not found:
+        raise UserError(f"--resume without a path: no run with weights/last.pdstate under "
+                        f"{' or '.join(map(str, roots))}; pass the run directory")
+    return max(found, key=lambda p: p.stat().st_mtime).parent.parent
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tools/train.py",
                                 description="Train a detector from a ppdet config (one process, or one rank of a launch).")
     add_train_flags(p)
+    from ppmulti.yolo_flags import add_yolov5_flags
+
+    add_yolov5_flags(p)
     return p
 
 
@@ -103,8 +142,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from ppmulti.engine.trainer import train
     from ppmulti.env import in_paddle_worker
 
-    if not args.config:
-        raise UserError("no config given: pass -c CONFIG, e.g. -c configs/yolo.yml")
+    options = options_from_args(args)   # checks the flags before any process starts
     kind, ids, nranks = parse_device(args.device, args.nproc)
     if not in_paddle_worker():
         if kind == "gpu":
@@ -122,14 +160,25 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         args.opt = list(args.opt or []) + [["use_gpu=false"]]
     elif kind == "gpu":
         args.opt = list(args.opt or []) + [["use_gpu=true"]]
-    metrics = train(options_from_args(args))
+    if kind in ("cpu", "gpu"):
+        options = options_from_args(args)
+    metrics = train(options)
     if dist.is_main():
         print(json.dumps({k: metrics[k] for k in ("mAP50", "mAP50_95", "run_dir") if k in metrics}))
     return 0
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse, refusing leftovers by name (a YOLOv5 flag ppmulti lacks is never silently ignored)."""
+    from ppmulti.yolo_flags import reject_unknown
+
+    args, extra = build_parser().parse_known_args(argv)
+    reject_unknown(extra)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    return exit_on_user_error(run, build_parser().parse_args(argv), argv)
+    return exit_on_user_error(lambda a: run(parse(a), a), argv)
 
 
 if __name__ == "__main__":

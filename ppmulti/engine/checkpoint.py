@@ -24,6 +24,8 @@ class TrainState:
     world_size: int
     global_batch: int
     step_in_epoch: int = 0   # >0 only in a checkpoint saved on an interrupt: steps of ``epoch`` already done
+    best_fitness: float = -1.0   # 0.1 mAP50 + 0.9 mAP50-95 of the best validated epoch (for --patience)
+    best_epoch: int = 0          # that epoch (1-based; 0 = none yet)
 
 
 def rng_state() -> dict[str, Any]:
@@ -67,9 +69,10 @@ def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_
     atomic_save(stem + STATE, lambda tmp: paddle.save(payload, tmp))
 
 
-def copy_checkpoint(src_stem: str | os.PathLike, dst_stem: str | os.PathLike) -> None:
-    """Publish a copy of a checkpoint under another name (``last`` -> ``best``), atomically."""
-    for suffix in (WEIGHTS, STATE):
+def copy_checkpoint(src_stem: str | os.PathLike, dst_stem: str | os.PathLike, state: bool = True) -> None:
+    """Publish a copy of a checkpoint under another name (``last`` -> ``best``), atomically; ``state=False``
+    copies only the weights."""
+    for suffix in (WEIGHTS, STATE) if state else (WEIGHTS,):
         src = str(src_stem) + suffix
         if os.path.exists(src):
             atomic_save(str(dst_stem) + suffix, lambda tmp, s=src: shutil.copyfile(s, tmp))

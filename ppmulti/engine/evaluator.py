@@ -25,6 +25,11 @@ class EvalResult:
                 "per_rank_images_per_s": [round(v, 3) for v in self.per_rank_images_per_s]}
 
 
+def fitness(metrics: dict) -> float:
+    """YOLOv5's single score of a validation: 0.1 x mAP50 + 0.9 x mAP50-95."""
+    return 0.1 * float(metrics["mAP50"]) + 0.9 * float(metrics["mAP50_95"])
+
+
 def _shard_sampler(n: int, rank: int, world: int):
     """Indices rank, rank+world, ... — no padding, so no image is scored twice."""
     import paddle

@@ -60,27 +60,33 @@ class ConsoleLogHook(Hook):
 
 
 class CheckpointHook(Hook):
-    """Rank 0 writes ``weights/last`` every snapshot epoch and copies it to ``weights/best`` on a new best."""
+    """Rank 0 writes ``weights/last`` every snapshot epoch and copies it to ``weights/best`` on a new best;
+    ``--nosave`` keeps only the final save, ``--save-period N`` also keeps ``weights/epochN`` every N epochs."""
 
     def after_epoch(self, trainer, stats) -> None:
-        epochs = int(trainer.cfg["epoch"])
+        epoch = stats.epoch + 1
+        final = epoch == int(trainer.cfg["epoch"]) or getattr(trainer, "stopping_early", False)
         snapshot = max(1, int(trainer.cfg.get("snapshot_epoch", 1)))
-        if (stats.epoch + 1) % snapshot and stats.epoch + 1 != epochs:
+        period = int(getattr(trainer.opts, "save_period", -1) or -1)
+        periodic = period > 0 and epoch % period == 0
+        if getattr(trainer.opts, "nosave", False):
+            due = final
+        else:
+            due = final or epoch % snapshot == 0 or periodic
+        if not due or not dist.is_main():
             return
-        if not dist.is_main():
-            return
-        from ppmulti.engine.checkpoint import copy_checkpoint
+        from ppmulti.engine.checkpoint import WEIGHTS, copy_checkpoint
 
         score = stats.metrics["mAP50_95"] if stats.metrics else None
-        if score is not None and score > trainer.state.best_map:
+        is_best = score is not None and score > trainer.state.best_map
+        if is_best:
             trainer.state.best_map = score
-            is_best = True
-        else:
-            is_best = False
         stem = trainer.save_checkpoint("last")
         best = stem.parent / "best"
-        if is_best or not (best.parent / "best.pdparams").exists():
+        if is_best or not (best.parent / ("best" + WEIGHTS)).exists():
             copy_checkpoint(stem, best)
+        if periodic:
+            copy_checkpoint(str(stem), stem.parent / f"epoch{epoch}", state=False)
 
 
 RESULT_FIELDS = ["epoch", "loss", "lr", "mAP50", "mAP50_95", "images_per_s", "epoch_seconds"]

@@ -59,7 +59,7 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
 
 
 def _collect_images(image: str | None, image_dir: str | None) -> list[str]:
-    from ppmulti.config import IMAGE_SUFFIXES
+    from ppmulti.paths import IMAGE_SUFFIXES
 
     images: list[str] = []
     if image:

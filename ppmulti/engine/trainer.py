@@ -9,6 +9,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ppmulti import config as config_mod
 from ppmulti import dist
@@ -37,6 +38,11 @@ class TrainOptions:
     seed: int = 0
     workers: int | None = None      # data loader workers per rank
     weights: str | None = None      # initial weights (.pdparams)
+    config_edit: Callable | None = None   # cfg -> notes; applied after loading (YOLOv5 flags use it)
+    nosave: bool = False            # checkpoint only after the last epoch (and on an interrupt)
+    save_period: int = -1           # also keep weights/epochN every N epochs
+    patience: int | None = None     # stop after N validated epochs without a better fitness
+    freeze: list[int] | None = None  # backbone layers to freeze: [N] = the first N, else indices
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Trainer:
         self.world = dist.init()
         self.rank = dist.rank()
         self.cfg = config_mod.load(opts.config, opts.overrides)
+        notes = list(opts.config_edit(self.cfg) or []) if opts.config_edit else []
         from ppmulti.ppdet_ext import select_device
 
         self.device = select_device(self.cfg)
@@ -66,6 +73,7 @@ class Trainer:
         self._seed(opts.seed)
         if opts.epochs is not None:
             self.cfg["epoch"] = int(opts.epochs)
+            _stretch_decay(self.cfg, int(opts.epochs))
         if opts.workers is not None:
             self.cfg["worker_num"] = int(opts.workers)
         config_mod.check_dataset(self.cfg, "TrainDataset")
@@ -78,6 +86,8 @@ class Trainer:
         self._setup_logging()
         if restarted:
             log.warning("%s", restarted)
+        for note in notes:
+            log.warning("%s", note)
         if dist.is_main():
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
         self.state = ckpt.TrainState(epoch=0, global_step=0, best_map=-1.0, world_size=self.world,
@@ -166,6 +176,8 @@ class Trainer:
         self.model = create(cfg.architecture)
         self.model.load_meanstd(cfg["TestReader"]["sample_transforms"])
         self._load_initial_weights()
+        if self.opts.freeze:
+            freeze_backbone(self.model, self.opts.freeze)
         self._maybe_sync_bn()
 
         self.lr = create("LearningRate")(self.steps_per_epoch)
@@ -287,9 +299,12 @@ class Trainer:
         epochs = int(self.cfg["epoch"])
         snapshot = max(1, int(self.cfg.get("snapshot_epoch", 1)))
         self.last_metrics = None
+        self.stopping_early = False
         with _StopRequests() as self.stop_requests:
             for epoch in range(self.state.epoch, epochs):
                 self._run_epoch(epoch, epochs, snapshot)
+                if self.stopping_early:
+                    break
         self._call("after_train")
         return self.final_metrics
 
@@ -299,6 +314,7 @@ class Trainer:
         if (self.opts.validate and (epoch + 1) % snapshot == 0) or last:
             stats.metrics = self.evaluate().as_dict()
             self.last_metrics = stats.metrics
+            self._check_patience(epoch, stats.metrics)
         self.state.epoch = epoch + 1
         self.state.step_in_epoch = 0
         self._call("after_epoch", stats)
@@ -351,6 +367,20 @@ class Trainer:
         slowest = max(dist.all_gather_object(seconds))
         return EpochStats(epoch=epoch, losses=losses, lr=float(self.optimizer.get_lr()),
                           images_per_s=images / slowest if slowest > 0 else 0.0, seconds=slowest)
+
+    def _check_patience(self, epoch: int, metrics: dict) -> None:
+        """Track the best fitness; with ``--patience N``, stop when N epochs passed without a better one."""
+        from ppmulti.engine.evaluator import fitness
+
+        score = fitness(metrics)
+        if score > self.state.best_fitness:
+            self.state.best_fitness, self.state.best_epoch = score, epoch + 1
+        patience = self.opts.patience
+        if patience and epoch + 1 - self.state.best_epoch >= patience and epoch + 1 < int(self.cfg["epoch"]):
+            self.stopping_early = True
+            log.warning("stopping early after epoch %d: no better fitness for %d epochs (best %.4f at epoch %d; "
+                        "--patience %d)", epoch + 1, epoch + 1 - self.state.best_epoch, self.state.best_fitness,
+                        self.state.best_epoch, patience)
 
     def _stop_on_request(self, epoch: int, step: int) -> None:
         """Ctrl-C / SIGTERM reached the ranks: save the interrupted epoch (rank 0) and leave."""
@@ -438,6 +468,35 @@ class _StopRequests:
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def _stretch_decay(cfg, epochs: int) -> None:
+    """``--epochs`` also sets the length of the lr decay, so the schedule ends with the run."""
+    for sched in cfg["LearningRate"].get("schedulers", []) or []:
+        if isinstance(sched, dict) and "max_epochs" in sched:
+            sched["max_epochs"] = epochs
+
+
+def freeze_backbone(model, freeze: list[int]) -> list[str]:
+    """Stop gradients in backbone layers: ``[N]`` freezes the first N (YOLOv5's ``--freeze 10`` is its
+    whole backbone), several numbers freeze those layer indices. Returns the frozen layers' names."""
+    children = list(model.backbone.named_children())
+    if len(freeze) == 1:
+        wanted = set(range(freeze[0]))
+    else:
+        wanted = set(freeze)
+    bad = sorted(i for i in wanted if i < 0 or i >= len(children))
+    if bad:
+        raise UserError(f"--freeze {' '.join(map(str, freeze))}: the backbone has layers 0..{len(children) - 1} "
+                        f"({', '.join(n for n, _ in children[:4])}, ...)")
+    names = []
+    for index, (name, layer) in enumerate(children):
+        if index in wanted:
+            for param in layer.parameters():
+                param.stop_gradient = True
+            names.append(name)
+    log.info("frozen backbone layers: %s", ", ".join(names))
+    return names
 
 
 def train(opts: TrainOptions) -> dict:

@@ -1,0 +1,150 @@
+"""YOLOv5-format datasets: the data yaml, label edge cases, corrupt images, and agreement with the COCO json."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from ppmulti.data.yolo import (coco_json, image_files, label_path, load_data_yaml, read_labels, scan,
+                               use_data_yaml)
+from ppmulti.errors import UserError
+
+
+def _image(path, size=(32, 24)):
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (90, 120, 150)).save(path)
+    return path
+
+
+def _yaml(tmp_path, text):
+    p = tmp_path / "data.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_names_as_list_or_dict_and_nc(tmp_path):
+    _image(tmp_path / "images" / "train" / "a.jpg")
+    spec = load_data_yaml(_yaml(tmp_path, "train: images/train\nval: images/train\nnames: {0: cat, 1: dog}\n"))
+    assert spec.names == ["cat", "dog"] and spec.nc == 2 and spec.root == tmp_path.resolve()
+    spec = load_data_yaml(_yaml(tmp_path, "train: images/train\nnc: 2\n"))
+    assert spec.names == ["class0", "class1"]
+    with pytest.raises(UserError, match="nc: 3 but names lists 2"):
+        load_data_yaml(_yaml(tmp_path, "train: images/train\nnc: 3\nnames: [a, b]\n"))
+    with pytest.raises(UserError, match="keys 0..1"):
+        load_data_yaml(_yaml(tmp_path, "train: images/train\nnames: {1: a, 2: b}\n"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "must be a mapping"),
+    ("train: [unclosed\n", "not valid YAML"),
+    ("names: [a]\n", "no train or val split"),
+    ("train: images/train\nnames: [a]\nnc: -1\n", "positive integer"),
+])
+def test_invalid_data_yaml(tmp_path, text, message):
+    with pytest.raises(UserError, match=message):
+        load_data_yaml(_yaml(tmp_path, text))
+
+
+def test_missing_data_yaml_and_split_directory(tmp_path):
+    with pytest.raises(UserError, match="data yaml not found"):
+        load_data_yaml(tmp_path / "nope.yaml")
+    spec = load_data_yaml(_yaml(tmp_path, "train: images/missing\nnames: [a]\n"))
+    with pytest.raises(UserError, match="images/missing does not exist"):
+        image_files(spec, "train")
+
+
+def test_splits_as_directory_list_and_txt(tmp_path):
+    a = _image(tmp_path / "images" / "train" / "a.jpg")
+    b = _image(tmp_path / "images" / "extra" / "sub" / "b.png")
+    (tmp_path / "list.txt").write_text("./images/train/a.jpg\n\nimages/extra/sub/b.png\n")
+    spec = load_data_yaml(_yaml(tmp_path, "train: [images/train, images/extra]\nval: list.txt\nnames: [a]\n"))
+    assert image_files(spec, "train") == [a, b]
+    assert [p.resolve() for p in image_files(spec, "val")] == [a, b]
+    assert label_path(b) == tmp_path / "labels" / "extra" / "sub" / "b.txt"
+
+
+def test_labels_clipped_deduplicated_polygons_and_background(tmp_path):
+    f = tmp_path / "l.txt"
+    f.write_text("0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n1 0.95 0.5 0.2 0.2\n1 0.1 0.1 0.3 0.1 0.2 0.4\n")
+    rows, notes = read_labels(f, nc=2)
+    assert notes.duplicates == 1 and notes.clipped == 1
+    np.testing.assert_allclose(rows[1], [1, 0.85, 0.4, 1.0, 0.6], atol=1e-6)
+    np.testing.assert_allclose(rows[2], [1, 0.1, 0.1, 0.3, 0.4], atol=1e-6)   # polygon -> its box
+    empty = tmp_path / "e.txt"
+    empty.write_text("\n")
+    assert read_labels(empty, 2)[0].shape == (0, 5)
+    assert read_labels(tmp_path / "missing.txt", 2)[0].shape == (0, 5)
+    single, _ = read_labels(f, nc=2, single_cls=True)
+    assert set(single[:, 0]) == {0.0}
+
+
+@pytest.mark.parametrize("line, message", [
+    ("3 0.5 0.5 0.1 0.1", "l.txt:2: class id 3 but the data yaml declares nc=2"),
+    ("0 0.5 0.5 0.1", "l.txt:2: 4 values"),
+    ("0 0.5 x 0.1 0.1", "l.txt:2: a value that is not a number"),
+    ("0.5 0.5 0.5 0.1 0.1", "l.txt:2: class 0.5 that is not a non-negative integer"),
+    ("0 0.5 0.5 -0.1 0.1", "l.txt:2: a negative width"),
+])
+def test_bad_label_lines_name_file_and_line(tmp_path, line, message):
+    f = tmp_path / "l.txt"
+    f.write_text("0 0.5 0.5 0.2 0.2\n" + line + "\n")
+    with pytest.raises(UserError, match=message):
+        read_labels(f, nc=2)
+
+
+def test_corrupt_and_truncated_images_are_skipped_and_counted(tmp_path, caplog):
+    good = _image(tmp_path / "images" / "train" / "good.jpg")
+    (tmp_path / "labels" / "train").mkdir(parents=True)
+    (tmp_path / "labels" / "train" / "good.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (tmp_path / "images" / "train" / "broken.jpg").write_bytes(b"not an image at all")
+    truncated = tmp_path / "images" / "train" / "cut.jpg"
+    truncated.write_bytes(good.read_bytes()[:-40])
+    spec = load_data_yaml(_yaml(tmp_path, "train: images/train\nnames: [a]\n"))
+    with caplog.at_level(logging.WARNING, logger="ppmulti"):
+        records, report = scan(spec, "train")
+    assert len(records) == 1 and report.images == 1 and report.boxes == 1
+    reasons = {path.split("/")[-1]: why for path, why in report.corrupt}
+    assert reasons["broken.jpg"] == "unreadable (UnidentifiedImageError)"
+    assert reasons["cut.jpg"] in ("truncated JPEG", "unreadable (OSError)")
+    assert "skipped 2 unusable image(s)" in caplog.text
+    np.testing.assert_allclose(records[0]["gt_bbox"], [[8, 6, 24, 18]])
+
+
+def test_yolo_records_match_the_demo_coco_json(small_demo):
+    spec = load_data_yaml(small_demo / "data.yaml")
+    records, report = scan(spec, "val")
+    ours = coco_json(records, spec.names)
+    theirs = json.loads((small_demo / "annotations" / "instances_val.json").read_text())
+    assert report.images == len(theirs["images"])
+    assert len(ours["annotations"]) == len(theirs["annotations"])
+    by_name = {}
+    for a in theirs["annotations"]:
+        name = next(i["file_name"] for i in theirs["images"] if i["id"] == a["image_id"])
+        by_name.setdefault(name.split("/")[-1], []).append(a["bbox"])
+    for rec in records:
+        boxes = [[x1, y1, x2 - x1, y2 - y1] for x1, y1, x2, y2 in rec["gt_bbox"].tolist()]
+        expected = by_name.get(rec["im_file"].split("/")[-1], [])
+        np.testing.assert_allclose(sorted(boxes), sorted(expected), atol=0.01)
+
+
+def test_use_data_yaml_sets_datasets_and_classes(small_demo, repo):
+    from ppdet.core.workspace import create
+
+    from ppmulti import config
+
+    cfg = config.load(repo / "configs" / "demo" / "ppyoloe_demo.yml")
+    use_data_yaml(cfg, small_demo / "data.yaml", single_cls=True)
+    assert cfg["num_classes"] == 1 and cfg["TrainDataset"]["name"] == "YOLODataSet"
+    config.check_dataset(cfg, "TrainDataset")
+    ev = create("EvalDataset")()
+    ev.parse_dataset()
+    assert "gt_bbox" not in ev.roidbs[0]          # eval batches carry images only
+    from pycocotools.coco import COCO
+
+    gt = COCO(ev.get_anno())
+    assert len(gt.getImgIds()) == 16 and [c["name"] for c in gt.loadCats(gt.getCatIds())] == ["object"]

@@ -1,0 +1,177 @@
+"""YOLOv5 train.py flags: each one's effect on the resolved config, refusals by name, and a real short run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ppmulti import yolo_flags
+from ppmulti.errors import UserError
+from ppmulti.train_cli import build_parser, options_from_args, parse
+
+
+def _args(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+def _edited(*argv):
+    from ppmulti import config
+
+    args = _args(*argv)
+    opts = options_from_args(args)
+    cfg = config.load(opts.config, opts.overrides)
+    notes = opts.config_edit(cfg) if opts.config_edit else []
+    return cfg, opts, notes
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("yolov5s", "yolov5/yolov5_s_300e_coco.yml"), ("yolov5n.yaml", "yolov5/yolov5_n_300e_coco.yml"),
+    ("models/yolov5x.yaml", "yolov5/yolov5_x_300e_coco.yml"), ("ppyoloe_s", "ppyoloe/ppyoloe_crn_s_300e_coco.yml"),
+    ("ppyoloe-l", "ppyoloe/ppyoloe_crn_l_300e_coco.yml"),
+])
+def test_cfg_names_resolve_to_shipped_configs(name, expected):
+    assert yolo_flags.resolve_cfg(name).config.endswith(expected)
+
+
+def test_cfg_unknown_name_and_yolov5_model_yaml(tmp_path):
+    with pytest.raises(UserError, match="not a model name ppmulti knows"):
+        yolo_flags.resolve_cfg("yolov9z")
+    model = tmp_path / "m.yaml"
+    model.write_text("nc: 4\ndepth_multiple: 0.33\nwidth_multiple: 0.5\nanchors:\n  - [10,13, 16,30, 33,23]\n"
+                     "  - [30,61, 62,45, 59,119]\n  - [116,90, 156,198, 373,326]\n"
+                     "backbone: [" + ", ".join(["[]"] * 10) + "]\nhead: [" + ", ".join(["[]"] * 15) + "]\n")
+    choice = yolo_flags.resolve_cfg(str(model))
+    assert choice.overrides["depth_mult"] == 0.33 and choice.overrides["width_mult"] == 0.5
+    assert choice.overrides["YOLOv5Head"]["anchors"][2] == [[116, 90], [156, 198], [373, 326]]
+    assert choice.overrides["num_classes"] == 4
+    model.write_text("depth_multiple: 1\nwidth_multiple: 1\nanchors: 3\nbackbone: []\nhead: []\n")
+    with pytest.raises(UserError, match="v6 P5"):
+        yolo_flags.resolve_cfg(str(model))
+
+
+def test_model_yaml_reaches_the_built_config(tmp_path):
+    model = tmp_path / "yolov5-custom.yaml"
+    model.write_text("depth_multiple: 0.33\nwidth_multiple: 0.25\n"
+                     "backbone: [" + ", ".join(["[]"] * 10) + "]\nhead: [" + ", ".join(["[]"] * 15) + "]\n")
+    cfg, _, _ = _edited("--cfg", str(model))
+    assert cfg["width_mult"] == 0.25 and cfg["depth_mult"] == 0.33
+
+
+def test_hyp_optimizer_schedule_and_imgsz(repo):
+    cfg, opts, notes = _edited("--cfg", "yolov5n", "--hyp", str(repo / "configs/hyps/hyp.scratch-med.yaml"),
+                               "--optimizer", "AdamW", "--img", "320", "--label-smoothing", "0.1")
+    assert cfg["LearningRate"]["base_lr"] == 0.01
+    assert cfg["OptimizerBuilder"]["optimizer"] == {"type": "AdamW", "beta1": 0.937, "beta2": 0.999,
+                                                     "weight_decay": 0.0005}
+    assert cfg["OptimizerBuilder"]["regularizer"] is None
+    decay = cfg["LearningRate"]["schedulers"][0]
+    assert decay["name"] == "LinearDecay" and decay["min_lr_ratio"] == 0.1   # YOLOv5's default linear, lrf 0.1
+    assert cfg["YOLOv5Loss"]["loss_weight"] == {"box": 0.05, "obj": 0.7, "cls": 0.3}
+    assert cfg["YOLOv5Loss"]["label_smoothing"] == 0.1 and cfg["YOLOv5Loss"]["img_size"] == 320
+    mosaic = next(op["Mosaic"] for op in cfg["TrainReader"]["sample_transforms"] if "Mosaic" in op)
+    assert mosaic["input_dim"] == [320, 320] and mosaic["scale"] == [pytest.approx(0.1), 1.9]
+    assert mosaic["enable_mixup"] is True and mosaic["mixup_prob"] == 0.1
+    assert cfg["eval_size"] == [320, 320]
+    assert any("warmup_momentum" in n for n in notes) and opts.validate   # YOLOv5 style validates each epoch
+
+
+def test_sgd_cos_lr_and_ppyoloe_scaling(repo):
+    cfg, _, notes = _edited("-c", str(repo / "configs/demo/ppyoloe_demo.yml"), "--optimizer", "SGD", "--cos-lr",
+                            "--img", "320", "--hyp", str(repo / "configs/hyps/hyp.scratch-low.yaml"))
+    assert cfg["OptimizerBuilder"]["optimizer"] == {"type": "Momentum", "momentum": 0.937, "use_nesterov": True}
+    assert cfg["OptimizerBuilder"]["regularizer"] == {"type": "L2", "factor": 0.0005}
+    assert cfg["LearningRate"]["schedulers"][0]["name"] == "CosineDecay"
+    resize = cfg["TrainReader"]["batch_transforms"][0]["BatchRandomResize"]
+    assert resize["target_size"] == [256, 320]          # 128/160 at eval 160, doubled
+    assert any("YOLOv5 loss gain" in n for n in notes)   # PP-YOLOE keeps its own loss weights
+    with pytest.raises(UserError, match="multiple of 32"):
+        _edited("--cfg", "yolov5n", "--img", "100")
+
+
+def test_run_dir_flags_and_weights_from_scratch():
+    opts = options_from_args(_args("--cfg", "yolov5s", "--project", "p", "--name", "n", "--weights", "",
+                                   "--noval", "--nosave", "--save-period", "3", "--freeze", "10"))
+    assert opts.output.replace("\\", "/") == "p/n" and "pretrain_weights=" in opts.overrides
+    assert not opts.validate and opts.nosave and opts.save_period == 3 and opts.freeze == [10]
+    assert options_from_args(_args("--cfg", "yolov5s", "--name", "x")).output.replace("\\", "/") == "runs/train/x"
+    with pytest.raises(UserError, match="not both"):
+        options_from_args(_args("-c", "a.yml", "--cfg", "yolov5s"))
+    with pytest.raises(UserError, match="--patience needs validation"):
+        options_from_args(_args("--cfg", "yolov5s", "--noval", "--patience", "5"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rect"], "--rect is a YOLOv5 flag that ppmulti does not support"),
+    (["--cache", "ram"], "--cache is a YOLOv5 flag"),
+    (["--bogus"], "unknown flag --bogus"),
+])
+def test_unsupported_flags_are_refused_by_name(argv, message):
+    with pytest.raises(UserError, match=message):
+        parse(["--cfg", "yolov5n", *argv])
+
+
+def test_unsupported_flag_exits_2_with_one_line(repo):
+    out = subprocess.run([sys.executable, str(repo / "tools/train.py"), "--cfg", "yolov5n", "--quad"],
+                         capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "numba" not in ln]
+    assert out.returncode == 2 and lines == [lines[0]] and "--quad" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_bad_hyp_file(tmp_path):
+    bad = tmp_path / "h.yaml"
+    bad.write_text("lr0: 0.01\nlearning_rate: 3\n")
+    with pytest.raises(UserError, match="unknown hyperparameter 'learning_rate'"):
+        yolo_flags.load_hyp(str(bad))
+    with pytest.raises(UserError, match="file not found"):
+        yolo_flags.load_hyp(str(tmp_path / "none.yaml"))
+
+
+def test_linear_decay_ends_at_lrf():
+    from ppmulti.engine.lr import LinearDecay
+
+    sched = LinearDecay(max_epochs=2, min_lr_ratio=0.1)(1.0, [1, 2], [0.0, 0.5, 1.0], 5)
+    seen = []
+    for _ in range(10):
+        seen.append(round(sched.get_lr(), 4))
+        sched.step()
+    assert seen[:3] == [0.0, 0.5, 1.0] and seen[-1] == 0.1 and seen == sorted(seen[:3]) + sorted(seen[3:], reverse=True)
+
+
+def test_freeze_first_layers_of_the_backbone(repo):
+    from ppdet.core.workspace import create
+
+    from ppmulti import config
+    from ppmulti.engine.trainer import freeze_backbone
+
+    cfg = config.load(repo / "configs/yolov5/yolov5_n_300e_coco.yml")
+    model = create(cfg.architecture)
+    neck_trainable = sum(not p.stop_gradient for p in model.neck.parameters())
+    assert len(freeze_backbone(model, [10])) == 10
+    assert all(p.stop_gradient for p in model.backbone.parameters())
+    assert sum(not p.stop_gradient for p in model.neck.parameters()) == neck_trainable > 0
+    with pytest.raises(UserError, match="layers 0..9"):
+        freeze_backbone(model, [3, 12])
+
+
+def test_short_yolov5_training_from_flags(small_demo, tmp_path, repo):
+    """The README's YOLOv5 line, tiny: YOLO data, --cfg by name, --hyp, --img, project/name, then exp2."""
+    cmd = [sys.executable, str(repo / "tools/train.py"), "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n",
+           "--weights", "", "--img", "128", "--epochs", "2", "--batch", "8", "--hyp",
+           str(repo / "configs/hyps/hyp.demo.yaml"), "--optimizer", "AdamW", "--cos-lr", "--device", "cpu",
+           "--workers", "0", "--project", str(tmp_path / "runs"), "--name", "exp", "--save-period", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "runs" / "exp"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["epochs"] == 2 and 0.0 <= metrics["mAP50"] <= 1.0
+    rows = (run / "results.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[1].split(",")[3] != ""           # validated every epoch (YOLOv5's default)
+    assert (run / "weights" / "epoch1.pdparams").is_file() and (run / "weights" / "epoch2.pdparams").is_file()
+    log = (run / "train.log").read_text()
+    assert "train: 48 images" in log and "hyp warmup_bias_lr=0.1 has no effect here" in log
+    resolved = (run / "config.yml").read_text()
+    assert "YOLODataSet" in resolved and "num_classes: 3" in resolved
