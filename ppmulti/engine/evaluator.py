@@ -25,9 +25,12 @@ class EvalResult:
                 "per_rank_images_per_s": [round(v, 3) for v in self.per_rank_images_per_s]}
 
 
+FITNESS_WEIGHTS = {"mAP50": 0.1, "mAP50_95": 0.9}
+
+
 def fitness(metrics: dict) -> float:
-    """YOLOv5's single score of a validation: 0.1 x mAP50 + 0.9 x mAP50-95."""
-    return 0.1 * float(metrics["mAP50"]) + 0.9 * float(metrics["mAP50_95"])
+    """YOLOv5's single score of a validation: 0.1 x mAP50 + 0.9 x mAP50-95 (--patience, best, evolution)."""
+    return sum(w * float(metrics[k]) for k, w in FITNESS_WEIGHTS.items())
 
 
 def _shard_sampler(n: int, rank: int, world: int):

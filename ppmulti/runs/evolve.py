@@ -16,12 +16,12 @@ import numpy as np
 import yaml
 from filelock import FileLock
 
+from ppmulti.engine.evaluator import FITNESS_WEIGHTS, fitness  # noqa: F401  (one definition, shared with --patience)
 from ppmulti.errors import UserError
 from ppmulti.io import atomic_save, atomic_write_text
 
 log = logging.getLogger("ppmulti")
 
-FITNESS_WEIGHTS: dict[str, float] = {"mAP50": 0.1, "mAP50_95": 0.9}
 METRIC_COLUMNS: tuple[str, ...] = ("fitness", "mAP50", "mAP50_95")
 
 # key: (mutation gain, lower limit, upper limit); gain 0 means the key is never mutated.
@@ -35,11 +35,6 @@ HYP_BOUNDS: dict[str, tuple[float, float, float]] = {
     "perspective": (0, 0.0, 0.001), "flipud": (1, 0.0, 1.0), "fliplr": (0, 0.0, 1.0), "mosaic": (1, 0.0, 1.0),
     "mixup": (1, 0.0, 1.0), "copy_paste": (1, 0.0, 1.0),
 }
-
-
-def fitness(row: dict) -> float:
-    """0.1 * mAP50 + 0.9 * mAP50_95."""
-    return sum(w * float(row[k]) for k, w in FITNESS_WEIGHTS.items())
 
 
 def _row_fitness(row: dict) -> float:
