@@ -361,6 +361,8 @@ def _dataset_class():
             image_files(self.spec, self.split)  # fails with the path named; nothing is downloaded
 
         def parse_dataset(self):
+            if self.roidbs is not None:   # the evaluator and ppdet's loader both ask; scan the files once
+                return
             records, self.report = scan(self.spec, self.split, self.single_cls)
             if not self.allow_empty:
                 records = [r for r in records if len(r["gt_bbox"])]
