@@ -1,0 +1,1 @@
+"""Performance: the scaling model (pure), measuring probes run as ranks, and ``ppmulti bench``."""
