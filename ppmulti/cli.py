@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         launch_command.register(sub)
     from ppmulti.runs import board as board_command
     board_command.register(sub)
+    # --- bench (ppmulti/perf) ---
+    from ppmulti.perf import command as bench_command
+    bench_command.register(sub)
+    # --- end bench ---
     return parser
 
 
