@@ -142,8 +142,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from ppmulti.engine.trainer import train
     from ppmulti.env import in_paddle_worker
 
-    options = options_from_args(args)   # checks the flags before any process starts
     kind, ids, nranks = parse_device(args.device, args.nproc)
+    if kind in ("cpu", "gpu"):
+        args.opt = list(args.opt or []) + [[f"use_gpu={'true' if kind == 'gpu' else 'false'}"]]
+    options = options_from_args(args)   # checks the flags before any process starts
     if not in_paddle_worker():
         if kind == "gpu":
             _check_gpu_ids(ids)
@@ -156,12 +158,6 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             from ppmulti.env import set_visible_gpu
 
             set_visible_gpu(ids[0])
-    if kind == "cpu":
-        args.opt = list(args.opt or []) + [["use_gpu=false"]]
-    elif kind == "gpu":
-        args.opt = list(args.opt or []) + [["use_gpu=true"]]
-    if kind in ("cpu", "gpu"):
-        options = options_from_args(args)
     metrics = train(options)
     if dist.is_main():
         print(json.dumps({k: metrics[k] for k in ("mAP50", "mAP50_95", "run_dir") if k in metrics}))

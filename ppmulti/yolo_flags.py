@@ -400,6 +400,15 @@ def apply_data(cfg, data: str, single_cls: bool) -> str:
             raw = yaml.safe_load(path.read_text())
         except yaml.YAMLError:
             raw = None
+    if isinstance(raw, dict) and "_BASE_" in raw:
+        from ppmulti.yamlfiles import load_config_chain
+
+        try:
+            raw = load_config_chain(path)[0]
+        except OSError as exc:
+            raise UserError(f"--data {path}: a _BASE_ file it names cannot be read: {exc.filename or exc}") from None
+        except yaml.YAMLError as exc:
+            raise UserError(f"--data {path}: a _BASE_ file is not valid YAML: {str(exc).splitlines()[0]}") from None
     if isinstance(raw, dict) and any(k in raw for k in ("TrainDataset", "EvalDataset")):
         from ppmulti import config as config_mod
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -227,3 +228,58 @@ def test_sigterm_saves_the_interrupted_epoch_and_it_resumes(small_demo, tmp_path
     assert metrics["epochs"] == 2
     epochs = [line.split(",")[0] for line in (out / "results.csv").read_text().splitlines()[1:]]
     assert epochs == ["1", "2"]
+
+
+def test_resume_on_another_world_size_keeps_the_global_batch(small_demo, tmp_path):
+    """Issue 6: a run trained on 2 ranks resumes on 1 rank with the same global batch (and so the same LR),
+    saying so in the log; a different --batch on resume rescales the LR and says that."""
+    out = tmp_path / "run"
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
+                     *_train_args(small_demo, out, "--batch", "8", "--epochs", "1")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = (out / "train.log").read_text()
+    lr_said = re.search(r"lr \S+ = base_lr \S+ x global batch 8 / ref_batch \d+", first).group(0)
+
+    proc = run_tool(_train_args(small_demo, out, "--resume", str(out), "--epochs", "2"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (out / "train.log").read_text()[len(first):]
+    assert "resuming a run of 2 ranks on 1 ranks: the global batch stays 8 (8 per rank)" in log, log[-3000:]
+    assert "world size 1, global batch 8 (8 per rank), 6 steps per epoch" in log      # 48 images / 8
+    assert lr_said in log                          # the same scaled LR as the 2-rank start
+    assert "lr rescaled" not in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["world_size"], metrics["global_batch"], metrics["epochs"]) == (1, 8, 2)
+
+    proc = run_tool(_train_args(small_demo, out, "--resume", str(out), "--epochs", "3", "--batch", "4"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (out / "train.log").read_text()
+    assert "resuming with global batch 4 instead of 8: lr rescaled to" in log
+    assert json.loads((out / "metrics.json").read_text())["global_batch"] == 4
+
+
+def test_yolov5_launch_line_two_ranks(small_demo, tmp_path):
+    """Issue 4: README's YOLOv5 line, `ppmulti launch --nproc_per_node 2 tools/train.py --batch B --data D
+    --cfg yolov5s.yaml --weights '' --device 0,1`, on this CPU: two gloo ranks train YOLOv5s from YOLO data
+    (--device 0,1 asks for GPUs; without them the config falls back to the CPU with one warning line)."""
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(REPO / "tools" / "train.py"),
+                     "--batch", "8", "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5s.yaml",
+                     "--weights", "", "--device", "0,1", "--img", "64", "--epochs", "1", "--workers", "0",
+                     "--project", str(tmp_path / "runs"), "--name", "exp"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "runs" / "exp"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["world_size"], metrics["global_batch"], metrics["epochs"]) == (2, 8, 1)
+    assert metrics["images"] == 16 and 0.0 <= metrics["mAP50"] <= 1.0     # both shards of the val split scored
+    log = (run / "train.log").read_text()
+    assert "world size 2, global batch 8 (4 per rank), 6 steps per epoch" in log
+    resolved = (run / "config.yml").read_text()
+    assert "YOLOv5Head" in resolved and "YOLODataSet" in resolved
+    assert "depth_mult: 0.33" in resolved and "width_mult: 0.5" in resolved     # yolov5s.yaml -> the s config
+    assert (run / "logs" / "rank1.log").is_file()
+
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(REPO / "tools" / "train.py"),
+                     "--batch", "8", "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5s.yaml",
+                     "--weights", "", "--device", "cpu", "--img", "64", "--epochs", "1", "--sync-bn",
+                     "--project", str(tmp_path / "runs"), "--name", "sbn"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "no CPU kernel for sync_batch_norm" in _all_output(proc, tmp_path)

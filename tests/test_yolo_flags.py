@@ -175,3 +175,17 @@ def test_short_yolov5_training_from_flags(small_demo, tmp_path, repo):
     assert "train: 48 images" in log and "hyp warmup_bias_lr=0.1 has no effect here" in log
     resolved = (run / "config.yml").read_text()
     assert "YOLODataSet" in resolved and "num_classes: 3" in resolved
+
+
+def test_ppdet_dataset_yml_with_base_as_data(tmp_path, repo):
+    """--data with a ppdet dataset .yml that only says what differs from its _BASE_ file."""
+    data = tmp_path / "my_coco.yml"
+    data.write_text(f"_BASE_: ['{repo / 'configs/datasets/demo_coco.yml'}']\n"
+                    "TrainDataset:\n  dataset_dir: /data/shapes\n")
+    cfg, _, _ = _edited("--cfg", "yolov5n", "--data", str(data))
+    assert cfg.TrainDataset["dataset_dir"] == "/data/shapes"                       # the file's own value
+    assert cfg.TrainDataset["anno_path"] == "annotations/instances_train.json"     # from its base
+    assert cfg.EvalDataset["dataset_dir"] == "dataset/demo" and cfg["num_classes"] == 3
+    data.write_text("_BASE_: ['missing_base.yml']\n")
+    with pytest.raises(UserError, match="missing_base.yml"):
+        _edited("--cfg", "yolov5n", "--data", str(data))

@@ -78,9 +78,12 @@ class Trainer:
             self.cfg["worker_num"] = int(opts.workers)
         config_mod.check_dataset(self.cfg, "TrainDataset")
         config_mod.check_dataset(self.cfg, "EvalDataset")
+        restarted = self._continue_after_restart()
+        self._resume_from = ckpt.resolve_resume(opts.resume) if opts.resume else None
+        # read once, before the batch plan: a resumed run keeps the global batch it was trained with
+        self._resume_payload = ckpt.load_state(self._resume_from) if self._resume_from else None
         self.batch = self._batch_plan()
         self.cfg.TrainReader["batch_size"] = self.batch.per_rank
-        restarted = self._continue_after_restart()
         self.run_dir = self._make_run_dir()
         self._record_run_dir()
         self._setup_logging()
@@ -107,6 +110,11 @@ class Trainer:
     def _batch_plan(self) -> BatchPlan:
         if self.opts.batch is not None:
             return split_batch(int(self.opts.batch), self.world)
+        if self._resume_payload is not None:
+            trained = int(self._resume_payload["train"]["global_batch"])
+            if trained % self.world == 0:
+                return split_batch(trained, self.world)
+            # not divisible: the config's per-rank batch on this world; _resume rescales the LR and says so
         per_rank = int(self.cfg.TrainReader["batch_size"])
         return split_batch(per_rank * self.world, self.world)
 
@@ -115,8 +123,8 @@ class Trainer:
 
         path = None
         if dist.is_main():
-            if self.opts.resume:
-                path = str(ckpt.resolve_resume(self.opts.resume).parent.parent)
+            if self._resume_from is not None:
+                path = str(self._resume_from.parent.parent)
             elif self.opts.output:
                 path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
                                        exist_ok=True if self.opts.exist_ok else False))
@@ -189,8 +197,9 @@ class Trainer:
                                 cycle_epoch=cfg.get("cycle_epoch", -1),
                                 ema_black_list=cfg.get("ema_black_list", None),
                                 ema_filter_no_grad=cfg.get("ema_filter_no_grad", False))
-        if self.opts.resume:
-            self._resume(ckpt.resolve_resume(self.opts.resume))
+        if self._resume_payload is not None:
+            self._resume(self._resume_from, self._resume_payload)
+            self._resume_payload = None   # the weights now live in the model; free the copy
         self.train_model = self.model
         if self.world > 1:
             self.train_model = fleet.distributed_model(self.model)
@@ -256,8 +265,7 @@ class Trainer:
         self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         log.info("BatchNorm layers converted to SyncBatchNorm across %d ranks", self.world)
 
-    def _resume(self, path: Path) -> None:
-        payload = ckpt.load_state(path)
+    def _resume(self, path: Path, payload: dict) -> None:
         missing, unexpected = ckpt.check_shapes(self.model, payload["model"], str(path))
         self.model.set_state_dict(payload["model"])
         self.optimizer.set_state_dict(payload["optimizer"])
@@ -268,9 +276,11 @@ class Trainer:
         train = payload["train"]
         self.state = ckpt.TrainState(**train)
         ckpt.set_rng_state(payload.get("rng"))
-        if train["world_size"] != self.world:
+        if train["world_size"] != self.world and train["global_batch"] == self.batch.global_batch:
             log.warning("resuming a run of %d ranks on %d ranks: the global batch stays %d (%d per rank)",
                         train["world_size"], self.world, self.batch.global_batch, self.batch.per_rank)
+        elif train["world_size"] != self.world:
+            log.warning("resuming a run of %d ranks on %d ranks", train["world_size"], self.world)
         if train["global_batch"] != self.batch.global_batch:
             log.warning("resuming with global batch %d instead of %d: lr rescaled to %.6g",
                         self.batch.global_batch, train["global_batch"], self.lr_plan.lr)
