@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         launch_command.register(sub)
     from ppmulti.runs import board as board_command
     board_command.register(sub)
+    # --- evolve, ps, logs, stop (ppmulti/runs/evolve_run.py, detach.py) ---
+    from ppmulti.runs import detach as detach_commands
+    from ppmulti.runs import evolve_run as evolve_command
+    evolve_command.register(sub)
+    detach_commands.register(sub)
+    # --- end evolve, ps, logs, stop ---
     # --- bench (ppmulti/perf) ---
     from ppmulti.perf import command as bench_command
     bench_command.register(sub)

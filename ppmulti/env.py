@@ -81,6 +81,11 @@ PPMULTI_LAUNCH_DIR = "PPMULTI_LAUNCH_DIR"
 PPMULTI_RESTART = "PPMULTI_RESTART"                  # 0 on the first start, k on the k-th restart
 PYTHONPATH = "PYTHONPATH"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"                  # node output is streamed line by line through ssh
+# --- detached runs and evolution (ppmulti/runs/detach.py, evolve_run.py) ---
+PPMULTI_HOME = "PPMULTI_HOME"                        # where detached runs are recorded (default ~/.ppmulti)
+# A detached run's tag on every process it starts (wrapper, launcher, Paddle, ranks, evolve candidates):
+# Paddle puts each worker in its own session, so `ppmulti stop` finds them by this in /proc/*/environ.
+PPMULTI_RUN_ID = "PPMULTI_RUN_ID"
 
 # Everything a launcher or a worker leaves behind that would steer a *new* launch started from inside
 # a worker (evolution, a re-exec): Paddle's launcher lets these override its flags or its mode.

@@ -142,6 +142,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from ppmulti.engine.trainer import train
     from ppmulti.env import in_paddle_worker
 
+    # --- --evolve N (ppmulti/runs/evolve_run.py): candidates trained as subprocesses by the evolve engine ---
+    if getattr(args, "evolve", None) is not None:
+        from ppmulti.runs.evolve_run import evolve_from_train
+
+        return evolve_from_train(args, list(sys.argv[1:] if argv is None else argv))
+    # --- end --evolve ---
     kind, ids, nranks = parse_device(args.device, args.nproc)
     if kind in ("cpu", "gpu"):
         args.opt = list(args.opt or []) + [[f"use_gpu={'true' if kind == 'gpu' else 'false'}"]]

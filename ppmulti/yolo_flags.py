@@ -82,6 +82,11 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--noautoanchor", action="store_true",
                    help="accepted: ppmulti never recomputes anchors (they come from the model config)")
     g.add_argument("--noplots", action="store_true", help="do not write results.png")
+    # --- --evolve (ppmulti/runs/evolve_run.py) ---
+    g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
+                   help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
+                        "the same command resumes; ppmulti evolve runs one worker per device")
+    # --- end --evolve ---
 
 
 def reject_unknown(extra: list[str]) -> None:

@@ -28,6 +28,16 @@ def _launch(argv: list[str]) -> int:
     from ppmulti.launch.flags import build_parser, build_plan, parse_launch_args, split_argv
     from ppmulti.launch.runner import local_addresses, run, visible_gpu_count
 
+    # --- --detach (ppmulti/runs/detach.py): the same launch, started again in a new session ---
+    from ppmulti.errors import UserError
+    from ppmulti.runs.detach import pop_detach, start
+
+    detach, argv = pop_detach(list(argv))
+    if detach:
+        if parse_launch_args(argv).script is None:   # bad flags fail here, not in a log nobody reads
+            raise UserError("--detach needs a script to launch, e.g. ppmulti launch --detach tools/train.py -c CFG")
+        return start("launch", argv)
+    # --- end --detach ---
     flags, _, _ = split_argv(list(argv))
     if "-h" in flags or "--help" in flags:
         build_parser().print_help()

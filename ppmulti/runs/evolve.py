@@ -161,22 +161,31 @@ def mutate(parent: dict, rng: np.random.RandomState, bounds: dict[str, tuple[flo
         return child
     g = np.array([bounds[k][0] for k in keys], dtype=float)
     n = len(keys)
-    v = np.ones(n)
-    while np.all(v == 1):
-        v = (g * (rng.random(n) < mp) * rng.randn(n) * rng.random() * s + 1).clip(0.3, 3.0)
-    for k, factor in zip(keys, v):
-        _, lo, hi = bounds[k]
-        x = min(max(float(parent[k]) * float(factor), lo), hi)
-        child[k] = float(f"{x:.5g}")
+    # a factor near 1 can round (5 digits) or clip back to the parent's value: draw again, a bounded
+    # number of times (a parent whose every key sits at 0 or at a bound cannot change at all)
+    for _ in range(100):
+        v = np.ones(n)
+        while np.all(v == 1):
+            v = (g * (rng.random(n) < mp) * rng.randn(n) * rng.random() * s + 1).clip(0.3, 3.0)
+        for k, factor in zip(keys, v):
+            _, lo, hi = bounds[k]
+            x = min(max(float(parent[k]) * float(factor), lo), hi)
+            child[k] = float(f"{x:.5g}")
+        if any(child[k] != parent[k] for k in keys):
+            break
     return child
+
+
+def breed(rows: list[dict], base_hyp: dict, rng: np.random.RandomState,
+          bounds: dict[str, tuple[float, float, float]] = HYP_BOUNDS) -> tuple[dict, dict]:
+    """(parent, child): the parent drawn from the best ``rows`` (base_hyp when there are none), mutated."""
+    parent = dict(base_hyp) if not rows else {**base_hyp, **select_parent(rows, rng)}
+    return parent, mutate(parent, rng, bounds)
 
 
 def next_candidate(store: EvolveStore, base_hyp: dict, rng: np.random.RandomState) -> dict:
     """The hyps for the next run: base_hyp mutated when the store is empty, else a mutated parent."""
-    rows = store.rows()
-    if not rows:
-        return mutate(base_hyp, rng)
-    return mutate({**base_hyp, **select_parent(rows, rng)}, rng)
+    return breed(store.rows(), base_hyp, rng)[1]
 
 
 def best(store: EvolveStore) -> tuple[dict, dict] | None:
