@@ -21,6 +21,7 @@ REQUIRES = [
     "visualdl",                  # training dashboards
     "filelock",                  # shared evolve.csv across workers
     "tqdm",                      # progress bars
+    "matplotlib",                # results.png, PR_curve.png, evolve plots (visualdl pulls it too; we import it)
     "PyYAML",                    # configs and dataset yamls
     "opencv-python",             # demo data and drawing (paddledet pulls a compatible build)
 ]

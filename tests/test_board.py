@@ -149,3 +149,91 @@ def test_board_port_in_use_is_one_line_exit_2(tmp_path):
                         env=_env(), timeout=60)
     line = _one_error_line(proc)
     assert f"port {port}" in line and "--port" in line
+
+
+class _Loss:
+    def __init__(self, value: float):
+        self.value = value
+
+    def numpy(self):
+        import numpy as np
+
+        return np.array([self.value], dtype=np.float32)
+
+
+def _write_run_with_hook(run: Path) -> Path:
+    """Two epochs of a 2-rank run's log, written by the real VisualDLHook from made-up figures."""
+    from types import SimpleNamespace
+
+    from ppmulti.engine.hooks import VisualDLHook
+
+    cfg = {"log_iter": 2, "epoch": 2, "architecture": "YOLOv3", "use_ema": True, "eval_height": 160,
+           "OptimizerBuilder": {"optimizer": {"type": "AdamW", "weight_decay": 0.0005}}}
+    trainer = SimpleNamespace(
+        run_dir=run, cfg=cfg, world=2, state=SimpleNamespace(global_step=0),
+        batch=SimpleNamespace(global_batch=16, per_rank=8),
+        lr_plan=SimpleNamespace(lr=0.002, base_lr=0.002, ref_batch=16, warmup_steps=60),
+        opts=SimpleNamespace(config="configs/demo/ppyoloe_demo.yml", seed=0, weights=None))
+    hook = VisualDLHook()
+    hook.before_train(trainer)
+    for epoch in range(2):
+        data_time = 0.0
+        for step in range(4):
+            trainer.state.global_step += 1
+            data_time += DATA_WAIT[step]
+            hook.after_step(trainer, epoch, step, {"loss": _Loss(2.0 - epoch), "loss_cls": _Loss(0.5)},
+                            0.002, data_time)
+        hook.after_epoch(trainer, SimpleNamespace(
+            epoch=epoch, images_per_s=22.5, per_rank_images_per_s=RANK_IPS[epoch + 1],
+            metrics={"mAP50": MAP50[2 * epoch + 1], "mAP50_95": MAP50[2 * epoch + 1] / 2,
+                     "per_rank_images_per_s": [40.0, 36.0]}))
+    hook.after_train(trainer)
+    return run / "vdl"
+
+
+DATA_WAIT = [0.25, 0.75, 0.5, 1.5]        # per step; the log keeps the mean over each interval of 2 steps
+RANK_IPS = {1: [12.5, 10.0], 2: [13.0, 11.5]}
+
+
+@pytest.mark.multiproc
+def test_board_serves_data_time_per_rank_throughput_and_hparams(tmp_path):
+    logdir = _write_run_with_hook(tmp_path / "run")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ppmulti.cli", "board", str(tmp_path / "run"),
+                             "--port", str(port)], cwd=REPO, env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        runs = _wait_for_api(proc, port)
+        assert runs == [str(logdir)]
+        tags = set(_api(port, "scalar/tags")["tags"][0])
+        assert {"train/loss", "train/loss_cls", "train/lr", "train/images_per_s", "train/data_time",
+                "epoch/images_per_s", "epoch/images_per_s_rank0", "epoch/images_per_s_rank1",
+                "eval/mAP50", "eval/mAP50_95", "eval/images_per_s_rank0", "eval/images_per_s_rank1"} <= tags
+
+        def scalars(tag):
+            return {step: value for _, step, value in _api(port, "scalar/list", run=runs[0], tag=tag)}
+
+        # global steps 2, 4 (epoch 1) and 6, 8 (epoch 2): mean data wait of steps (1, 2) and (3, 4)
+        assert scalars("train/data_time") == {2: 0.5, 4: 1.0, 6: 0.5, 8: 1.0}
+        assert scalars("epoch/images_per_s_rank0") == {1: 12.5, 2: 13.0}
+        assert scalars("epoch/images_per_s_rank1") == {1: 10.0, 2: 11.5}
+
+        listed = _api(port, "hparams/list")
+        assert [r["name"] for r in listed] == runs
+        hp = listed[0]["hparams"]
+        assert hp["config"] == "ppyoloe_demo.yml" and hp["optimizer"] == "AdamW"
+        assert hp["world_size"] == 2 and hp["global_batch"] == 16 and hp["batch_per_rank"] == 8
+        assert hp["epochs"] == 2 and hp["eval_size"] == 160 and hp["use_ema"] == 1
+        assert hp["lr"] == pytest.approx(0.002) and hp["warmup_steps"] == 60
+        assert "momentum" not in hp and "weights" in hp       # None is left out; "" is kept
+        assert listed[0]["metrics"] == {"eval/mAP50": MAP50[3], "eval/mAP50_95": MAP50[3] / 2}  # the last
+        indicators = _api(port, "hparams/indicators")
+        assert {h["name"] for h in indicators["hparams"]} >= {"world_size", "global_batch", "lr", "optimizer"}
+        assert {m["name"] for m in indicators["metrics"]} == {"eval/mAP50", "eval/mAP50_95"}
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (out, err)

@@ -68,6 +68,7 @@ class CocoEvaluator:
         self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
         self.clsid2catid = {v: k for k, v in self.dataset.catid2clsid.items()}
         self._coco_gt = None
+        self.last_pr = None   # rank 0: the PR curve of the last scoring (engine.plots.PRCurve)
 
     def predict(self, model) -> tuple[list[dict], int, float]:
         """This rank's detections in COCO json form, the number of images, and the seconds taken."""
@@ -78,8 +79,10 @@ class CocoEvaluator:
         detections: list[dict] = []
         images = 0
         tic = time.time()
+        from ppmulti.engine.progress import track
+
         with paddle.no_grad():
-            for data in self.loader:
+            for data in track(self.loader, "eval", total=len(self.loader)):  # a bar on a rank-0 terminal
                 outs = model(data)
                 outs_np = {"bbox": outs["bbox"].numpy(), "bbox_num": outs["bbox_num"].numpy(),
                            "im_id": data["im_id"].numpy()}
@@ -110,6 +113,7 @@ class CocoEvaluator:
         with contextlib.redirect_stdout(buf):
             if self._coco_gt is None:
                 self._coco_gt = COCO(self.anno_file)
+            self.last_pr = None
             if not detections:
                 return 0.0, 0.0, "no detections"
             coco_dt = self._coco_gt.loadRes(detections)
@@ -117,6 +121,10 @@ class CocoEvaluator:
             ev.evaluate()
             ev.accumulate()
             ev.summarize()
+        from ppmulti.engine.plots import pr_curve
+
+        cats = self._coco_gt.loadCats(self._coco_gt.getCatIds())
+        self.last_pr = pr_curve(ev, {c["id"]: c["name"] for c in cats})   # [plots] PR_curve.png on rank 0
         summary = "\n".join(line for line in buf.getvalue().splitlines() if "Average Precision" in line
                             or "Average Recall" in line)
         return max(0.0, float(ev.stats[0])), max(0.0, float(ev.stats[1])), summary

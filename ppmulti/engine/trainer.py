@@ -14,7 +14,7 @@ from typing import Callable
 from ppmulti import config as config_mod
 from ppmulti import dist
 from ppmulti.engine import checkpoint as ckpt
-from ppmulti.engine.hooks import CheckpointHook, ConsoleLogHook, Hook, ResultsHook, VisualDLHook
+from ppmulti.engine.hooks import CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook, VisualDLHook
 from ppmulti.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
 from ppmulti.errors import UserError
 
@@ -53,6 +53,7 @@ class EpochStats:
     images_per_s: float
     seconds: float
     metrics: dict | None = None
+    per_rank_images_per_s: list[float] = field(default_factory=list)   # [hooks: VisualDL per-rank figure]
 
 
 class Trainer:
@@ -296,7 +297,7 @@ class Trainer:
             getattr(hook, name)(self, *args)
 
     def default_hooks(self) -> None:
-        self.register(ConsoleLogHook(), CheckpointHook(), ResultsHook(), VisualDLHook())
+        self.register(ConsoleLogHook(), CheckpointHook(), ResultsHook(), PlotsHook(), VisualDLHook())
 
     def train(self) -> dict:
         """Run every remaining epoch; return the final metrics (as written to metrics.json)."""
@@ -374,9 +375,12 @@ class Trainer:
         seconds = time.time() - tic
         losses = {k: float(v.numpy().reshape(-1)[0]) / max(n, 1) for k, v in sums.items()}
         images = dist.all_reduce_sum([n * self.batch.per_rank])[0]
-        slowest = max(dist.all_gather_object(seconds))
+        # [hooks] one gather per epoch: every rank's (images, seconds), for the slowest and per-rank figures
+        done = dist.all_gather_object((n * self.batch.per_rank, seconds))
+        slowest = max(s for _, s in done)
         return EpochStats(epoch=epoch, losses=losses, lr=float(self.optimizer.get_lr()),
-                          images_per_s=images / slowest if slowest > 0 else 0.0, seconds=slowest)
+                          images_per_s=images / slowest if slowest > 0 else 0.0, seconds=slowest,
+                          per_rank_images_per_s=[i / s if s > 0 else 0.0 for i, s in done])
 
     def _check_patience(self, epoch: int, metrics: dict) -> None:
         """Track the best fitness; with ``--patience N``, stop when N epochs passed without a better one."""
