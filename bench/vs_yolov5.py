@@ -1,0 +1,367 @@
+"""Images/s of ppmulti's YOLOv5s against ultralytics/yolov5's own train.py on this CPU, side by side in one run.
+
+What is compared
+    The same YOLO-format demo data, image size, global batch, epochs and hyp file (hyp.scratch-low: mosaic,
+    HSV, flip), on CPU, from scratch (``--weights ''``):
+      * yolov5    -- ultralytics/yolov5's real ``train.py`` (its ``train.main``), one process. YOLOv5 refuses
+                     DDP on CPU, so one process is the only way it trains here; torch spreads it over the cores.
+      * ppmulti/1 -- ``tools/train.py --cfg yolov5s``, one process (the per-process comparison).
+      * ppmulti/N -- the same with ``--nproc N`` gloo ranks (how a user runs ppmulti on an N-core machine).
+    Throughput = training images / training seconds, evaluation excluded, the first (warm-up) epoch of every
+    run excluded. YOLOv5's seconds are taken from its own callback hooks ``on_train_epoch_start`` ->
+    ``on_train_epoch_end`` (data loading, forward, loss, backward, optimizer, scheduler; the validation that
+    YOLOv5 runs after its last epoch even under --noval comes after that hook), its images counted in
+    ``on_train_batch_end``. ppmulti's come from results.csv (images_per_s x epoch_seconds per epoch, measured
+    the same way around its epoch loop). The cases alternate (A B C A B C ...) so background load hits all.
+    Known difference: YOLOv5 accumulates gradients to a nominal batch of 64 (one optimizer step per 4 batches
+    of 16 once its 100-iteration warm-up is over); ppmulti steps every batch.
+
+Getting YOLOv5 (never a ppmulti dependency)
+    git clone https://github.com/ultralytics/yolov5 /path/to/yolov5
+    python bench/vs_yolov5.py --yolov5 /path/to/yolov5
+    The script makes its own venv (default bench/.venv-yolov5, git-ignored) with ``python -m venv`` and pip
+    installs torch (``--torch torch==2.13.0``: the CPU build this machine has; choose yours), torchvision with
+    ``--no-deps`` (so pip cannot swap torch), then YOLOv5's requirements.txt constrained to those two.
+    Nothing goes into ppmulti's environment.
+
+Offline (this machine reaches PyPI only), set for the YOLOv5 run:
+    YOLO_OFFLINE=1          ultralytics' is_online() answers False without probing DNS
+    YOLO_AUTOINSTALL=false, YOLOv5_AUTOINSTALL=false   requirement checks never pip-install
+    YOLOV5_CONFIG_DIR, YOLO_CONFIG_DIR = <run dir>/config   settings stay out of ~/.config
+    Arial.ttf -- YOLOv5's check_dataset() downloads this font unless the config dir has it; the bench puts
+                 matplotlib's DejaVuSans.ttf there under that name (only plots use it; --noplots is given).
+    check_git_status() is left as it is: it skips a checkout without .git, and in a clone its online probe
+    fails (two 5 s connection attempts) before training starts.
+
+torchvision (stated in the output as well)
+    PyPI's linux torchvision wheels are CUDA builds: with the CPU torch, torchvision's C++ ops (_C.so) cannot
+    load (libtorch_cuda.so missing) and ``import torchvision`` then fails on its own fake registration of
+    ``torchvision::nms``. When -- and only when -- _C.so does not load, the YOLOv5 worker registers the schema
+    of ``torchvision::nms``/``qnms`` with a pure-torch greedy NMS kernel before importing torchvision, and points
+    ``torchvision.ops.nms`` at it. YOLOv5 calls NMS only in validation (after its last epoch here), never in
+    the timed training epochs; everything else of torchvision (transforms, datasets) is the real package.
+
+Run:  python bench/vs_yolov5.py --yolov5 DIR [--img 160 320] [--epochs 3] [--rounds 2] [--nproc 2]
+Writes bench/results/vs_yolov5.json (--out) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_VENV = REPO / "bench" / ".venv-yolov5"
+HYP = "hyp.scratch-low.yaml"
+OFFLINE_ENV = {"YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "false", "YOLOv5_AUTOINSTALL": "false"}
+
+
+# ============================================================================ YOLOv5 side (runs in the venv)
+# Only the standard library and torch here: this part runs under the venv's python, without ppmulti.
+
+def _greedy_nms(boxes, scores, iou_threshold: float):
+    """Pure-torch NMS: indices of kept boxes, highest score first (torchvision.ops.nms's contract)."""
+    import torch
+
+    order = scores.argsort(descending=True)
+    x1, y1, x2, y2 = boxes.unbind(1)
+    areas = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
+    keep = []
+    while order.numel():
+        i = order[0]
+        keep.append(i)
+        rest = order[1:]
+        w = (torch.minimum(x2[i], x2[rest]) - torch.maximum(x1[i], x1[rest])).clamp(min=0)
+        h = (torch.minimum(y2[i], y2[rest]) - torch.maximum(y1[i], y1[rest])).clamp(min=0)
+        inter = w * h
+        iou = inter / (areas[i] + areas[rest] - inter).clamp(min=1e-12)
+        order = rest[iou <= iou_threshold]
+    return torch.stack(keep) if keep else torch.empty(0, dtype=torch.long, device=boxes.device)
+
+
+_SHIM_LIB = None   # the torch.library handle must outlive the registration
+
+
+def _torchvision_nms_shim() -> str | None:
+    """Make ``import torchvision`` work when its C++ ops cannot load; returns what was done, or None."""
+    global _SHIM_LIB
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib_path = Path(list(spec.submodule_search_locations)[0]) / "_C.so"
+    try:
+        torch.ops.load_library(str(lib_path))
+        return None                     # a working torchvision: nothing to do
+    except (OSError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0]
+    _SHIM_LIB = torch.library.Library("torchvision", "DEF")
+    _SHIM_LIB.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _SHIM_LIB.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _SHIM_LIB.impl("nms", _greedy_nms, "CPU")
+    import torchvision
+    import torchvision.ops
+    import torchvision.ops.boxes
+
+    def nms(boxes, scores, iou_threshold):
+        return torch.ops.torchvision.nms(boxes, scores, float(iou_threshold))
+
+    torchvision.ops.nms = nms
+    torchvision.ops.boxes.nms = nms
+    return (f"torchvision {torchvision.__version__}: its C++ ops did not load ({reason}); "
+            f"torchvision::nms registered with a pure-torch CPU kernel (used by validation only)")
+
+
+def _worker(argv: list[str]) -> None:
+    """Run YOLOv5's train.main with timing hooks; write epochs.json in --out."""
+    p = argparse.ArgumentParser(prog="vs_yolov5.py yolov5-worker")
+    p.add_argument("--yolov5", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--img", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    out, yolov5 = Path(a.out), Path(a.yolov5).resolve()
+    config = out / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    os.environ.update(OFFLINE_ENV, YOLOV5_CONFIG_DIR=str(config), YOLO_CONFIG_DIR=str(config))
+    import matplotlib
+
+    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    if not (config / "Arial.ttf").exists():
+        shutil.copyfile(font, config / "Arial.ttf")
+    shim = _torchvision_nms_shim()
+
+    import torch
+
+    sys.path.insert(0, str(yolov5))
+    sys.argv = ["train.py", "--data", a.data, "--cfg", "yolov5s.yaml", "--weights", "", "--hyp",
+                str(yolov5 / "data" / "hyps" / HYP), "--img", str(a.img), "--batch-size", str(a.batch),
+                "--epochs", str(a.epochs), "--device", "cpu", "--workers", str(a.workers), "--noval",
+                "--noplots", "--nosave", "--exist-ok", "--project", str(out), "--name", "yolov5"]
+    import train as yolov5_train
+    from utils.callbacks import Callbacks
+
+    epochs: list[dict] = []
+    state = {"t0": 0.0, "images": 0, "threads": None}
+
+    def on_train_start(*_args, **_kw):
+        state["threads"] = torch.get_num_threads()
+
+    def on_epoch_start(*_args, **_kw):
+        state["images"], state["t0"] = 0, time.perf_counter()
+
+    def on_batch_end(_model, _ni, imgs, *_args, **_kw):
+        state["images"] += int(imgs.shape[0])
+
+    def on_epoch_end(*_args, epoch=None, **_kw):
+        epochs.append({"epoch": int(epoch) + 1, "images": state["images"],
+                       "seconds": round(time.perf_counter() - state["t0"], 4)})
+
+    callbacks = Callbacks()
+    callbacks.register_action("on_train_start", "bench", on_train_start)
+    callbacks.register_action("on_train_epoch_start", "bench", on_epoch_start)
+    callbacks.register_action("on_train_batch_end", "bench", on_batch_end)
+    callbacks.register_action("on_train_epoch_end", "bench", on_epoch_end)
+    yolov5_train.main(yolov5_train.parse_opt(known=True), callbacks=callbacks)
+    import torchvision
+
+    info = {"epochs": epochs, "torch_threads": state["threads"], "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "torchvision_shim": shim, "argv": sys.argv[1:]}
+    (out / "epochs.json").write_text(json.dumps(info, indent=1))   # scratch file in a temp dir
+
+
+# ============================================================================ driver (ppmulti's environment)
+
+def _run(cmd: list[str], log: Path, env: dict | None = None, cwd: Path = REPO) -> None:
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n--- last lines of {log}:\n{tail}")
+
+
+def ensure_venv(venv: Path, yolov5: Path, torch_spec: str, torchvision_spec: str) -> Path:
+    """The bench's own venv with torch, torchvision (--no-deps) and YOLOv5's requirements; returns its python."""
+    python = venv / "bin" / "python"
+    marker = venv / ".ready"
+    wanted = f"{torch_spec} {torchvision_spec} {(yolov5 / 'requirements.txt').read_text()}"
+    if marker.exists() and marker.read_text() == wanted:
+        return python
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    constraints = venv / "constraints.txt"
+    constraints.write_text(f"{torch_spec}\n{torchvision_spec}\n")
+    print(f"setting up {venv} (torch, torchvision, YOLOv5 requirements) ...", flush=True)
+    subprocess.run([*pip, torch_spec], check=True)
+    subprocess.run([*pip, "--no-deps", torchvision_spec], check=True)   # pip must not replace the CPU torch
+    subprocess.run([*pip, "-c", str(constraints), "-r", str(yolov5 / "requirements.txt")], check=True)
+    marker.write_text(wanted)
+    return python
+
+
+def run_yolov5(python: Path, yolov5: Path, data: Path, img: int, batch: int, epochs: int, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([str(python), str(Path(__file__).resolve()), "yolov5-worker", "--yolov5", str(yolov5),
+          "--data", str(data / "data.yaml"), "--img", str(img), "--batch", str(batch), "--epochs", str(epochs),
+          "--out", str(out)], out / "log.txt", env=env, cwd=yolov5)
+    info = json.loads((out / "epochs.json").read_text())
+    timed = info["epochs"][1:]
+    return {"images": sum(e["images"] for e in timed), "seconds": sum(e["seconds"] for e in timed),
+            "threads": info["torch_threads"], "torch": info["torch"], "torchvision": info["torchvision"],
+            "torchvision_shim": info["torchvision_shim"], "epochs": info["epochs"]}
+
+
+def ppmulti_threads(nproc: int) -> int:
+    """Paddle CPU threads per rank, by ppmulti.dist.set_cpu_threads's rule (cores // local ranks, or the override)."""
+    from ppmulti.env import PPMULTI_CPU_THREADS
+
+    override = os.environ.get(PPMULTI_CPU_THREADS, "").strip()
+    if override:
+        return int(override)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // nproc)
+
+
+def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path) -> dict:
+    import csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(REPO / "tools" / "train.py"), "--data", str(data / "data.yaml"), "--cfg", "yolov5s",
+           "--weights", "", "--hyp", str(REPO / "configs" / "hyps" / HYP), "--img", str(img), "--epochs",
+           str(epochs), "--batch", str(batch), "--device", "cpu", "--workers", "1", "--noval",
+           "--output", str(out / "run")]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    _run(cmd, out / "log.txt")
+    with open(out / "run" / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    per_epoch = [{"epoch": int(r["epoch"]), "images": round(float(r["images_per_s"]) * float(r["epoch_seconds"])),
+                  "seconds": float(r["epoch_seconds"])} for r in rows]
+    timed = per_epoch[1:]
+    return {"images": sum(e["images"] for e in timed), "seconds": sum(e["seconds"] for e in timed),
+            "threads": ppmulti_threads(nproc), "epochs": per_epoch}
+
+
+def _yolov5_commit(yolov5: Path) -> str | None:
+    proc = subprocess.run(["git", "-C", str(yolov5), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--yolov5", required=True,
+                    help="an ultralytics/yolov5 checkout (git clone https://github.com/ultralytics/yolov5 DIR)")
+    ap.add_argument("--venv", default=str(DEFAULT_VENV), help="the bench's own venv for YOLOv5 (made if missing)")
+    ap.add_argument("--torch", dest="torch_spec", default="torch==2.13.0", help="pip spec of torch for the venv")
+    ap.add_argument("--torchvision", dest="torchvision_spec", default="torchvision==0.28.0",
+                    help="pip spec of the torchvision matching --torch (installed with --no-deps)")
+    ap.add_argument("--data", help="YOLO-format demo data dir (generated if missing)")
+    ap.add_argument("--train", type=int, default=128, help="training images when generating")
+    ap.add_argument("--img", type=int, nargs="+", default=[160], help="image size(s), e.g. 160 320")
+    ap.add_argument("--batch", type=int, default=16, help="global batch, both sides")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs per run; the first is warm-up, not timed")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations of yolov5 / ppmulti x1 / ppmulti xN")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks of the multi-process ppmulti case (0: skip)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "vs_yolov5.json"))
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["yolov5-worker"]:
+        return _worker(argv[1:])
+    args = parse_args(argv)
+    from ppmulti.errors import UserError
+
+    yolov5 = Path(args.yolov5).resolve()
+    if not (yolov5 / "train.py").is_file() or not (yolov5 / "models" / "yolov5s.yaml").is_file():
+        raise UserError(f"--yolov5 {args.yolov5}: not a YOLOv5 checkout (no train.py / models/yolov5s.yaml); "
+                        f"get one with: git clone https://github.com/ultralytics/yolov5 {args.yolov5}")
+    if args.epochs < 2:
+        raise UserError(f"--epochs {args.epochs}: need at least 2 (the first epoch is warm-up and not timed)")
+    from ppmulti.data.demo import exists, generate
+    from ppmulti.io import atomic_write_text
+
+    python = ensure_venv(Path(args.venv), yolov5, args.torch_spec, args.torchvision_spec)
+    tmp = Path(tempfile.mkdtemp(prefix="ppmulti_vs_yolov5_"))
+    data = Path(args.data) if args.data else tmp / "data"
+    if not exists(data, "yolo"):
+        generate(data, fmt="yolo", n_train=args.train, n_val=16, size=256)
+    cases = [("yolov5", 1), ("ppmulti", 1)] + ([("ppmulti", args.nproc)] if args.nproc > 1 else [])
+    runs: dict[str, list[dict]] = {}
+    for img in args.img:
+        for r in range(args.rounds):
+            for side, n in cases:   # alternate so background load lands on every case
+                key, out = f"{side}/{n}@{img}", tmp / f"{side}{n}_{img}_{r}"
+                t = time.time()
+                res = (run_yolov5(python, yolov5, data, img, args.batch, args.epochs, out) if side == "yolov5"
+                       else run_ppmulti(n, data, img, args.batch, args.epochs, out))
+                res["round"] = r
+                runs.setdefault(key, []).append(res)
+                print(f"round {r + 1}/{args.rounds} img {img} {side} x{n}: {res['images'] / res['seconds']:.2f} "
+                      f"img/s ({time.time() - t:.0f}s wall)", flush=True)
+    shim = next((x["torchvision_shim"] for k, v in runs.items() if k.startswith("yolov5") for x in v), None)
+    rows, table = [], []
+    for img in args.img:
+        y = runs[f"yolov5/1@{img}"]
+        y_ips = sum(x["images"] for x in y) / sum(x["seconds"] for x in y)
+        for side, n in cases:
+            v = runs[f"{side}/{n}@{img}"]
+            ips = sum(x["images"] for x in v) / sum(x["seconds"] for x in v)
+            rows.append({"side": side, "processes": n, "img": img, "threads_per_process": v[0]["threads"],
+                         "images_per_s": round(ips, 3), "ratio_vs_yolov5": round(ips / y_ips, 3),
+                         "per_round_images_per_s": [round(x["images"] / x["seconds"], 3) for x in v],
+                         "per_round_ratio": [round((x["images"] / x["seconds"]) / (yy["images"] / yy["seconds"]), 3)
+                                             for x, yy in zip(v, y)],
+                         "timed_images": sum(x["images"] for x in v), "timed_seconds": round(sum(x["seconds"] for x in v), 2),
+                         "epochs": [x["epochs"] for x in v]})
+    first_y = next(iter(v for k, v in runs.items() if k.startswith("yolov5")))[0]
+    result = {
+        "what": "training images/s, first epoch of every run excluded, evaluation excluded",
+        "conditions": {"data": "ppmulti demo, YOLO format", "train_images": args.train, "img": args.img,
+                       "global_batch": args.batch, "epochs_per_run": args.epochs, "rounds": args.rounds,
+                       "hyp": HYP, "device": "cpu", "cores": len(os.sched_getaffinity(0)),
+                       "dataloader_workers": 1, "yolov5_commit": _yolov5_commit(yolov5),
+                       "torch": first_y["torch"], "torchvision": first_y["torchvision"],
+                       "torchvision_shim": shim, "yolov5_timing": "train.main with on_train_epoch_start/end hooks",
+                       "yolov5_env": OFFLINE_ENV,
+                       "note": "YOLOv5 accumulates gradients to nbs=64 (1 optimizer step per 64/batch batches after "
+                               "its warm-up); ppmulti steps every batch"},
+        "rows": rows,
+        "rerun": "python bench/vs_yolov5.py " + " ".join(argv),
+    }
+    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    print("\n| framework | processes | threads/process | img | images/s | ratio vs yolov5 | per round |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        name = "ultralytics/yolov5" if r["side"] == "yolov5" else "ppmulti"
+        print(f"| {name} | {r['processes']} | {r['threads_per_process']} | {r['img']} | {r['images_per_s']:.2f} | "
+              f"{r['ratio_vs_yolov5']:.2f} | {', '.join(f'{v:.2f}' for v in r['per_round_images_per_s'])} |")
+    if shim:
+        print(f"\nnote: {shim}")
+    print(f"YOLOv5 offline env: {' '.join(f'{k}={v}' for k, v in OFFLINE_ENV.items())}; written {args.out}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as exc:   # UserError: one line, exit 2 (the bench is a user-facing script too)
+        if type(exc).__name__ == "UserError":
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        raise
