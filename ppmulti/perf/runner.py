@@ -55,7 +55,7 @@ class Case:
 
 def quick_plan(out: Path, data: Path | None = None) -> BenchPlan:
     """Small enough for a CI test (about a minute on 2 cores): 64 px, batch 4, 5 steps."""
-    return BenchPlan(img=64, batch=4, steps=5, warmup=1, train_images=16, out=out, data=data, timeout=300)
+    return BenchPlan(img=64, batch=4, steps=5, warmup=1, train_images=32, out=out, data=data, timeout=300)
 
 
 def train_argv(plan: BenchPlan, model: str, data: Path, run_dir: Path) -> list[str]:
