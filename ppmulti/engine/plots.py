@@ -81,7 +81,7 @@ def plot_pr(curve: PRCurve, png_path: str | os.PathLike, max_legend: int = 20) -
     ax.set_title("Precision-Recall (IoU 0.5)")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.1, top=0.93)
     atomic_save(png_path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
@@ -123,5 +123,7 @@ def plot_results(csv_path: str | os.PathLike, png_path: str | os.PathLike) -> No
             ax.set_ylim(bottom=0)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    # fixed margins: tight_layout would double the drawing time, and this runs on rank 0 between epochs
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.1 if nrows > 1 else 0.17, top=0.93, wspace=0.3,
+                        hspace=0.45)
     atomic_save(png_path, lambda tmp: fig.savefig(tmp, format="png"))
