@@ -89,6 +89,8 @@ def probe_train(ns, train_argv: list[str]) -> dict:
             # CPU seconds per wall second after the first step: 1.0 = one core busy
             "cpu_util": (usage["cpu_s"] - rec.cpu0) / (times[-1] - times[0]) if len(times) > 1 else 0.0,
             "data_s": sum(data_times[warm + 1:]) / max(1, steps),
+            # this rank's CPU seconds per image it trained (loader workers not included)
+            "cpu_s_per_img": (usage["cpu_s"] - rec.cpu0) / max(1, (len(times) - 1) * trainer.batch.per_rank),
             "params": sum(int(p.size) for p in trainer.model.parameters() if not p.stop_gradient),
             "worker_num": int(trainer.cfg.get("worker_num", 0)),
             **usage}
@@ -169,9 +171,19 @@ def probe_loader(ns, train_argv: list[str]) -> dict:
         epoch += 1
     warm = min(ns.warmup, len(times) - 2)
     span = times[-1] - times[warm]
+    # CPU seconds per image of loading, measured in this process (worker_num 0): what the loader takes
+    # from the cores the ranks compute on, independent of how busy the machine is
+    inline = create("TrainReader")(dataset, 0)
+    cpu0, n = _usage()["cpu_s"], 0
+    for _ in inline:
+        n += 1
+        if n >= max(2, ns.steps // 2):
+            break
+    cpu_per_img = (_usage()["cpu_s"] - cpu0) / (n * batch)
     return {"mode": "loader", "rank": 0, "world": 1, "global_batch": batch,
             "worker_num": int(cfg.get("worker_num", 0)),
-            "img_s": (len(times) - 1 - warm) * batch / span if span > 0 else 0.0, **_usage()}
+            "img_s": (len(times) - 1 - warm) * batch / span if span > 0 else 0.0,
+            "cpu_s_per_img": cpu_per_img, **_usage()}
 
 
 def probe_allreduce(ns, _argv: list[str]) -> dict:

@@ -39,6 +39,12 @@ def markdown(result: dict) -> str:
         lines.append(f"| gloo all-reduce of {a['model']}'s gradients ({a['bytes'] / 1e6:.1f} MB, {a['ranks']} ranks) | "
                      f"{a['seconds'] * 1e3:.1f} ms ({a['effective_GB_s']:.2f} GB/s bus) | "
                      f"{a['share_of_step']:.1%} of a step | |")
+    if "bound" in result:
+        b = result["bound"]
+        lines += ["", f"CPU per image: training {result['rows'][0]['cpu_s_per_img'] * 1e3:.0f} ms (rank 0, one thread), "
+                  f"loading {ld['cpu_s_per_img'] * 1e3:.0f} ms. With {b['ranks']} ranks on {b['ranks']} cores every "
+                  f"image's compute and loading share those cores: at most {b['speedup']:.2f}x one rank "
+                  f"(loading = {b['load_over_compute']:.0%} of compute), whatever else is tuned."]
     return "\n".join(lines) + "\n"
 
 
