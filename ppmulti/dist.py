@@ -99,20 +99,43 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return [float(v) for v in t.numpy()]
 
 
-def set_cpu_threads(local_size: int | None = None) -> int:
-    """Give each rank its share of this machine's cores (Paddle otherwise keeps ~1 core busy)."""
-    from ppmulti.env import PPMULTI_CPU_THREADS, worker_info
+def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None) -> int:
+    """Compute threads for each rank: this machine's cores shared evenly by its ranks (at least 1),
+    unless ``override`` (PPMULTI_CPU_THREADS) names a number."""
+    from ppmulti.env import PPMULTI_CPU_THREADS
 
-    n_local = local_size or worker_info().local_size or 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // max(1, n_local))
-    override = os.environ.get(PPMULTI_CPU_THREADS, "").strip()
-    if override:
-        if not override.isdigit() or int(override) < 1:
+    if override is not None and override.strip():
+        text = override.strip()
+        if not text.isdigit() or int(text) < 1:
             from ppmulti.errors import UserError
 
             raise UserError(f"{PPMULTI_CPU_THREADS}={override!r}: expected a whole number of threads >= 1")
-        threads = int(override)
+        return int(text)
+    return max(1, max(1, cores) // max(1, local_ranks))
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def set_cpu_threads(local_size: int | None = None) -> int:
+    """Give each rank its share of this machine's cores; returns the thread count set.
+
+    Why this is needed: ``import paddle`` sets OMP_NUM_THREADS=1 when it is unset (paddle/base/__init__.py),
+    so a Paddle process computes on one thread -- MKL's GEMM inside conv2d/matmul included -- whatever the
+    machine has. ``core.set_num_threads`` sets the OpenMP and MKL thread counts in this process.
+    With more than one thread, Intel OpenMP's idle threads spin for KMP_BLOCKTIME (200 ms) after every
+    parallel region; on a machine whose cores are all taken (ranks, loader workers, other jobs) that
+    spinning steals the core another process needs, so unless the user chose a blocktime the threads
+    sleep at once (0). The variable is read when OpenMP initialises, which is the first call below.
+    """
+    from ppmulti.env import KMP_BLOCKTIME, PPMULTI_CPU_THREADS, worker_info
+
+    n_local = local_size or worker_info().local_size or 1
+    threads = choose_cpu_threads(usable_cores(), n_local, os.environ.get(PPMULTI_CPU_THREADS))
+    if threads > 1:
+        os.environ.setdefault(KMP_BLOCKTIME, "0")
     import paddle
 
     paddle.base.core.set_num_threads(threads)

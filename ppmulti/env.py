@@ -75,6 +75,10 @@ PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: t
 # up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
 PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"
 PPMULTI_CPU_THREADS = "PPMULTI_CPU_THREADS"          # CPU threads per rank, overriding cores // local ranks
+# --- CPU threads (ppmulti/dist.py) ---
+OMP_NUM_THREADS = "OMP_NUM_THREADS"    # paddle's import sets it to "1" when unset (paddle/base/__init__.py)
+KMP_BLOCKTIME = "KMP_BLOCKTIME"        # Intel OpenMP: ms an idle thread spins before sleeping (default 200)
+# --- end CPU threads ---
 # A launch's own directory, kept across its restarts: ranks mark themselves started / failed there, and
 # rank 0 of a training records its run directory so that a restarted launch resumes the same run.
 PPMULTI_LAUNCH_DIR = "PPMULTI_LAUNCH_DIR"
