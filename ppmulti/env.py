@@ -78,6 +78,7 @@ PPMULTI_CPU_THREADS = "PPMULTI_CPU_THREADS"          # CPU threads per rank, ove
 # --- CPU threads (ppmulti/dist.py) ---
 OMP_NUM_THREADS = "OMP_NUM_THREADS"    # paddle's import sets it to "1" when unset (paddle/base/__init__.py)
 KMP_BLOCKTIME = "KMP_BLOCKTIME"        # Intel OpenMP: ms an idle thread spins before sleeping (default 200)
+PPMULTI_BENCH_KEEP = "PPMULTI_BENCH_KEEP"  # ppmulti bench keeps its probes' logs and records (a temp dir)
 # --- end CPU threads ---
 # A launch's own directory, kept across its restarts: ranks mark themselves started / failed there, and
 # rank 0 of a training records its run directory so that a restarted launch resumes the same run.

@@ -80,11 +80,11 @@ MODEL_OVERRIDES = {m: ["PPYOLOEHead.static_assigner_epoch=0"] for m in ("ppyoloe
 
 
 def _env(plan: BenchPlan) -> dict:
-    from ppmulti.env import clean_launcher_env
+    from ppmulti.env import PYTHONUNBUFFERED, clean_launcher_env
 
     env = clean_launcher_env(dict(os.environ))
     env.update({k: str(v) for k, v in plan.env.items()})
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault(PYTHONUNBUFFERED, "1")
     return env
 
 
@@ -158,7 +158,9 @@ def measure(plan: BenchPlan, progress=print) -> dict:
                 progress(f"[bench] round {round_ + 1}/{plan.repeat}: all-reduce of {params} float32 gradients")
                 cases.append(run_case(plan, "allreduce", first, max(plan.ranks), data, work, numel=params))
     finally:
-        if not os.environ.get("PPMULTI_BENCH_KEEP"):
+        from ppmulti.env import PPMULTI_BENCH_KEEP
+
+        if not os.environ.get(PPMULTI_BENCH_KEEP):
             shutil.rmtree(work, ignore_errors=True)
     return summarise(plan, cases)
 
