@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -191,7 +192,7 @@ def start(kind: str, argv: list[str], run_dir: Path | None = None, log_path: Pat
                                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 close_fds=True)
     info = {"id": run_id, "token": token, "kind": kind, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
-            "pid_start": proc_start(proc.pid), "command": "ppmulti " + " ".join([kind, *argv]), "argv": command,
+            "pid_start": proc_start(proc.pid), "command": "ppmulti " + shlex.join([kind, *argv]), "argv": command,
             "cwd": os.getcwd(), "started": time.time(), "log": str(log.resolve()),
             "run_dir": str(Path(run_dir).resolve()) if run_dir else None, **(meta or {})}
     _write_json(record / "run.json", info)

@@ -337,7 +337,8 @@ class Evolution:
             cmd += ["--output", str(job.directory), "--exist-ok"]
         return cmd
 
-    def train(self, job: Job, slot: Slot) -> int:
+    def prepare(self, job: Job) -> None:
+        """The candidate's directory with its hyp.yaml (what --hyp reads) and parent.yaml (what it was bred from)."""
         import yaml
 
         from ppmulti.io import atomic_write_text
@@ -345,6 +346,10 @@ class Evolution:
         job.directory.mkdir(parents=True, exist_ok=True)
         if not (job.directory / "hyp.yaml").is_file():
             atomic_write_text(job.directory / "hyp.yaml", yaml.safe_dump(job.hyp, sort_keys=False))
+            if job.parent is not None:   # the first generation trains the base hyps, bred from nothing
+                atomic_write_text(job.directory / "parent.yaml", yaml.safe_dump(job.parent, sort_keys=False))
+
+    def train(self, job: Job, slot: Slot) -> int:
         cmd = self.command(job, slot)
         env = E.clean_launcher_env(os.environ)
         env.update(dict(slot.env))
@@ -385,6 +390,7 @@ class Evolution:
                 if done is None:
                     what = "resuming" if job.taken_over else "training"
                     self.say(f"{what} candidate {job.slot} on {slot.label} ({job.directory})")
+                    self.prepare(job)
                     rc = self.train(job, slot)
                     if self.stop.is_set():
                         return   # keep the claim: the next run resumes this candidate from its checkpoint

@@ -1,0 +1,264 @@
+"""Evolution as commands: slot planning, the generation budget across processes, and real CPU evolutions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ppmulti import env as E
+from ppmulti.errors import UserError
+from ppmulti.runs import evolve
+from ppmulti.runs.evolve import EvolveStore
+from ppmulti.runs.evolve_run import Slot, _strip, mutated_bounds, plan_slots
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None):
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "ppmulti.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full)
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# ----------------------------------------------------------------------------- pure planning
+def test_plan_slots_cpu_workers_share_the_cores():
+    slots = plan_slots("cpu", workers=2, cores=2, environ={})
+    assert slots == [Slot("cpu#0", ("--device", "cpu"), ((E.PPMULTI_CPU_THREADS, "1"),)),
+                     Slot("cpu#1", ("--device", "cpu"), ((E.PPMULTI_CPU_THREADS, "1"),))]
+    assert plan_slots("cpu", cores=8, environ={})[0].env == ((E.PPMULTI_CPU_THREADS, "8"),)
+    assert plan_slots("cpu", workers=3, cores=8, environ={E.PPMULTI_CPU_THREADS: "2"})[0].env == ()
+
+
+def test_plan_slots_gpus_groups_and_per_device():
+    assert [s.device_args for s in plan_slots("0,1,2,3")] == [("--device", str(i)) for i in range(4)]
+    assert [s.device_args for s in plan_slots("0,1,2,3", group=2)] == [("--device", "0,1"), ("--device", "2,3")]
+    two = plan_slots("0,1", per_device=2)
+    assert [s.label for s in two] == ["gpu0#0", "gpu0#1", "gpu1#0", "gpu1#1"]
+    assert [s.device_args for s in two] == [("--device", "0")] * 2 + [("--device", "1")] * 2
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"devices": "0,1,2", "group": 2}, "does not divide"),
+    ({"devices": "0,0"}, "distinct"),
+    ({"devices": "gpu"}, "expected cpu or GPU ids"),
+    ({"devices": "0,1", "workers": 2}, "--workers counts CPU workers"),
+    ({"devices": "cpu", "workers": 0}, "--workers 0"),
+    ({"devices": "cpu", "per_device": 0}, "--per-device 0"),
+])
+def test_plan_slots_bad_input(kwargs, needle):
+    with pytest.raises(UserError, match=needle.replace("(", r"\(")):
+        plan_slots(**kwargs)
+
+
+def test_strip_takes_flags_apart():
+    argv = ["--cfg", "yolov5n", "--evolve", "--hyp", "h.yaml", "--project=p", "--exist-ok", "--name", "x", "--img", "64"]
+    assert _strip(argv, {"--hyp", "--project", "--name"}, {"--exist-ok"}, {"--evolve"}) == ["--cfg", "yolov5n",
+                                                                                          "--img", "64"]
+    assert _strip(["--evolve", "5", "--img", "64"], set(), set(), {"--evolve"}) == ["--img", "64"]
+
+
+def test_only_hyps_that_act_here_are_mutated():
+    bounds = mutated_bounds()
+    assert "lr0" in bounds and "mosaic" in bounds
+    assert not {"flipud", "copy_paste", "warmup_bias_lr", "perspective"} & set(bounds)
+
+
+# ----------------------------------------------------------------------------- bad input, one line each
+@pytest.mark.parametrize("args, needle", [
+    (["--generations", "2", "--", "--cfg", "yolov5n", "--device", "0"], "--device in the training's flags"),
+    (["--generations", "2", "--", "--cfg", "yolov5n", "--project", "x"], "--project in the training's flags"),
+    (["--generations", "2", "--", "--cfg", "yolov5n", "--rect"], "--rect"),
+    (["--generations", "2"], "no training given"),
+    (["--generations", "0", "--", "--cfg", "yolov5n"], "--generations 0"),
+    (["--generations", "2", "--devices", "0,1", "--workers", "2", "--", "--cfg", "yolov5n"], "--workers"),
+    (["--generations", "2", "--", "--cfg", "yolov5n", "--hyp", "nope.yaml"], "nope.yaml"),
+])
+def test_evolve_bad_input_is_one_line(tmp_path, args, needle):
+    _one_line_error(_cli(["evolve", *args], tmp_path), needle)
+
+
+def test_other_hyp_set_in_the_same_project_is_refused(tmp_path):
+    EvolveStore(tmp_path / "evolve.csv").append({"mAP50": 0.1, "mAP50_95": 0.1}, {"lr0": 0.01})
+    proc = _cli(["evolve", "--generations", "2", "--project", str(tmp_path), "--", "--cfg", "yolov5n"], tmp_path)
+    _one_line_error(proc, "other hyperparameters")
+
+
+# ----------------------------------------------------------------------------- the budget across processes
+_FAKE_WORKERS = """
+import json, sys, time
+from pathlib import Path
+from ppmulti.runs.evolve_run import Evolution, EvolveSpec, Slot
+
+class Fake(Evolution):
+    def train(self, job, slot):                  # a 'training' that writes metrics.json like the real one
+        job.directory.mkdir(parents=True, exist_ok=True)
+        time.sleep(0.01)
+        m = {"mAP50": round(0.5 * job.hyp["lr0"] * 10, 6), "mAP50_95": round(0.3 * job.hyp["lr0"] * 10, 6)}
+        (job.directory / "metrics.json").write_text(json.dumps(m))
+        return 0
+    def _write_best(self):
+        pass
+
+project, go = Path(sys.argv[1]), Path(sys.argv[2])
+base = {"lr0": 0.01, "momentum": 0.9, "box": 0.05}
+spec = EvolveSpec(project=project, generations=int(sys.argv[3]), train_args=(), base_hyp=base,
+                  slots=(Slot("a", ()), Slot("b", ())), seed=0)
+while not go.exists():
+    time.sleep(0.01)
+e = Fake(spec)
+import threading           # two worker threads per process, as ppmulti evolve --workers 2
+threads = [threading.Thread(target=e.worker, args=(s,)) for s in spec.slots]
+[t.start() for t in threads]
+[t.join() for t in threads]
+"""
+
+
+@pytest.mark.multiproc
+def test_generation_budget_holds_across_processes(tmp_path):
+    """4 processes x 2 worker threads claim slots under one lock: exactly N rows, each slot once."""
+    generations = 60
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", _FAKE_WORKERS, str(tmp_path / "evo"), str(go), str(generations)],
+                              env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(1.0)
+    go.touch()
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+    rows = EvolveStore(tmp_path / "evo" / "evolve.csv").rows()
+    assert len(rows) == generations
+    claims = json.loads((tmp_path / "evo" / "evolve.claims.json").read_text())
+    assert claims == {"claims": {}, "next": generations}
+    dirs = sorted(p.name for p in (tmp_path / "evo" / "candidates").iterdir())
+    assert dirs == [f"{i:04d}" for i in range(generations)]
+    # every candidate bred from recorded rows stays within the bounds and differs from its parent
+    bounds = mutated_bounds()
+    for d in dirs[1:]:
+        parent = yaml.safe_load((tmp_path / "evo" / "candidates" / d / "parent.yaml").read_text())
+        child = yaml.safe_load((tmp_path / "evo" / "candidates" / d / "hyp.yaml").read_text())
+        assert child != parent
+        assert all(bounds[k][1] <= child[k] <= bounds[k][2] for k in child if k in bounds)
+
+
+# ----------------------------------------------------------------------------- real evolutions on CPU
+@pytest.fixture(scope="module")
+def tiny_yolo(tmp_path_factory) -> Path:
+    from ppmulti.data.demo import generate
+
+    root = tmp_path_factory.mktemp("evo_data") / "demo"
+    generate(root, fmt="yolo", n_train=16, n_val=8, size=96, seed=5)
+    return root
+
+
+def _train_args(data: Path, epochs: int = 1) -> list[str]:
+    return ["--data", str(data / "data.yaml"), "--cfg", "yolov5n", "--weights", "", "--img", "64", "--epochs",
+            str(epochs), "--batch", "8", "--optimizer", "AdamW", "--workers", "0"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_evolve_on_cpu_two_workers_resumes(tmp_path, tiny_yolo):
+    project = tmp_path / "evo"
+    def cmd_for(generations: int) -> list[str]:
+        return ["evolve", "--devices", "cpu", "--workers", "2", "--generations", str(generations), "--project",
+                str(project), "--", *_train_args(tiny_yolo)]
+
+    cmd = cmd_for(3)
+    t = time.time()
+    first = _cli(cmd, tmp_path)
+    seconds = time.time() - t
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    store = EvolveStore(project / "evolve.csv")
+    rows = store.rows()
+    assert len(rows) == 3
+    assert "cpu#0" in first.stdout and "cpu#1" in first.stdout      # both workers trained candidates
+    best = yaml.safe_load((project / "hyp_evolve.yaml").read_text())
+    assert set(best) == set(yaml.safe_load((REPO / "configs/hyps/hyp.scratch-low.yaml").read_text()))
+    assert (project / "evolve.png").read_bytes().startswith(b"\x89PNG")
+    # the first generation is the base hyp; the others were bred from recorded rows and mutated within bounds
+    cands = sorted((project / "candidates").iterdir())
+    assert [c.name for c in cands] == ["0000", "0001", "0002"]
+    assert not (cands[0] / "parent.yaml").exists()
+    bounds = mutated_bounds()
+    for c in cands[1:]:
+        parent = yaml.safe_load((c / "parent.yaml").read_text())
+        child = yaml.safe_load((c / "hyp.yaml").read_text())
+        changed = [k for k in child if child[k] != parent[k]]
+        assert changed and set(changed) <= set(bounds)
+        assert all(bounds[k][1] <= child[k] <= bounds[k][2] for k in changed)
+        assert not (c / "weights" / "last.pdstate").exists() and (c / "weights" / "last.pdparams").is_file()
+    print(f"evolve 3 generations, 2 CPU workers: {seconds:.1f}s")
+
+    # the same command again: complete, nothing trained
+    again = _cli(cmd, tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "training candidate" not in again.stdout and len(store.rows()) == 3
+
+    # a torn line is reported and skipped; more generations continue from what is recorded
+    with open(project / "evolve.csv", "a") as f:
+        f.write("0.1,0.2,garbage\n")
+    more = _cli(cmd_for(4), tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "skipping malformed line 5" in more.stderr
+    assert "3/4 generations recorded" in more.stdout and more.stdout.count("training candidate") == 1
+    assert len(store.rows()) == 4 and (project / "candidates" / "0003" / "parent.yaml").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_train_py_evolve_one_worker(tmp_path, tiny_yolo):
+    proc = subprocess.run([sys.executable, str(REPO / "tools/train.py"), *_train_args(tiny_yolo), "--device", "cpu",
+                           "--evolve", "1", "--project", str(tmp_path / "runs"), "--name", "ev"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    project = tmp_path / "runs" / "ev"
+    assert len(EvolveStore(project / "evolve.csv").rows()) == 1
+    assert (project / "hyp_evolve.yaml").is_file() and (project / "evolve.png").is_file()
+    console = (project / "candidates" / "0000" / "console.log").read_text()
+    assert "--device cpu" in console and "--hyp" in console and "--evolve" not in console.splitlines()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_stopped_evolution_resumes_its_candidate_from_the_checkpoint(tmp_path, tiny_yolo):
+    project = tmp_path / "evo"
+    cmd = [sys.executable, "-m", "ppmulti.cli", "evolve", "--generations", "1", "--project", str(project), "--",
+           *_train_args(tiny_yolo, epochs=4)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = project / "candidates" / "0000" / "results.csv"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (results.is_file() and len(results.read_text().splitlines()) >= 2):
+        time.sleep(0.2)
+    proc.terminate()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + 15, out + err
+    assert "SIGTERM: stopping 1 candidate" in err
+    state = project / "candidates" / "0000" / "weights" / "last.pdstate"
+    assert state.is_file() and EvolveStore(project / "evolve.csv").rows() == []
+    assert "0" in json.loads((project / "evolve.claims.json").read_text())["claims"]
+
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming candidate 0" in again.stdout
+    assert "resumed from" in (project / "candidates" / "0000" / "console.log").read_text()
+    assert len(EvolveStore(project / "evolve.csv").rows()) == 1
+    assert len((project / "candidates" / "0000" / "results.csv").read_text().splitlines()) == 1 + 4
