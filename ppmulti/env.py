@@ -84,6 +84,11 @@ PPMULTI_BENCH_KEEP = "PPMULTI_BENCH_KEEP"  # ppmulti bench keeps its probes' log
 # rank 0 of a training records its run directory so that a restarted launch resumes the same run.
 PPMULTI_LAUNCH_DIR = "PPMULTI_LAUNCH_DIR"
 PPMULTI_RESTART = "PPMULTI_RESTART"                  # 0 on the first start, k on the k-th restart
+# --- console bars under a launch (ppmulti/engine/progress.py) ---
+# The terminal ppmulti launch's stdout is (its /dev/pts path), set only when it is one: rank 0's stdout is
+# Paddle's workerlog file, so rank 0 draws its progress bars on this terminal instead. Launch state.
+PPMULTI_CONSOLE_TTY = "PPMULTI_CONSOLE_TTY"
+# --- end console bars ---
 PYTHONPATH = "PYTHONPATH"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"                  # node output is streamed line by line through ssh
 # --- detached runs and evolution (ppmulti/runs/detach.py, evolve_run.py) ---
@@ -106,6 +111,7 @@ _LAUNCH_STATE = frozenset({
     PADDLE_AUTO_PARALLEL_CONFIG,
     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
     PPMULTI_NODE_RANK, PPMULTI_READY_FILE, PPMULTI_LAUNCH_DIR, PPMULTI_RESTART,
+    PPMULTI_CONSOLE_TTY,
 })
 _PADDLE_PREFIX = "PADDLE_"
 _USER_PADDLE_SETTINGS = frozenset({PADDLE_PG_TIMEOUT, PADDLE_XCCL_BACKEND, PADDLE_ENV_LIMIT_LEN})

@@ -179,3 +179,161 @@ def test_training_on_a_terminal_shows_bars(small_demo, tmp_path):
     text = (out / "train.log").read_text()
     assert re.search(r"epoch 1/1 step 2/6 loss=", text) and "epoch 1/1 step 6/6" in text   # ... but in the log
     assert "epoch 1 done in" in shown and "\r" not in text
+
+
+# --- under `ppmulti launch`: rank 0's stdout is Paddle's workerlog, which Paddle copies to the terminal ---
+
+_RANK_SCRIPT = '''
+import logging, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from ppmulti import dist
+from ppmulti.engine.hooks import ConsoleLogHook
+from ppmulti.engine.progress import track
+from ppmulti.logs import setup_rank_logging
+
+
+class Loss:
+    def numpy(self):
+        return np.array([1.5], dtype=np.float32)
+
+
+setup_rank_logging(Path(sys.argv[1]), dist.rank())
+log = logging.getLogger("ppmulti")
+log.info("before training")
+trainer = SimpleNamespace(cfg={"log_iter": 2, "epoch": 2}, steps_per_epoch=4, batch=SimpleNamespace(global_batch=8))
+hook = ConsoleLogHook()
+hook.before_train(trainer)
+for epoch in range(2):
+    for step in range(4):
+        time.sleep(0.2)
+        hook.after_step(trainer, epoch, step, {"loss": Loss()}, 0.001, 0.01)
+    print(f"a stray line from rank {dist.rank()}", flush=True)   # like pycocotools while evaluating
+    for _ in track(range(6), "eval"):
+        time.sleep(0.1)
+    hook.after_epoch(trainer, SimpleNamespace(epoch=epoch, seconds=1.0, images_per_s=32.0,
+                                              losses={"loss": 1.5}, metrics=None))
+hook.after_train(trainer)
+log.info("after training")
+'''
+
+
+def _screen(output: str) -> list[str]:
+    """What a terminal shows after ``output``: carriage returns, newlines and cursor-up (tqdm's moves)."""
+    lines, row, col = [[]], 0, 0
+    for token in re.findall(r"\x1b\[\d*[A-Za-z]|.", output, flags=re.S):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row += 1
+            col = 0
+            if row == len(lines):
+                lines.append([])
+        elif token.startswith("\x1b["):
+            if token.endswith("A"):
+                row = max(0, row - int(token[2:-1] or 1))
+            elif token.endswith("K"):
+                del lines[row][col:]
+        else:
+            line = lines[row]
+            line.extend(" " * (col - len(line)))
+            line[col:col + 1] = [token]
+            col += 1
+    return ["".join(line).rstrip() for line in lines]
+
+
+def _launch_argv(log_dir: Path, *script: str) -> list[str]:
+    return [sys.executable, "-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", "--log_dir", str(log_dir), *script]
+
+
+def test_launch_from_a_terminal_draws_rank0_bars_there_and_keeps_logs_clean(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANK_SCRIPT)
+    code, shown = _run_in_pty(_launch_argv(tmp_path / "log", str(script), str(tmp_path / "run")),
+                              cwd=tmp_path, timeout=120)
+    assert code == 0, shown[-3000:]
+    screen = _screen(shown)
+    text = "\n".join(screen)
+    for epoch in (1, 2):
+        bars = [line for line in screen if line.startswith(f"epoch {epoch}/2: 100%|")]
+        assert len(bars) == 1, text[-3000:]   # the final state of each epoch bar, on a line of its own
+        assert re.search(r"\| 4/4 \[.*, [\d.]+ img/s lr=0\.001 loss=1\.500\]$", bars[0]), bars[0]
+    # every figure once: the bar's postfix replaces the step lines, and what rank 0 logs during training is
+    # written to the terminal by rank 0 itself, not a second time through Paddle's copy of workerlog.0
+    for once in ("epoch 1 done in 1.0s", "epoch 2 done in 1.0s", "before training", "after training"):
+        assert sum(once in line for line in screen) == 1, (once, text[-3000:])
+    assert screen.count("a stray line from rank 0") == 2   # Paddle's copy, on a clean line of its own
+    assert "step 2/4" not in shown and "rank 1" not in shown    # Paddle copies workerlog.0 only
+    # no redraws in any log file; the step lines are in train.log; rank 1 never draws
+    for log_file in (tmp_path / "log" / "workerlog.0", tmp_path / "log" / "workerlog.1",
+                     tmp_path / "run" / "train.log", tmp_path / "run" / "logs" / "rank1.log"):
+        assert "\r" not in log_file.read_text(), log_file
+    assert "epoch 2/2 step 4/4 loss=1.5000" in (tmp_path / "run" / "train.log").read_text()
+    assert "a stray line from rank 1" in (tmp_path / "log" / "workerlog.1").read_text()
+
+
+def test_launch_with_piped_output_prints_plain_lines(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANK_SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    # a terminal named by an outer launch (this one runs inside a rank, say): only ppmulti launch's own
+    # stdout decides, so nothing may be drawn there
+    master, slave = os.openpty()
+    env["PPMULTI_CONSOLE_TTY"] = os.ttyname(slave)
+    try:
+        proc = subprocess.run(_launch_argv(tmp_path / "log", str(script), str(tmp_path / "run")), cwd=tmp_path,
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        os.set_blocking(master, False)
+        try:
+            drawn = os.read(master, 65536)
+        except BlockingIOError:
+            drawn = b""
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert drawn == b""
+    shown = proc.stdout + proc.stderr
+    assert "\r" not in shown
+    assert "epoch 1/2 step 2/4 loss=1.5000" in proc.stdout and "eval 6/6" in proc.stdout
+    assert proc.stdout.count("epoch 2 done in 1.0s") == 1
+    assert "\r" not in (tmp_path / "log" / "workerlog.0").read_text()
+
+
+def test_launcher_terminal_is_rank0_only_and_falls_back_to_lines(tmp_path, monkeypatch):
+    from ppmulti import dist
+    from ppmulti import env as E
+    from ppmulti.engine import progress
+
+    def fresh(path: str, rank: int = 0):
+        monkeypatch.setenv(E.PPMULTI_CONSOLE_TTY, path)
+        monkeypatch.setenv("PADDLE_TRAINER_ID", str(rank))
+        monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+        monkeypatch.setattr(progress, "_launcher_checked", False)
+        monkeypatch.setattr(progress, "_launcher_terminal", None)
+        monkeypatch.setattr(progress.sys, "stdout", io.StringIO())   # rank 0's stdout: the workerlog
+
+    master, slave = os.openpty()
+    try:
+        fresh(os.ttyname(slave))
+        stream = progress.bar_stream()
+        assert stream is not None and stream.isatty() and progress.wants_bars()
+        with progress.ConsoleBars() as bars:
+            assert bars.stream is stream
+        fresh(os.ttyname(slave), rank=1)
+        monkeypatch.setattr(dist, "is_main", lambda: False)
+        assert progress.bar_stream() is None                # other ranks never draw
+        monkeypatch.undo()
+    finally:
+        os.close(master)
+        os.close(slave)
+    not_a_tty = tmp_path / "file"
+    not_a_tty.write_text("")
+    for path in (str(tmp_path / "gone"), str(not_a_tty)):   # cannot be opened / is not a terminal
+        fresh(path)
+        assert progress.bar_stream() is None and not progress.wants_bars()
+    assert E.PPMULTI_CONSOLE_TTY not in E.clean_launcher_env({E.PPMULTI_CONSOLE_TTY: "/dev/pts/9"})

@@ -308,6 +308,15 @@ def join_rendezvous(plan: LaunchPlan, out: TextIO | None = None) -> None:
 
 
 # --- the launcher process ------------------------------------------------------------------------------
+def console_tty() -> str | None:
+    """The terminal on this process's fd 1, or None. Paddle's launcher inherits fd 1 and copies rank 0's
+    workerlog to it line by line (every ~2 s), so a bar's carriage-return redraws must not go that way."""
+    try:
+        return os.ttyname(1) if os.isatty(1) else None
+    except OSError:
+        return None
+
+
 def _stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
     """SIGTERM the launcher's group (Paddle stops its workers), then SIGKILL what is left."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
@@ -448,6 +457,9 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     child_env[E.PPMULTI_READY_FILE] = ready
     child_env[E.PPMULTI_LAUNCH_DIR] = launch_dir
     child_env[E.PPMULTI_RESTART] = str(attempt)
+    tty = console_tty()
+    if tty is not None:   # rank 0 draws its bars there (ppmulti.engine.progress); absent: plain lines
+        child_env[E.PPMULTI_CONSOLE_TTY] = tty
     # its own process group, so that one signal reaches the launcher and nothing else of ours
     proc = subprocess.Popen(argv, env=child_env, start_new_session=True)
 
