@@ -21,7 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-GEMM_OPS = ("conv2d", "depthwise_conv2d", "matmul", "conv2d_grad", "depthwise_conv2d_grad", "matmul_grad")
+# forward ops are listed as "<op> dygraph", backward ones as their grad nodes
+GEMM_OPS = ("conv2d dygraph", "depthwise_conv2d dygraph", "matmul dygraph", "Conv2dGradNodeFinal",
+            "DepthwiseConv2dGradNodeFinal", "MatmulGradNodeFinal", "MatmulGradNode")
 
 
 def main() -> None:
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("--config", default=str(REPO / "configs/demo/ppyoloe_demo.yml"))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=6, help="profiled steps (after 3 warm-up steps)")
+    ap.add_argument("--dump", default="/tmp/ppmulti_op_profile.txt", help="where the profiler's own table goes")
     args = ap.parse_args()
     import paddle.profiler as profiler
 
@@ -68,9 +71,11 @@ def main() -> None:
         prof.summary(sorted_by=profiler.SortedKeys.CPUTotal, op_detail=False,
                      views=[profiler.SummaryView.OperatorView], time_unit="ms")
     text = buf.getvalue()
+    Path(args.dump).write_text(text)
     rows = []
+    text = text.split("Thread: All threads merged")[-1].split("\n\n")[0]   # the merged table only
     for line in text.splitlines():
-        m = re.match(r"^\s*([A-Za-z0-9_]+)\s+(\d+)\s+([0-9.]+)\s*/", line)
+        m = re.match(r"^([A-Za-z0-9_]+(?: dygraph)?)\s+(\d+)\s+([0-9.]+)\s*/", line)
         if m:
             rows.append((m.group(1), int(m.group(2)), float(m.group(3))))
     total = sum(r[2] for r in rows)

@@ -142,20 +142,29 @@ def measure(plan: BenchPlan, progress=print) -> dict:
         generate(data, fmt="both", n_train=plan.train_images, n_val=4, size=max(plan.img, 64), seed=0)
     cases: list[Case] = []
     try:
+        first = plan.models[0]
         for round_ in range(plan.repeat):
+            tag = f"[bench] round {round_ + 1}/{plan.repeat}:"
+            flip = round_ % 2 == 1
             for model in plan.models:
-                order = list(plan.ranks) if round_ % 2 == 0 else list(reversed(plan.ranks))
+                order = list(plan.ranks)[::-1] if flip else list(plan.ranks)
                 for ranks in order:
-                    progress(f"[bench] round {round_ + 1}/{plan.repeat}: {model} training, {ranks} rank(s)")
+                    # ppdet's Trainer and the loader alone run right beside ppmulti's one-rank case (on a
+                    # shared machine, neighbours in time see the most similar load), in turns first and second
+                    if model == first and ranks == 1 and flip:
+                        progress(f"{tag} {first} under ppdet's own Trainer")
+                        cases.append(run_case(plan, "ppdet", first, 1, data, work))
+                    progress(f"{tag} {model} training, {ranks} rank(s)")
                     cases.append(run_case(plan, "train", model, ranks, data, work))
-            first = plan.models[0]
-            progress(f"[bench] round {round_ + 1}/{plan.repeat}: {first} under ppdet's own Trainer")
-            cases.append(run_case(plan, "ppdet", first, 1, data, work))
-            progress(f"[bench] round {round_ + 1}/{plan.repeat}: {first} data loader alone")
-            cases.append(run_case(plan, "loader", first, 1, data, work))
+                    if model == first and ranks == 1:
+                        if not flip:
+                            progress(f"{tag} {first} under ppdet's own Trainer")
+                            cases.append(run_case(plan, "ppdet", first, 1, data, work))
+                        progress(f"{tag} {first} data loader alone")
+                        cases.append(run_case(plan, "loader", first, 1, data, work))
             if max(plan.ranks) > 1:
                 params = next(c.rank0["params"] for c in cases if c.kind == "train" and c.model == first)
-                progress(f"[bench] round {round_ + 1}/{plan.repeat}: all-reduce of {params} float32 gradients")
+                progress(f"{tag} all-reduce of {params} float32 gradients")
                 cases.append(run_case(plan, "allreduce", first, max(plan.ranks), data, work, numel=params))
     finally:
         from ppmulti.env import PPMULTI_BENCH_KEEP
