@@ -245,8 +245,9 @@ def _screen(output: str) -> list[str]:
     return ["".join(line).rstrip() for line in lines]
 
 
-def _launch_argv(log_dir: Path, *script: str) -> list[str]:
-    return [sys.executable, "-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", "--log_dir", str(log_dir), *script]
+def _launch_argv(log_dir: Path, *script: str, detach: bool = False) -> list[str]:
+    return [sys.executable, "-m", "ppmulti.cli", "launch", *(["--detach"] if detach else []), "--nproc_per_node", "2",
+            "--log_dir", str(log_dir), *script]
 
 
 def test_launch_from_a_terminal_draws_rank0_bars_there_and_keeps_logs_clean(tmp_path):
@@ -337,3 +338,61 @@ def test_launcher_terminal_is_rank0_only_and_falls_back_to_lines(tmp_path, monke
         fresh(path)
         assert progress.bar_stream() is None and not progress.wants_bars()
     assert E.PPMULTI_CONSOLE_TTY not in E.clean_launcher_env({E.PPMULTI_CONSOLE_TTY: "/dev/pts/9"})
+
+
+@pytest.mark.slow
+def test_two_rank_training_started_from_a_terminal_shows_bars(small_demo, tmp_path):
+    # --nproc 2 re-runs the training through ppmulti launch (in this process, on this terminal)
+    out = tmp_path / "run"
+    code, shown = _run_in_pty([sys.executable, str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG),
+                               "-o", *demo_overrides(small_demo), "--epochs", "1", "--eval", "--device", "cpu",
+                               "--nproc", "2", "--output", str(out)], cwd=tmp_path, timeout=600)
+    assert code == 0, shown[-3000:]
+    screen = _screen(shown)
+    bars = [line for line in screen if line.startswith("epoch 1/1: 100%|")]
+    assert len(bars) == 1 and re.search(r"3/3 \[.*, [\d.]+ img/s lr=[\d.e-]+ loss=[\d.]+ cls=", bars[0]), shown[-3000:]
+    assert sum("epoch 1 done in" in line for line in screen) == 1     # once: not also through workerlog.0
+    assert not re.search(r"step \d+/3 loss=", shown)                  # the bar replaces the step lines ...
+    text = (out / "train.log").read_text()
+    assert re.search(r"epoch 1/1 step 2/3 loss=", text) and "epoch 1/1 step 3/3" in text   # ... kept here
+    logs = list((out.parent).rglob("workerlog.*")) + [out / "train.log", out / "logs" / "rank1.log"]
+    assert len(logs) >= 4 and not [p for p in logs if "\r" in p.read_text()]
+
+
+def test_detached_launch_from_a_terminal_prints_plain_lines_to_its_log(tmp_path):
+    # `ppmulti launch --detach` typed at a terminal: the launcher's output is the run's log file, not the
+    # terminal, so rank 0 must neither draw on the terminal it came from nor put redraws into the log
+    from ppmulti import env as E
+
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANK_SCRIPT)
+    home = tmp_path / "home"
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**os.environ, E.PPMULTI_HOME: str(home),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        code = subprocess.run(_launch_argv(tmp_path / "log", str(script), str(tmp_path / "run"), detach=True),
+                              cwd=tmp_path, env=env, stdin=slave, stdout=slave, stderr=slave, timeout=60).returncode
+        assert code == 0
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(home.rglob("exit.json")):
+            time.sleep(0.5)
+        exits = list(home.rglob("exit.json"))
+        assert exits and '"code": 0' in exits[0].read_text()
+        os.set_blocking(master, False)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert b"started run" in shown and b"epoch" not in shown       # the id line only, nothing drawn
+    text = "".join(p.read_text() for p in exits[0].parent.iterdir() if p.suffix == ".log")
+    assert "epoch 1/2 step 2/4 loss=1.5000" in text and "eval 6/6" in text and "\r" not in text
