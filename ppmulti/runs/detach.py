@@ -479,7 +479,7 @@ def stop(run: Run, timeout: float = STOP_TIMEOUT, out=None) -> int:
         if state.is_file():
             msg += f"; checkpoint {state}, continue with --resume {run_dir}"
     elif run_dir is not None:
-        msg += f"; run the same ppmulti evolve command again to continue {run_dir}"
+        msg += f"; the same ppmulti evolve command continues it ({run_dir})"
     print(msg, file=out)
     return 0
 
@@ -494,7 +494,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``ps``, ``logs`` and ``stop`` to the ``ppmulti`` subcommands."""
     ps = subparsers.add_parser("ps", help="list detached runs: id, state, epoch, last metrics, command",
-                               description=f"Detached runs recorded under $PPMULTI_HOME (default ~/.ppmulti).")
+                               description="Detached runs recorded under $PPMULTI_HOME (default ~/.ppmulti).")
     ps.add_argument("--json", action="store_true", help="one JSON object per run")
     ps.set_defaults(func=cmd_ps)
     logs = subparsers.add_parser("logs", help="print a detached run's output (-f: follow it)")

@@ -403,8 +403,9 @@ class Evolution:
                 if not self.stop.is_set():
                     self.release(job)
                 raise
-            # a finished candidate is never resumed: drop its optimizer state, keep its weights
-            (job.directory / "weights" / f"last{STATE}").unlink(missing_ok=True)
+            # a finished candidate is never resumed: drop its training states (optimizer etc.), keep its weights
+            for state in (job.directory / "weights").glob(f"*{STATE}"):
+                state.unlink(missing_ok=True)
             self._write_best()
             rows = len(self.store.rows())
             self.say(f"candidate {job.slot} on {slot.label}: fitness {fitness(done):.4f} (mAP50 {done['mAP50']:.4f}, "
