@@ -188,3 +188,18 @@ def test_write_best_yaml_and_plot(tmp_path):
     png = (tmp_path / "evolve.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_breed_parent_from_rows_child_differs_within_bounds():
+    rng = np.random.RandomState(5)
+    parent, child = evolve.breed([], BASE_HYP, rng)
+    assert parent == BASE_HYP and child != parent
+    rows = [{"fitness": 0.9, "mAP50": 0.9, "mAP50_95": 0.9, **{**BASE_HYP, "lr0": 0.02}}]
+    for _ in range(50):
+        parent, child = evolve.breed(rows, BASE_HYP, rng)
+        assert parent["lr0"] == 0.02 and set(child) == set(BASE_HYP)
+        assert any(child[k] != parent[k] for k in child)
+        assert all(lo <= child[k] <= hi for k, (_, lo, hi) in HYP_BOUNDS.items())
+    only_lr = {"lr0": HYP_BOUNDS["lr0"]}
+    _, child = evolve.breed(rows, BASE_HYP, rng, only_lr)
+    assert child["lr0"] != 0.02 and all(child[k] == BASE_HYP[k] for k in BASE_HYP if k != "lr0")
