@@ -131,12 +131,11 @@ def launcher_terminal() -> _LauncherTerminal | None:
 def bar_stream(stream: TextIO | None = None) -> TextIO | None:
     """Where rank 0 draws bars: ``stream`` (default stdout) when it is a terminal, else the launcher's
     terminal when there is one; None for plain lines (other ranks, CI, output to a file)."""
-    if not dist.is_main():
-        return None
+    # the terminal checks first: dist.is_main() imports paddle
     if stream is not None:
-        return stream if _isatty(stream) else None
+        return stream if _isatty(stream) and dist.is_main() else None
     if _isatty(sys.stdout):
-        return sys.stdout
+        return sys.stdout if dist.is_main() else None
     terminal = launcher_terminal()
     return terminal.stream if terminal is not None else None
 
