@@ -1,0 +1,35 @@
+"""Convert YOLOv5 v6 weights to ppmulti: `python tools/convert_yolov5.py yolov5s.pt yolov5s.pdparams --cfg yolov5s`.
+
+Needs PyTorch to read the .pt (pip install torch; the CPU build is enough), not YOLOv5's code. Train or
+evaluate with the result: tools/train.py --cfg yolov5s --weights yolov5s.pdparams (set the anchors and
+number of classes it prints, when they are not the config's).
+"""
+
+import argparse
+import json
+import sys
+
+from ppmulti.errors import exit_on_user_error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("weights", help="YOLOv5 .pt: a train.py checkpoint (its ema, else model) or a state_dict")
+    p.add_argument("out", help="the .pdparams to write")
+    p.add_argument("--cfg", default="yolov5s", help="ppmulti model to check it against: yolov5n/s/m/l/x or a .yml")
+    return p
+
+
+def run(args) -> int:
+    from ppmulti.models.convert import convert_file
+
+    print(json.dumps(convert_file(args.weights, args.out, args.cfg)))
+    return 0
+
+
+def main(argv=None) -> int:
+    return exit_on_user_error(run, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
