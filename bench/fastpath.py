@@ -29,16 +29,18 @@ DEMO = "demo"
 
 # label -> (config, ranks, env, workers, extra -o overrides)
 CASES = {
-    "1 rank, 2 threads (default)": (DEMO, 1, {}, 1, []),
+    "1 rank, 2 threads": (DEMO, 1, {PPMULTI_CPU_THREADS: "2"}, 1, []),
     "1 rank, 1 thread": (DEMO, 1, {PPMULTI_CPU_THREADS: "1"}, 1, []),
-    "2 ranks, 1 thread each, worker_num 1 (default)": (DEMO, 2, {}, 1, []),
+    "2 ranks, 1 thread each, worker_num 1 (config as is)": (DEMO, 2, {}, 1, []),
     "2 ranks, 2 threads each (oversubscribed)": (DEMO, 2, {PPMULTI_CPU_THREADS: "2"}, 1, []),
     "2 ranks, worker_num 0 (loading in the rank)": (DEMO, 2, {}, 0, []),
     "2 ranks, worker_num 1, shared memory": (DEMO, 2, {}, 1, ["TrainReader.use_shared_memory=true"]),
+    "2 ranks, worker_num 1, no shared memory": (DEMO, 2, {}, 1, ["TrainReader.use_shared_memory=false"]),
+    "1 rank, threads as ppmulti chooses them": (DEMO, 1, {}, 1, []),
     "1 rank, one size (160 px)": (FIXED, 1, {}, 1, []),
     "2 ranks, one size (160 px)": (FIXED, 2, {}, 1, []),
-    "1 rank, 2 threads, OpenMP spinning 200 ms (before)": (DEMO, 1, {KMP_BLOCKTIME: "200"}, 1, []),
-    "1 rank, 2 threads, idle threads sleep (after)": (DEMO, 1, {KMP_BLOCKTIME: "0"}, 1, []),
+    "1 rank, 2 threads, OpenMP spinning 200 ms (before)": (DEMO, 1, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "200"}, 1, []),
+    "1 rank, 2 threads, idle threads sleep (after)": (DEMO, 1, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "0"}, 1, []),
     "2 ranks, 2 threads each, spinning 200 ms": (DEMO, 2, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "200"}, 1, []),
     "2 ranks, 2 threads each, idle threads sleep": (DEMO, 2, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "0"}, 1, []),
 }
