@@ -243,8 +243,10 @@ def tagged(token: str, sid: int | None = None) -> list[int]:
 
 def _discover_run_dir(token: str) -> str | None:
     """The training's run directory, as rank 0 recorded it in its launch directory."""
-    from ppmulti.engine.trainer import RUN_DIR_MARKER
-
+    try:
+        from ppmulti.engine.trainer import RUN_DIR_MARKER
+    except Exception:  # noqa: BLE001 - the wrapper must outlive any import problem of the training side
+        RUN_DIR_MARKER = "run_dir"
     for pid in _pids():
         env = _environ(pid)
         if not env or env.get(E.PPMULTI_RUN_ID) != token or not env.get(E.PPMULTI_LAUNCH_DIR):
@@ -285,7 +287,12 @@ def wrap(record: Path) -> int:
         print(f"ppmulti detach: {record}/command.json is missing", file=sys.stderr)
         return 2
     token = os.environ.get(E.PPMULTI_RUN_ID, "")
-    proc = subprocess.Popen(command["argv"], cwd=command["cwd"], stdin=subprocess.DEVNULL)
+    try:
+        proc = subprocess.Popen(command["argv"], cwd=command["cwd"], stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        print(f"ppmulti detach: cannot start {command['argv'][:4]} in {command['cwd']}: {exc}", file=sys.stderr)
+        _write_json(record / "exit.json", {"code": 127, "ended": time.time()})
+        return 127
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # no terminal, but a stray hangup must not end the run
 
     def forward(signum, _frame):
@@ -304,9 +311,13 @@ def wrap(record: Path) -> int:
             pass
         if need_dir and time.monotonic() >= next_look:
             next_look = time.monotonic() + 2.0
-            found = _discover_run_dir(token)
-            if found:
-                _record_run_dir(record, found)
+            try:
+                found = _discover_run_dir(token)
+                if found:
+                    _record_run_dir(record, found)
+                    need_dir = False
+            except OSError as exc:   # never let bookkeeping end the run
+                print(f"ppmulti detach: cannot record the run directory ({exc})", file=sys.stderr)
                 need_dir = False
     if need_dir:
         info = _read_json(record / "run.json") or {}
