@@ -183,6 +183,82 @@ def _worker(argv: list[str]) -> None:
     (out / "epochs.json").write_text(json.dumps(info, indent=1))   # scratch file in a temp dir
 
 
+def _convert_reference(argv: list[str]) -> None:
+    """(YOLOv5 venv) A random yolov5s with non-trivial BN statistics: sd.pt, ckpt.pt (train.py layout), ref.npz."""
+    p = argparse.ArgumentParser(prog="vs_yolov5.py convert-reference")
+    p.add_argument("--yolov5", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    out, yolov5 = Path(a.out), Path(a.yolov5).resolve()
+    config = out / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    os.environ.update(OFFLINE_ENV, YOLOV5_CONFIG_DIR=str(config), YOLO_CONFIG_DIR=str(config))
+    _torchvision_nms_shim()
+    sys.path.insert(0, str(yolov5))
+    from copy import deepcopy
+
+    import numpy as np
+    import torch
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model(str(yolov5 / "models" / "yolov5s.yaml"), ch=3, nc=3)
+    g = torch.Generator().manual_seed(1)
+    for m in model.modules():   # fresh BN (mean 0, var 1, weight 1) would hide a swapped buffer
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.weight.data = torch.rand(m.weight.shape, generator=g) + 0.5
+            m.bias.data = torch.randn(m.bias.shape, generator=g) * 0.1
+            m.running_mean = torch.randn(m.running_mean.shape, generator=g) * 0.1
+            m.running_var = torch.rand(m.running_var.shape, generator=g) + 0.5
+    model.eval()
+    x = np.random.RandomState(0).rand(2, 3, 160, 160).astype("float32")
+    half = deepcopy(model).half()
+    with torch.no_grad():
+        raw = model(torch.from_numpy(x))[1]                 # eval Detect: (decoded, raw [B, na, H, W, no])
+        raw16 = deepcopy(half).float()(torch.from_numpy(x))[1]
+    torch.save(model.state_dict(), out / "sd.pt")
+    torch.save({"epoch": 0, "model": half, "ema": deepcopy(half), "optimizer": None}, out / "ckpt.pt")
+    np.savez(out / "ref.npz", x=x, **{f"sd{i}": r.numpy() for i, r in enumerate(raw)},
+             **{f"ckpt{i}": r.numpy() for i, r in enumerate(raw16)})
+
+
+def _convert_compare(argv: list[str]) -> None:
+    """(project python + torch) Convert sd.pt and ckpt.pt; ppmulti's raw head outputs vs YOLOv5's."""
+    p = argparse.ArgumentParser(prog="vs_yolov5.py convert-compare")
+    p.add_argument("--out", required=True)
+    out = Path(p.parse_args(argv).out)
+    import numpy as np
+    import paddle
+
+    from ppmulti.models.convert import convert_file
+
+    ref = np.load(out / "ref.npz")
+    report = {}
+    for name in ("sd", "ckpt"):
+        info = convert_file(str(out / f"{name}.pt"), str(out / f"{name}.pdparams"), "yolov5s")
+        import ppmulti.models  # noqa: F401
+        from ppdet.core.workspace import create
+
+        from ppmulti import config as config_mod
+        from ppmulti.engine.checkpoint import load_weights
+
+        cfg = config_mod.load(REPO / "configs" / "yolov5" / "yolov5_s_300e_coco.yml", {"num_classes": 3})
+        model = create(cfg.architecture)
+        missing, unexpected = load_weights(model, out / f"{name}.pdparams")
+        model.eval()
+        with paddle.no_grad():
+            heads = model.yolo_head(model.neck(model.backbone({"image": paddle.to_tensor(ref["x"])})))
+        diffs = []
+        for i, h in enumerate(heads):
+            b, c, hh, ww = h.shape
+            ours = h.numpy().reshape(b, 3, c // 3, hh, ww).transpose(0, 1, 3, 4, 2)   # YOLOv5's raw layout
+            diffs.append(float(np.abs(ours - ref[f"{name}{i}"]).max()))
+        report[name] = {"parameters": info["parameters"], "missing": len(missing), "unexpected": len(unexpected),
+                        "max_abs_diff_per_level": diffs,
+                        "max_abs_output_per_level": [float(np.abs(ref[f"{name}{i}"]).max()) for i in range(3)]}
+    (out / "compare.json").write_text(json.dumps(report))
+
+
 # ============================================================================ driver (ppmulti's environment)
 
 def _run(cmd: list[str], log: Path, env: dict | None = None, cwd: Path = REPO) -> None:
@@ -257,6 +333,36 @@ def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: 
             "threads": ppmulti_threads(nproc), "epochs": per_epoch}
 
 
+def check_convert(yolov5_python: Path, yolov5: Path, venv: Path, torch_spec: str, out_json: Path) -> dict:
+    """tools/convert_yolov5.py on a random yolov5s: ppmulti's raw head outputs against YOLOv5's on one input.
+
+    The reference is made in the YOLOv5 venv; the conversion and ppmulti's forward run in a second venv that
+    sees ppmulti's packages (--system-site-packages) plus torch, since the converter reads .pt with torch.
+    """
+    from ppmulti.io import atomic_write_text
+
+    python = venv / "bin" / "python"
+    marker = venv / ".ready"
+    if not (marker.exists() and marker.read_text() == torch_spec):
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", torch_spec], check=True)
+        marker.write_text(torch_spec)
+    tmp = Path(tempfile.mkdtemp(prefix="ppmulti_convert_check_"))
+    me = str(Path(__file__).resolve())
+    _run([str(yolov5_python), me, "convert-reference", "--yolov5", str(yolov5), "--out", str(tmp)],
+         tmp / "reference.log", cwd=yolov5)
+    _run([str(python), me, "convert-compare", "--out", str(tmp)], tmp / "compare.log")
+    report = json.loads((tmp / "compare.json").read_text())
+    report["what"] = ("random yolov5s (nc 3, random BN statistics), input 2x3x160x160: max |ppmulti - YOLOv5| of the "
+                      "raw head outputs; sd = plain state_dict .pt (fp32), ckpt = train.py-style checkpoint (fp16 "
+                      "model/ema, compared with YOLOv5's own fp16-rounded model)")
+    result = json.loads(out_json.read_text()) if out_json.exists() else {}
+    result["convert_check"] = report
+    atomic_write_text(out_json, json.dumps(result, indent=1) + "\n")
+    return report
+
+
 def _yolov5_commit(yolov5: Path) -> str | None:
     proc = subprocess.run(["git", "-C", str(yolov5), "rev-parse", "HEAD"], capture_output=True, text=True)
     return proc.stdout.strip() if proc.returncode == 0 else None
@@ -278,13 +384,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="alternations of yolov5 / ppmulti x1 / ppmulti xN")
     ap.add_argument("--nproc", type=int, default=2, help="ranks of the multi-process ppmulti case (0: skip)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "vs_yolov5.json"))
+    ap.add_argument("--check-convert", action="store_true",
+                    help="instead of timing: check tools/convert_yolov5.py against YOLOv5 (adds convert_check)")
+    ap.add_argument("--convert-venv", default=str(REPO / "bench" / ".venv-convert"),
+                    help="venv for --check-convert: ppmulti's site-packages plus torch")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["yolov5-worker"]:
-        return _worker(argv[1:])
+    modes = {"yolov5-worker": _worker, "convert-reference": _convert_reference, "convert-compare": _convert_compare}
+    if argv[:1] and argv[0] in modes:
+        return modes[argv[0]](argv[1:])
     args = parse_args(argv)
     from ppmulti.errors import UserError
 
@@ -298,6 +409,13 @@ def main(argv: list[str] | None = None) -> None:
     from ppmulti.io import atomic_write_text
 
     python = ensure_venv(Path(args.venv), yolov5, args.torch_spec, args.torchvision_spec)
+    if args.check_convert:
+        report = check_convert(python, yolov5, Path(args.convert_venv), args.torch_spec, Path(args.out))
+        print("| weights | parameters | max abs diff P3 / P4 / P5 | max abs output |\n| --- | --- | --- | --- |")
+        for name, r in ((k, v) for k, v in report.items() if isinstance(v, dict)):
+            print(f"| {name}.pt | {r['parameters']} | {' / '.join(f'{d:.2e}' for d in r['max_abs_diff_per_level'])} "
+                  f"| {max(r['max_abs_output_per_level']):.2f} |")
+        return None
     tmp = Path(tempfile.mkdtemp(prefix="ppmulti_vs_yolov5_"))
     data = Path(args.data) if args.data else tmp / "data"
     if not exists(data, "yolo"):
@@ -316,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"round {r + 1}/{args.rounds} img {img} {side} x{n}: {res['images'] / res['seconds']:.2f} "
                       f"img/s ({time.time() - t:.0f}s wall)", flush=True)
     shim = next((x["torchvision_shim"] for k, v in runs.items() if k.startswith("yolov5") for x in v), None)
-    rows, table = [], []
+    rows = []
     for img in args.img:
         y = runs[f"yolov5/1@{img}"]
         y_ips = sum(x["images"] for x in y) / sum(x["seconds"] for x in y)
@@ -328,7 +446,8 @@ def main(argv: list[str] | None = None) -> None:
                          "per_round_images_per_s": [round(x["images"] / x["seconds"], 3) for x in v],
                          "per_round_ratio": [round((x["images"] / x["seconds"]) / (yy["images"] / yy["seconds"]), 3)
                                              for x, yy in zip(v, y)],
-                         "timed_images": sum(x["images"] for x in v), "timed_seconds": round(sum(x["seconds"] for x in v), 2),
+                         "timed_images": sum(x["images"] for x in v),
+                         "timed_seconds": round(sum(x["seconds"] for x in v), 2),
                          "epochs": [x["epochs"] for x in v]})
     first_y = next(iter(v for k, v in runs.items() if k.startswith("yolov5")))[0]
     result = {
@@ -345,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
         "rows": rows,
         "rerun": "python bench/vs_yolov5.py " + " ".join(argv),
     }
+    previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    if "convert_check" in previous:   # written by --check-convert; a timing run keeps it
+        result["convert_check"] = previous["convert_check"]
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     print("\n| framework | processes | threads/process | img | images/s | ratio vs yolov5 | per round |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

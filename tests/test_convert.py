@@ -42,11 +42,11 @@ def test_map_name_refuses_what_yolov5_v6_has_not(name):
         map_name(name)
 
 
-def yolov5_v6_keys(depth: float, nc: int = 80) -> list[str]:
+def yolov5_v6_keys(depth: float) -> list[str]:
     """The state_dict keys of a YOLOv5 v6 P5 DetectionModel, written down from its yaml layout."""
     def conv(i, p=""):
-        return [f"model.{i}.{p}conv.weight"] + [f"model.{i}.{p}bn.{b}" for b in
-                                                ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")]
+        bn = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+        return [f"model.{i}.{p}conv.weight"] + [f"model.{i}.{p}bn.{b}" for b in bn]
 
     def c3(i, n):
         keys = conv(i, "cv1.") + conv(i, "cv2.") + conv(i, "cv3.")
