@@ -283,3 +283,38 @@ def test_yolov5_launch_line_two_ranks(small_demo, tmp_path):
                      "--project", str(tmp_path / "runs"), "--name", "sbn"], cwd=tmp_path)
     assert proc.returncode != 0
     assert "no CPU kernel for sync_batch_norm" in _all_output(proc, tmp_path)
+
+
+def test_sigterm_with_epochs_shorter_than_log_iter_stops_at_the_epoch_end(small_demo, tmp_path):
+    """Ranks agree on a stop every log_iter steps; with log_iter (50) longer than an epoch (6 steps) they
+    still agree at the epoch's end, so SIGTERM saves a checkpoint instead of waiting for the launcher's kill."""
+    import signal
+    import time
+
+    import paddle
+
+    out = tmp_path / "run"
+    args = [str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "log_iter=50",
+            "--batch", "8", "--epochs", "20", "--output", str(out)]
+    launches = Launches(tmp_path)
+    try:
+        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), *args, env=_env())
+        log = out / "train.log"
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and "epoch 1 done" in log.read_text():
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, launches.output(proc)[-3000:]
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        code = launches.wait(proc, 60)
+        took = time.time() - sent
+    finally:
+        launches.close()
+    assert code != 0 and took < 25, (code, took)
+    text = log.read_text()
+    stopped = re.search(r"SIGTERM: stopped after epoch (\d+)", text)
+    assert stopped, text[-2000:]
+    state = paddle.load(str(out / "weights" / "last.pdstate"))["train"]
+    assert state["epoch"] == int(stopped.group(1)) >= 2 and state["step_in_epoch"] == 0

@@ -316,6 +316,9 @@ class Trainer:
                 self._run_epoch(epoch, epochs, snapshot)
                 if self.stopping_early:
                     break
+                # ranks agree every log_iter steps inside an epoch; an epoch shorter than that still ends here
+                if epoch + 1 < epochs and self.stop_requests.agreed():
+                    self._stop_on_request(epoch, None)
         self._call("after_train")
         return self.final_metrics
 
@@ -396,14 +399,17 @@ class Trainer:
                         "--patience %d)", epoch + 1, epoch + 1 - self.state.best_epoch, self.state.best_fitness,
                         self.state.best_epoch, patience)
 
-    def _stop_on_request(self, epoch: int, step: int) -> None:
-        """Ctrl-C / SIGTERM reached the ranks: save the interrupted epoch (rank 0) and leave."""
+    def _stop_on_request(self, epoch: int, step: int | None) -> None:
+        """Ctrl-C / SIGTERM reached the ranks: save the interrupted epoch (rank 0) and leave.
+        ``step`` None: the signal was agreed on at the end of ``epoch``, which is complete."""
         signum = self.stop_requests.signum or signal.SIGTERM
         name = signal.Signals(signum).name
         if dist.is_main():
             stem = self.save_checkpoint("last")
-            log.warning("%s: stopped in epoch %d after step %d/%d; checkpoint %s saved, continue with "
-                        "--resume %s", name, epoch + 1, step + 1, self.steps_per_epoch, stem, self.run_dir)
+            where = (f"after epoch {epoch + 1}" if step is None
+                     else f"in epoch {epoch + 1} after step {step + 1}/{self.steps_per_epoch}")
+            log.warning("%s: stopped %s; checkpoint %s saved, continue with --resume %s",
+                        name, where, stem, self.run_dir)
         raise Interrupted(name, 128 + int(signum))
 
     # ----------------------------------------------------------------- weights
