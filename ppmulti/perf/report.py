@@ -14,8 +14,13 @@ def markdown(result: dict) -> str:
              f"{machine['cores']} cores, load {machine['load_1min']:.1f} at the end; images {plan['img']} px, "
              f"global batch {plan['batch']} (split across ranks), {plan['steps']} steps per case of which the "
              f"first {plan['warmup']} are left out, worker_num {plan['workers']}, median of {plan['repeat']} "
-             f"interleaved round(s).", "",
-             "| model | ranks | threads/rank | images/s | speed-up | step | launch to first step | "
+             f"interleaved round(s).", ""]
+    busiest = max(machine["load_1min"], machine.get("load_start", 0.0))
+    if busiest > machine["cores"]:
+        lines += [f"**The machine was busy** (load average up to {busiest:.1f} on {machine['cores']} cores, "
+                  "measured at the start and end): other work shared the cores, so these figures are provisional; "
+                  "only ratios of neighbouring cases mean much, and `--repeat 3` or more helps.", ""]
+    lines += ["| model | ranks | threads/rank | images/s | speed-up | step | launch to first step | "
              "peak RSS per rank | CPU busy (rank 0) | data wait/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:

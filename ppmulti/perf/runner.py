@@ -141,6 +141,7 @@ def measure(plan: BenchPlan, progress=print) -> dict:
     if not exists(data):
         generate(data, fmt="both", n_train=plan.train_images, n_val=4, size=max(plan.img, 64), seed=0)
     cases: list[Case] = []
+    load_start = os.getloadavg()[0]
     try:
         first = plan.models[0]
         for round_ in range(plan.repeat):
@@ -171,7 +172,9 @@ def measure(plan: BenchPlan, progress=print) -> dict:
 
         if not os.environ.get(PPMULTI_BENCH_KEEP):
             shutil.rmtree(work, ignore_errors=True)
-    return summarise(plan, cases)
+    result = summarise(plan, cases)
+    result["machine"]["load_start"] = load_start
+    return result
 
 
 def summarise(plan: BenchPlan, cases: list[Case]) -> dict:
