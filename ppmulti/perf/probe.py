@@ -29,11 +29,31 @@ class _Stop(Exception):
     """Raised from a hook to end a probe's training after its steps."""
 
 
-def _train_args(argv: list[str]):
+def _train_args(argv: list[str], one_size: int = 0):
     from ppmulti.train_cli import build_parser, options_from_args
 
     args = build_parser().parse_args(argv)
-    return options_from_args(args)
+    opts = options_from_args(args)
+    if one_size:
+        edit = opts.config_edit
+
+        def edit_then_fix(cfg):
+            notes = list(edit(cfg) or []) if edit else []
+            _fix_size(cfg, one_size)
+            return notes
+
+        opts.config_edit = edit_then_fix
+    return opts
+
+
+def _fix_size(cfg, size: int) -> None:
+    """Train at one size: the readers' random multi-scale makes steps differ up to 6x in work, so ten steps
+    of two runs would compare the sizes each happened to draw instead of the loops."""
+    for kind in ("sample_transforms", "batch_transforms"):
+        for op in (cfg.get("TrainReader") or {}).get(kind) or []:
+            body = op.get("BatchRandomResize") if isinstance(op, dict) else None
+            if isinstance(body, dict):
+                body["target_size"], body["random_size"] = [size], True
 
 
 def _write(out: str, record: dict) -> None:
@@ -56,7 +76,7 @@ def probe_train(ns, train_argv: list[str]) -> dict:
     from ppmulti.engine.hooks import Hook
     from ppmulti.engine.trainer import Trainer
 
-    opts = _train_args(train_argv)
+    opts = _train_args(train_argv, ns.one_size)
     times: list[float] = []
     data_times: list[float] = []
 
@@ -105,7 +125,7 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
     from ppmulti import config as config_mod
     from ppmulti import dist
 
-    opts = _train_args(train_argv)
+    opts = _train_args(train_argv, ns.one_size)
     cfg = config_mod.load(opts.config, opts.overrides + ["log_iter=1", "use_vdl=false"])
     if opts.config_edit:
         opts.config_edit(cfg)
@@ -148,7 +168,7 @@ def probe_loader(ns, train_argv: list[str]) -> dict:
     from ppmulti import config as config_mod
     from ppmulti import dist
 
-    opts = _train_args(train_argv)
+    opts = _train_args(train_argv, ns.one_size)
     cfg = config_mod.load(opts.config, opts.overrides)
     if opts.config_edit:
         opts.config_edit(cfg)
@@ -223,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the rate")
     ap.add_argument("--numel", type=float, default=0, help="allreduce: float32 values per all-reduce")
+    ap.add_argument("--one-size", type=int, default=0, help="train at this one size (no random multi-scale)")
     ns = ap.parse_args(argv)
     record = MODES[ns.mode](ns, train_argv)
     _write(ns.out, record)

@@ -11,7 +11,8 @@ from ppmulti.io import atomic_save, atomic_write_text
 def markdown(result: dict) -> str:
     plan, machine = result["plan"], result["machine"]
     lines = ["## ppmulti bench", "",
-             f"{machine['cores']} cores, load {machine['load_1min']:.1f} at the end; images {plan['img']} px, "
+             f"{machine['cores']} cores, load {machine['load_1min']:.1f} at the end; images "
+             f"{plan['img']} px{' (one size, no multi-scale)' if plan.get('one_size') else ''}, "
              f"global batch {plan['batch']} (split across ranks), {plan['steps']} steps per case of which the "
              f"first {plan['warmup']} are left out, worker_num {plan['workers']}, median of {plan['repeat']} "
              f"interleaved round(s).", ""]

@@ -38,6 +38,7 @@ class BenchPlan:
     data: Path | None = None
     timeout: float = 900.0
     env: dict = field(default_factory=dict)   # extra environment for every probe (A/B variants)
+    one_size: bool = True           # --cfg models train at `img` only: equal work per step, comparable runs
 
 
 @dataclass
@@ -97,6 +98,8 @@ def run_case(plan: BenchPlan, kind: str, model: str, ranks: int, data: Path, wor
     if kind == "allreduce":
         probe += ["--numel", str(int(numel)), "--steps", "10"]
     else:
+        if plan.one_size and not str(model).endswith((".yml", ".yaml")) and model != "demo":
+            probe += ["--one-size", str(plan.img)]
         probe += ["--", *train_argv(plan, model, data, work / f"run_{tag}", extra_overrides)]
     if ranks == 1:
         cmd = [sys.executable, *probe]
