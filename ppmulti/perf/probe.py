@@ -126,7 +126,7 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
     from ppmulti import dist
 
     opts = _train_args(train_argv, ns.one_size)
-    cfg = config_mod.load(opts.config, opts.overrides + ["log_iter=1", "use_vdl=false"])
+    cfg = config_mod.load(opts.config, opts.overrides)
     if opts.config_edit:
         opts.config_edit(cfg)
     if opts.batch:
@@ -146,7 +146,8 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
                     raise _Stop
 
     trainer = Trainer(cfg, mode="train")
-    trainer._callbacks = [Capture(trainer)]
+    # ppdet's own callbacks stay (log printer, checkpointer, VisualDL as configured), as ppmulti's hooks do
+    trainer._callbacks = list(trainer._callbacks) + [Capture(trainer)]
     trainer._compose_callback = ComposeCallback(trainer._callbacks)
     try:
         trainer.train(validate=False)
