@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
                         "(configs/demo/ppyoloe_demo.yml); the first is also run under ppdet's Trainer")
     p.add_argument("--ranks", default="1,2", help="rank counts to compare (default 1,2)")
     p.add_argument("--img", type=int, default=None, help="image size (default 160; --quick 64)")
-    p.add_argument("--batch", type=int, default=None, help="global batch (default 8; --quick 4)")
+    p.add_argument("--batch", type=int, default=None, help="global batch, split across the ranks (default 16 as the demo: 8 per rank with 2; --quick 4)")
     p.add_argument("--steps", type=int, default=None, help="steps per case (default 12; --quick 5)")
     p.add_argument("--repeat", type=int, default=1, help="interleaved rounds, medians reported (default 1)")
     p.add_argument("--workers", type=int, default=1, help="data loader workers per rank (default 1)")

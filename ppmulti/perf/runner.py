@@ -28,7 +28,7 @@ class BenchPlan:
     models: tuple[str, ...] = ("ppyoloe_s", "yolov5s")
     ranks: tuple[int, ...] = (1, 2)
     img: int = 160
-    batch: int = 8                  # global batch, the same for 1 and 2 ranks (strong scaling)
+    batch: int = 16                 # global batch, the same for 1 and 2 ranks (strong scaling), as the demo
     steps: int = 12
     warmup: int = 2
     workers: int = 1
