@@ -13,6 +13,9 @@ What is compared
     YOLOv5 runs after its last epoch even under --noval comes after that hook), its images counted in
     ``on_train_batch_end``. ppmulti's come from results.csv (images_per_s x epoch_seconds per epoch, measured
     the same way around its epoch loop). The cases alternate (A B C A B C ...) so background load hits all.
+    Threads: torch takes every core in YOLOv5's one process (reported from torch.get_num_threads() inside the
+    run); ppmulti's ranks are pinned to cores // ranks through PPMULTI_CPU_THREADS (--threads-auto: ppmulti's
+    own rule, which gives 1 thread per rank when the load average is above the cores).
     Known difference: YOLOv5 accumulates gradients to a nominal batch of 64 (one optimizer step per 4 batches
     of 16 once its 100-iteration warm-up is over); ppmulti steps every batch.
 
@@ -43,6 +46,9 @@ torchvision (stated in the output as well)
 
 Run:  python bench/vs_yolov5.py --yolov5 DIR [--img 160 320] [--epochs 3] [--rounds 2] [--nproc 2]
 Writes bench/results/vs_yolov5.json (--out) and prints a markdown table.
+      python bench/vs_yolov5.py --yolov5 DIR --check-convert
+checks tools/convert_yolov5.py instead: a random yolov5s made in the YOLOv5 venv, converted and run by ppmulti in
+a second venv (bench/.venv-convert: ppmulti's site-packages plus torch); max |difference| of the raw head outputs.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -236,7 +243,7 @@ def _convert_compare(argv: list[str]) -> None:
     report = {}
     for name in ("sd", "ckpt"):
         info = convert_file(str(out / f"{name}.pt"), str(out / f"{name}.pdparams"), "yolov5s")
-        import ppmulti.models  # noqa: F401
+        import ppmulti.models  # noqa: F401  (registers the model)
         from ppdet.core.workspace import create
 
         from ppmulti import config as config_mod
@@ -302,18 +309,26 @@ def run_yolov5(python: Path, yolov5: Path, data: Path, img: int, batch: int, epo
             "torchvision_shim": info["torchvision_shim"], "epochs": info["epochs"]}
 
 
-def ppmulti_threads(nproc: int) -> int:
-    """Paddle CPU threads per rank, by ppmulti.dist.set_cpu_threads's rule (cores // local ranks, or the override)."""
+def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
+    """Paddle threads per rank for a run, and the environment that makes it so.
+
+    Pinned (default): cores // ranks through PPMULTI_CPU_THREADS -- in one process that is every core, as torch
+    takes for YOLOv5. ``auto`` leaves ppmulti's own rule (which drops to 1 thread when the load average exceeds
+    the cores); the count reported is that rule evaluated at launch, as the ranks evaluate it a moment later.
+    """
+    from ppmulti.dist import choose_cpu_threads, usable_cores
     from ppmulti.env import PPMULTI_CPU_THREADS
 
-    override = os.environ.get(PPMULTI_CPU_THREADS, "").strip()
-    if override:
-        return int(override)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // nproc)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if auto:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        return choose_cpu_threads(usable_cores(), nproc, env.get(PPMULTI_CPU_THREADS), load), env
+    threads = max(1, usable_cores() // nproc)
+    env[PPMULTI_CPU_THREADS] = str(threads)
+    return threads, env
 
 
-def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path) -> dict:
+def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path, auto_threads: bool) -> dict:
     import csv
 
     out.mkdir(parents=True, exist_ok=True)
@@ -323,14 +338,15 @@ def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: 
            "--output", str(out / "run")]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
-    _run(cmd, out / "log.txt")
+    threads, env = ppmulti_threads(nproc, auto_threads)
+    _run(cmd, out / "log.txt", env=env)
     with open(out / "run" / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     per_epoch = [{"epoch": int(r["epoch"]), "images": round(float(r["images_per_s"]) * float(r["epoch_seconds"])),
                   "seconds": float(r["epoch_seconds"])} for r in rows]
     timed = per_epoch[1:]
     return {"images": sum(e["images"] for e in timed), "seconds": sum(e["seconds"] for e in timed),
-            "threads": ppmulti_threads(nproc), "epochs": per_epoch}
+            "threads": threads, "epochs": per_epoch}
 
 
 def check_convert(yolov5_python: Path, yolov5: Path, venv: Path, torch_spec: str, out_json: Path) -> dict:
@@ -384,6 +400,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="alternations of yolov5 / ppmulti x1 / ppmulti xN")
     ap.add_argument("--nproc", type=int, default=2, help="ranks of the multi-process ppmulti case (0: skip)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "vs_yolov5.json"))
+    ap.add_argument("--threads-auto", action="store_true",
+                    help="let ppmulti pick its threads (default: pinned to cores // ranks, as torch takes all cores)")
     ap.add_argument("--check-convert", action="store_true",
                     help="instead of timing: check tools/convert_yolov5.py against YOLOv5 (adds convert_check)")
     ap.add_argument("--convert-venv", default=str(REPO / "bench" / ".venv-convert"),
@@ -428,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
                 key, out = f"{side}/{n}@{img}", tmp / f"{side}{n}_{img}_{r}"
                 t = time.time()
                 res = (run_yolov5(python, yolov5, data, img, args.batch, args.epochs, out) if side == "yolov5"
-                       else run_ppmulti(n, data, img, args.batch, args.epochs, out))
+                       else run_ppmulti(n, data, img, args.batch, args.epochs, out, args.threads_auto))
                 res["round"] = r
                 runs.setdefault(key, []).append(res)
                 print(f"round {r + 1}/{args.rounds} img {img} {side} x{n}: {res['images'] / res['seconds']:.2f} "
@@ -446,6 +464,8 @@ def main(argv: list[str] | None = None) -> None:
                          "per_round_images_per_s": [round(x["images"] / x["seconds"], 3) for x in v],
                          "per_round_ratio": [round((x["images"] / x["seconds"]) / (yy["images"] / yy["seconds"]), 3)
                                              for x, yy in zip(v, y)],
+                         "median_per_round_ratio": round(statistics.median(
+                             (x["images"] / x["seconds"]) / (yy["images"] / yy["seconds"]) for x, yy in zip(v, y)), 3),
                          "timed_images": sum(x["images"] for x in v),
                          "timed_seconds": round(sum(x["seconds"] for x in v), 2),
                          "epochs": [x["epochs"] for x in v]})
@@ -456,6 +476,7 @@ def main(argv: list[str] | None = None) -> None:
                        "global_batch": args.batch, "epochs_per_run": args.epochs, "rounds": args.rounds,
                        "hyp": HYP, "device": "cpu", "cores": len(os.sched_getaffinity(0)),
                        "dataloader_workers": 1, "yolov5_commit": _yolov5_commit(yolov5),
+                       "ppmulti_threads": "ppmulti's own rule" if args.threads_auto else "pinned: cores // ranks",
                        "torch": first_y["torch"], "torchvision": first_y["torchvision"],
                        "torchvision_shim": shim, "yolov5_timing": "train.main with on_train_epoch_start/end hooks",
                        "yolov5_env": OFFLINE_ENV,
@@ -468,12 +489,14 @@ def main(argv: list[str] | None = None) -> None:
     if "convert_check" in previous:   # written by --check-convert; a timing run keeps it
         result["convert_check"] = previous["convert_check"]
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
-    print("\n| framework | processes | threads/process | img | images/s | ratio vs yolov5 | per round |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| framework | processes | threads/process | img | images/s | ratio vs yolov5 | median per-round ratio "
+          "| per round |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         name = "ultralytics/yolov5" if r["side"] == "yolov5" else "ppmulti"
         print(f"| {name} | {r['processes']} | {r['threads_per_process']} | {r['img']} | {r['images_per_s']:.2f} | "
-              f"{r['ratio_vs_yolov5']:.2f} | {', '.join(f'{v:.2f}' for v in r['per_round_images_per_s'])} |")
+              f"{r['ratio_vs_yolov5']:.2f} | {r['median_per_round_ratio']:.2f} | "
+              f"{', '.join(f'{v:.2f}' for v in r['per_round_images_per_s'])} |")
     if shim:
         print(f"\nnote: {shim}")
     print(f"YOLOv5 offline env: {' '.join(f'{k}={v}' for k, v in OFFLINE_ENV.items())}; written {args.out}")
