@@ -39,7 +39,8 @@ def main() -> None:
     from ppmulti.engine.hooks import Hook
     from ppmulti.engine.trainer import Trainer, TrainOptions
 
-    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], timer_only=False)
+    # no trace export: Paddle's default would write ./profiler_log into the working directory
+    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], timer_only=False, on_trace_ready=lambda p: None)
 
     class Stop(Exception):
         pass
