@@ -313,16 +313,14 @@ def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
     """Paddle threads per rank for a run, and the environment that makes it so.
 
     Pinned (default): cores // ranks through PPMULTI_CPU_THREADS -- in one process that is every core, as torch
-    takes for YOLOv5. ``auto`` leaves ppmulti's own rule (which drops to 1 thread when the load average exceeds
-    the cores); the count reported is that rule evaluated at launch, as the ranks evaluate it a moment later.
+    takes for YOLOv5. ``auto`` leaves ppmulti's own rule (the same share, unless PPMULTI_CPU_THREADS is set).
     """
     from ppmulti.dist import choose_cpu_threads, usable_cores
     from ppmulti.env import PPMULTI_CPU_THREADS
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if auto:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        return choose_cpu_threads(usable_cores(), nproc, env.get(PPMULTI_CPU_THREADS), load), env
+        return choose_cpu_threads(usable_cores(), nproc, env.get(PPMULTI_CPU_THREADS)), env
     threads = max(1, usable_cores() // nproc)
     env[PPMULTI_CPU_THREADS] = str(threads)
     return threads, env

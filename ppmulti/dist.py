@@ -99,15 +99,13 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return [float(v) for v in t.numpy()]
 
 
-def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None,
-                       load: float | None = None) -> int:
+def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None) -> int:
     """Compute threads for each rank: this machine's cores shared evenly by its ranks (at least 1), unless
     ``override`` (PPMULTI_CPU_THREADS) names a number.
 
-    ``load`` is the 1-minute load average. When it exceeds the cores, other work already wants every core
-    and each rank gets one thread: an OpenMP region waits for its slowest thread, and on a full machine one
-    of the two is often descheduled. Measured on the 2 busy cores here (bench/PERF.md): one rank ran at
-    half speed with 2 threads against 1. On a quiet machine 2 threads gain ~1.2x.
+    The count does not follow the machine's momentary load: a run's threading stays the same from one start
+    to the next. On a machine shared with other work, set PPMULTI_CPU_THREADS=1 (bench/PERF.md: one rank ran
+    at half speed with 2 threads against 1 on 2 fully busy cores; on quiet cores 2 threads gain ~1.2x).
     """
     from ppmulti.env import PPMULTI_CPU_THREADS
 
@@ -118,10 +116,7 @@ def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None
 
             raise UserError(f"{PPMULTI_CPU_THREADS}={override!r}: expected a whole number of threads >= 1")
         return int(text)
-    cores = max(1, cores)
-    if load is not None and load > cores:
-        return 1
-    return max(1, cores // max(1, local_ranks))
+    return max(1, max(1, cores) // max(1, local_ranks))
 
 
 def usable_cores() -> int:
@@ -143,8 +138,7 @@ def set_cpu_threads(local_size: int | None = None) -> int:
     from ppmulti.env import KMP_BLOCKTIME, PPMULTI_CPU_THREADS, worker_info
 
     n_local = local_size or worker_info().local_size or 1
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    threads = choose_cpu_threads(usable_cores(), n_local, os.environ.get(PPMULTI_CPU_THREADS), load)
+    threads = choose_cpu_threads(usable_cores(), n_local, os.environ.get(PPMULTI_CPU_THREADS))
     if threads > 1:
         os.environ.setdefault(KMP_BLOCKTIME, "0")
     import paddle

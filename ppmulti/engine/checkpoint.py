@@ -121,9 +121,9 @@ def load_weights(model, path: str | os.PathLike) -> tuple[list[str], list[str]]:
     """Load inference weights (a .pdparams or a stem) into ``model``, checking shapes."""
     p = str(path)
     if p.endswith((".pt", ".pth")):
-        raise UserError(f"weights {p}: a PyTorch checkpoint; ppmulti loads Paddle .pdparams only (YOLOv5's "
-                        f".pt files hold pickled torch modules, unreadable without torch and YOLOv5's code). "
-                        f"Train from scratch with --weights '' or pass a .pdparams file")
+        raise UserError(f"weights {p}: a PyTorch checkpoint; ppmulti loads Paddle .pdparams. Convert a YOLOv5 v6 "
+                        f".pt once with `python tools/convert_yolov5.py {p} OUT.pdparams --cfg yolov5s` (needs "
+                        f"`pip install torch`), then pass OUT.pdparams; or train from scratch with --weights ''")
     if not p.endswith(WEIGHTS):
         p += WEIGHTS
     if not os.path.isfile(p):
