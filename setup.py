@@ -33,6 +33,6 @@ setup(
     packages=find_packages(include=["ppmulti", "ppmulti.*"]),
     python_requires=">=3.8",
     install_requires=REQUIRES,
-    extras_require={"test": ["pytest>=7", "pytest-timeout"]},
+    extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"]},
     entry_points={"console_scripts": ["ppmulti = ppmulti.cli:main"]},
 )
