@@ -47,3 +47,13 @@ def run_tool(args: list[str], cwd: Path | None = None, timeout: float = 600, env
         full_env.update(env)
     return subprocess.run([sys.executable, *args], cwd=cwd or REPO, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def one_line_error(proc, *needles) -> None:
+    """A CLI refusal as a user sees it: exit 2, no traceback, one ``error:`` line holding every needle."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import DEMO_CONFIG, REPO, demo_overrides, run_tool
+from conftest import DEMO_CONFIG, REPO, demo_overrides, one_line_error, run_tool
 
 
 def test_help_is_fast_and_does_not_import_paddle():
@@ -32,33 +32,24 @@ def test_console_script_help_under_two_seconds():
     assert time.time() - t < 2.0
 
 
-def _one_line_error(proc, *needles):
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 def test_missing_config():
-    _one_line_error(run_tool(["tools/train.py", "-c", "configs/nope.yml"]), "configs/nope.yml")
+    one_line_error(run_tool(["tools/train.py", "-c", "configs/nope.yml"]), "configs/nope.yml")
 
 
 def test_unknown_override_key(small_demo):
     proc = run_tool(["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "epochz=3"])
-    _one_line_error(proc, "epochz")
+    one_line_error(proc, "epochz")
 
 
 def test_missing_dataset_dir(tmp_path):
     proc = run_tool(["tools/train.py", "-c", str(DEMO_CONFIG), "-o", f"TrainDataset.dataset_dir={tmp_path}/none"])
-    _one_line_error(proc, f"{tmp_path}/none")
+    one_line_error(proc, f"{tmp_path}/none")
 
 
 def test_missing_annotation_file(small_demo, tmp_path):
     proc = run_tool(["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
                      "TrainDataset.anno_path=annotations/missing.json"])
-    _one_line_error(proc, "annotations/missing.json")
+    one_line_error(proc, "annotations/missing.json")
 
 
 def test_image_dir_without_images(small_demo, tmp_path):
@@ -66,18 +57,18 @@ def test_image_dir_without_images(small_demo, tmp_path):
     empty.mkdir()
     proc = run_tool(["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
                      f"TrainDataset.image_dir={empty}"])
-    _one_line_error(proc, str(empty))
+    one_line_error(proc, str(empty))
 
 
 def test_missing_weights_for_eval(small_demo, tmp_path):
     proc = run_tool(["tools/eval.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
                      "--weights", str(tmp_path / "none.pdparams")])
-    _one_line_error(proc, "none.pdparams")
+    one_line_error(proc, "none.pdparams")
 
 
 def test_global_batch_not_divisible_is_one_line(small_demo):
     proc = run_tool(["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "--batch", "0"])
-    _one_line_error(proc, "--batch 0")
+    one_line_error(proc, "--batch 0")
 
 
 def test_data_demo_command(tmp_path):
@@ -89,7 +80,7 @@ def test_data_demo_command(tmp_path):
 
 
 def test_data_demo_bad_size(tmp_path):
-    _one_line_error(run_tool(["-m", "ppmulti.cli", "data", "demo", str(tmp_path / "d"), "--size", "8"]), "size")
+    one_line_error(run_tool(["-m", "ppmulti.cli", "data", "demo", str(tmp_path / "d"), "--size", "8"]), "size")
 
 
 @pytest.mark.slow

@@ -188,23 +188,17 @@ def _processes_mentioning(marker: str) -> list[int]:
     return pids
 
 
-def test_sigterm_saves_the_interrupted_epoch_and_it_resumes(small_demo, tmp_path):
-    """Issue 6: SIGTERM to the launcher ends every process within seconds, after rank 0 saved a checkpoint
-    of the interrupted epoch; --resume finishes the run from there."""
+def _sigterm_when_logged(tmp_path, train_args, log, text: str) -> tuple[int, float]:
+    """Launch 2 ranks, send SIGTERM to the launcher once ``text`` is in ``log``; (exit code, seconds to exit)."""
     import signal
     import time
 
-    import paddle
-
-    out = tmp_path / "run"
     launches = Launches(tmp_path)
     try:
-        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
-                              *_train_args(small_demo, out, "--batch", "8", "--epochs", "20"), env=_env())
-        log = out / "train.log"
+        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), *train_args, env=_env())
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
-            if log.is_file() and "epoch 2/20 step 2/6" in log.read_text():
+            if log.is_file() and text in log.read_text():
                 break
             time.sleep(0.2)
         assert proc.poll() is None, launches.output(proc)[-3000:]
@@ -213,12 +207,23 @@ def test_sigterm_saves_the_interrupted_epoch_and_it_resumes(small_demo, tmp_path
         code = launches.wait(proc, 60)
         took = time.time() - sent
         time.sleep(0.5)
-        left = _processes_mentioning(str(out))
     finally:
         launches.close()
+    return code, took
+
+
+def test_sigterm_saves_the_interrupted_epoch_and_it_resumes(small_demo, tmp_path):
+    """Issue 6: SIGTERM to the launcher ends every process within seconds, after rank 0 saved a checkpoint
+    of the interrupted epoch; --resume finishes the run from there."""
+    import paddle
+
+    out = tmp_path / "run"
+    code, took = _sigterm_when_logged(tmp_path, _train_args(small_demo, out, "--batch", "8", "--epochs", "20"),
+                                      out / "train.log", "epoch 2/20 step 2/6")
+    left = _processes_mentioning(str(out))
     assert code != 0 and took < 20, (code, took)
     assert not left, f"processes left behind: {left}"
-    text = log.read_text()
+    text = (out / "train.log").read_text()
     assert "SIGTERM: stopped in epoch 2 after step" in text, text[-2000:]
     state = paddle.load(str(out / "weights" / "last.pdstate"))["train"]
     assert state["epoch"] == 1 and 0 < state["step_in_epoch"] < 6
@@ -288,32 +293,15 @@ def test_yolov5_launch_line_two_ranks(small_demo, tmp_path):
 def test_sigterm_with_epochs_shorter_than_log_iter_stops_at_the_epoch_end(small_demo, tmp_path):
     """Ranks agree on a stop every log_iter steps; with log_iter (50) longer than an epoch (6 steps) they
     still agree at the epoch's end, so SIGTERM saves a checkpoint instead of waiting for the launcher's kill."""
-    import signal
-    import time
 
     import paddle
 
     out = tmp_path / "run"
     args = [str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "log_iter=50",
             "--batch", "8", "--epochs", "20", "--output", str(out)]
-    launches = Launches(tmp_path)
-    try:
-        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), *args, env=_env())
-        log = out / "train.log"
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            if log.is_file() and "epoch 1 done" in log.read_text():
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, launches.output(proc)[-3000:]
-        sent = time.time()
-        proc.send_signal(signal.SIGTERM)
-        code = launches.wait(proc, 60)
-        took = time.time() - sent
-    finally:
-        launches.close()
+    code, took = _sigterm_when_logged(tmp_path, args, out / "train.log", "epoch 1 done")
     assert code != 0 and took < 25, (code, took)
-    text = log.read_text()
+    text = (out / "train.log").read_text()
     stopped = re.search(r"SIGTERM: stopped after epoch (\d+)", text)
     assert stopped, text[-2000:]
     state = paddle.load(str(out / "weights" / "last.pdstate"))["train"]

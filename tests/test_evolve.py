@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import one_line_error
 from ppmulti import env as E
 from ppmulti.errors import UserError
 from ppmulti.runs.evolve import EvolveStore
@@ -25,15 +26,6 @@ def _cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = No
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "ppmulti.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full)
-
-
-def _one_line_error(proc, *needles):
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 # ----------------------------------------------------------------------------- pure planning
@@ -91,13 +83,13 @@ def test_only_hyps_that_act_here_are_mutated():
     (["--generations", "2", "--", "--cfg", "yolov5n", "--hyp", "nope.yaml"], "nope.yaml"),
 ])
 def test_evolve_bad_input_is_one_line(tmp_path, args, needle):
-    _one_line_error(_cli(["evolve", *args], tmp_path), needle)
+    one_line_error(_cli(["evolve", *args], tmp_path), needle)
 
 
 def test_other_hyp_set_in_the_same_project_is_refused(tmp_path):
     EvolveStore(tmp_path / "evolve.csv").append({"mAP50": 0.1, "mAP50_95": 0.1}, {"lr0": 0.01})
     proc = _cli(["evolve", "--generations", "2", "--project", str(tmp_path), "--", "--cfg", "yolov5n"], tmp_path)
-    _one_line_error(proc, "other hyperparameters")
+    one_line_error(proc, "other hyperparameters")
 
 
 # ----------------------------------------------------------------------------- the budget across processes

@@ -116,14 +116,9 @@ def probe_train(ns, train_argv: list[str]) -> dict:
             **usage}
 
 
-def probe_ppdet(ns, train_argv: list[str]) -> dict:
-    """ppdet's Trainer on the config ppmulti would train (same edits, batch and threads)."""
-    import paddle
-    from ppdet.engine import Trainer
-    from ppdet.engine.callbacks import Callback, ComposeCallback
-
+def _ppdet_config(ns, train_argv: list[str]):
+    """The config ppmulti would train, loaded for ppdet's own pieces: (options, cfg) with the batch and workers."""
     from ppmulti import config as config_mod
-    from ppmulti import dist
 
     opts = _train_args(train_argv, ns.one_size)
     cfg = config_mod.load(opts.config, opts.overrides)
@@ -133,6 +128,18 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
         cfg.TrainReader["batch_size"] = int(opts.batch)
     if opts.workers is not None:
         cfg["worker_num"] = int(opts.workers)
+    return opts, cfg
+
+
+def probe_ppdet(ns, train_argv: list[str]) -> dict:
+    """ppdet's Trainer on the config ppmulti would train (same edits, batch and threads)."""
+    import paddle
+    from ppdet.engine import Trainer
+    from ppdet.engine.callbacks import Callback, ComposeCallback
+
+    from ppmulti import dist
+
+    opts, cfg = _ppdet_config(ns, train_argv)
     paddle.set_device("cpu")
     threads = dist.set_cpu_threads(1)
     paddle.seed(opts.seed)
@@ -166,17 +173,9 @@ def probe_loader(ns, train_argv: list[str]) -> dict:
     """The loader alone, built as the Trainer builds it (same reader, batch, worker_num)."""
     from ppdet.core.workspace import create
 
-    from ppmulti import config as config_mod
     from ppmulti import dist
 
-    opts = _train_args(train_argv, ns.one_size)
-    cfg = config_mod.load(opts.config, opts.overrides)
-    if opts.config_edit:
-        opts.config_edit(cfg)
-    if opts.batch:
-        cfg.TrainReader["batch_size"] = int(opts.batch)
-    if opts.workers is not None:
-        cfg["worker_num"] = int(opts.workers)
+    opts, cfg = _ppdet_config(ns, train_argv)
     dist.set_cpu_threads(1)
     dataset = create("TrainDataset")()
     loader = create("TrainReader")(dataset, cfg.get("worker_num", 0))
