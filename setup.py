@@ -19,7 +19,7 @@ REQUIRES = [
     "lap<0.5.13",                # same segfault as pycocotools in newer builds
     "scikit-learn<1.6",          # paddledet needs the real sklearn; it only pulls the empty stub
     "visualdl",                  # training dashboards
-    "filelock",                  # shared evolve.csv across workers
+    "filelock>=3.11",            # shared evolve.csv across workers (thread-local locks: workers are threads)
     "tqdm",                      # progress bars
     "matplotlib",                # results.png, PR_curve.png, evolve plots (visualdl pulls it too; we import it)
     "PyYAML",                    # configs and dataset yamls

@@ -15,7 +15,7 @@ What is compared
     the same way around its epoch loop). The cases alternate (A B C A B C ...) so background load hits all.
     Threads: torch takes every core in YOLOv5's one process (reported from torch.get_num_threads() inside the
     run); ppmulti's ranks are pinned to cores // ranks through PPMULTI_CPU_THREADS (--threads-auto: ppmulti's
-    own rule, which gives 1 thread per rank when the load average is above the cores).
+    own rule, the same share unless PPMULTI_CPU_THREADS is set in the environment).
     Known difference: YOLOv5 accumulates gradients to a nominal batch of 64 (one optimizer step per 4 batches
     of 16 once its 100-iteration warm-up is over); ppmulti steps every batch.
 

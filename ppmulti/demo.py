@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from ppmulti.dist import usable_cores
 from ppmulti.errors import UserError
 from ppmulti.paths import TRAIN_SCRIPT, config_path
 
@@ -20,9 +21,7 @@ def _fmt_duration(seconds: float) -> str:
 
 def default_nproc() -> int:
     """Two ranks where two cores exist: one Paddle CPU process uses about one core (see STACK notes)."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return 2 if cores >= 2 else 1
 
 

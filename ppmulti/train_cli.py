@@ -61,7 +61,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
                         config_edit=yolo_flags.config_edit(args) if yolo_flags.wants_edit(args) else None,
                         nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
-                        patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None))
+                        patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
+                        noplots=getattr(args, "noplots", False))
 
 
 def newest_run(output: str | None) -> Path:

@@ -162,7 +162,7 @@ def test_short_yolov5_training_from_flags(small_demo, tmp_path, repo):
     cmd = [sys.executable, str(repo / "tools/train.py"), "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n",
            "--weights", "", "--img", "128", "--epochs", "2", "--batch", "8", "--hyp",
            str(repo / "configs/hyps/hyp.demo.yaml"), "--optimizer", "AdamW", "--cos-lr", "--device", "cpu",
-           "--workers", "0", "--project", str(tmp_path / "runs"), "--name", "exp", "--save-period", "1"]
+           "--workers", "0", "--project", str(tmp_path / "runs"), "--name", "exp", "--save-period", "1", "--noplots"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "runs" / "exp"
@@ -171,6 +171,7 @@ def test_short_yolov5_training_from_flags(small_demo, tmp_path, repo):
     rows = (run / "results.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[1].split(",")[3] != ""           # validated every epoch (YOLOv5's default)
     assert (run / "weights" / "epoch1.pdparams").is_file() and (run / "weights" / "epoch2.pdparams").is_file()
+    assert not (run / "results.png").exists() and not (run / "PR_curve.png").exists()   # --noplots
     log = (run / "train.log").read_text()
     assert "train: 48 images" in log and "hyp warmup_bias_lr=0.1 has no effect here" in log
     resolved = (run / "config.yml").read_text()

@@ -256,8 +256,9 @@ class VisualDLHook(Hook):
 
 
 class PlotsHook(Hook):
-    """Rank 0 draws ``results.png`` from results.csv on every evaluated epoch and at the end (matplotlib
-    costs a fraction of a second, so not on every epoch), and ``PR_curve.png`` from each evaluation."""
+    """Rank 0 draws ``results.png`` from results.csv and ``PR_curve.png`` on every evaluated epoch (matplotlib
+    costs a fraction of a second, so not on every epoch). The last epoch always evaluates, so the final
+    plots need no drawing of their own."""
 
     def after_epoch(self, trainer, stats) -> None:
         if not dist.is_main() or not stats.metrics:
@@ -268,10 +269,6 @@ class PlotsHook(Hook):
             from ppmulti.engine.plots import PR_PNG, plot_pr
 
             self._guard(plot_pr, curve, Path(trainer.run_dir) / PR_PNG)
-
-    def after_train(self, trainer) -> None:
-        if dist.is_main():
-            self._results(trainer)
 
     def _results(self, trainer) -> None:
         from ppmulti.engine.plots import RESULTS_PNG, plot_results

@@ -43,6 +43,7 @@ class TrainOptions:
     save_period: int = -1           # also keep weights/epochN every N epochs
     patience: int | None = None     # stop after N validated epochs without a better fitness
     freeze: list[int] | None = None  # backbone layers to freeze: [N] = the first N, else indices
+    noplots: bool = False           # no results.png / PR_curve.png (YOLOv5's --noplots; evolution candidates)
 
 
 @dataclass
@@ -297,7 +298,10 @@ class Trainer:
             getattr(hook, name)(self, *args)
 
     def default_hooks(self) -> None:
-        self.register(ConsoleLogHook(), CheckpointHook(), ResultsHook(), PlotsHook(), VisualDLHook())
+        self.register(ConsoleLogHook(), CheckpointHook(), ResultsHook())
+        if not self.opts.noplots:
+            self.register(PlotsHook())   # after ResultsHook: it draws from the results.csv just written
+        self.register(VisualDLHook())
 
     def train(self) -> dict:
         """Run every remaining epoch; return the final metrics (as written to metrics.json)."""
@@ -377,9 +381,9 @@ class Trainer:
             t_data = time.time()
         seconds = time.time() - tic
         losses = {k: float(v.numpy().reshape(-1)[0]) / max(n, 1) for k, v in sums.items()}
-        images = dist.all_reduce_sum([n * self.batch.per_rank])[0]
-        # [hooks] one gather per epoch: every rank's (images, seconds), for the slowest and per-rank figures
+        # one gather per epoch: every rank's (images, seconds) -> the total, the slowest and per-rank figures
         done = dist.all_gather_object((n * self.batch.per_rank, seconds))
+        images = sum(i for i, _ in done)
         slowest = max(s for _, s in done)
         return EpochStats(epoch=epoch, losses=losses, lr=float(self.optimizer.get_lr()),
                           images_per_s=images / slowest if slowest > 0 else 0.0, seconds=slowest,

@@ -317,7 +317,7 @@ def console_tty() -> str | None:
         return None
 
 
-def _stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
+def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
     """SIGTERM the launcher's group (Paddle stops its workers), then SIGKILL what is left."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
@@ -487,12 +487,12 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
                 elif time.monotonic() > deadline:
                     _log(f"no rank started on node {plan.node_rank} within {plan.rdzv_timeout:g}s after all "
                          f"nodes joined: Paddle's own rendezvous is stuck (did a node stop?); stopping", out)
-                    _stop(proc)
+                    stop_group(proc)
                     return 1
     finally:
         for sig, old in handlers.items():
             signal.signal(sig, old)
         if proc.poll() is None:
-            _stop(proc)
+            stop_group(proc)
         if os.path.exists(ready):
             os.unlink(ready)

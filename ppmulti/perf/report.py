@@ -47,7 +47,7 @@ def markdown(result: dict) -> str:
                      f"{a['share_of_step']:.1%} of a step | |")
     if "bound" in result:
         b = result["bound"]
-        lines += ["", f"CPU per image: training {result['rows'][0]['cpu_s_per_img'] * 1e3:.0f} ms (rank 0, one thread), "
+        lines += ["", f"CPU per image: training {b['train_cpu_s_per_img'] * 1e3:.0f} ms (rank 0, one thread), "
                   f"loading {ld['cpu_s_per_img'] * 1e3:.0f} ms. With {b['ranks']} ranks on {b['ranks']} cores every "
                   f"image's compute and loading share those cores: at most {b['speedup']:.2f}x one rank "
                   f"(loading = {b['load_over_compute']:.0%} of compute), whatever else is tuned."]

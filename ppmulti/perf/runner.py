@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ppmulti.dist import usable_cores
 from ppmulti.errors import UserError
+from ppmulti.launch.runner import stop_group
 
 PROBE = Path(__file__).resolve().with_name("probe.py")
 _PORT_RACE = "Connection refused"
@@ -110,15 +112,21 @@ def run_case(plan: BenchPlan, kind: str, model: str, ranks: int, data: Path, wor
     for attempt in range(2):
         case = Case(kind, model, ranks, started_at=time.time())
         with open(log, "wb") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=_env(plan),
-                                  timeout=plan.timeout)
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=_env(plan),
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=plan.timeout)
+            except subprocess.TimeoutExpired:
+                # SIGTERM to the case's group reaches ppmulti launch, which stops Paddle's launcher and ranks
+                stop_group(proc)
+                raise RuntimeError(f"bench case {kind} {model} x{ranks} took over {plan.timeout:.0f} s; log {log}") from None
         case.wall_s = time.time() - case.started_at
         # gloo picks its ports at random: on a crowded machine two ranks sometimes miss each other at
         # start-up (connect ... refused). That is the launch, not the figure being measured: once more.
         text = log.read_text(errors="replace") if proc.returncode else ""
         if not (ranks > 1 and attempt == 0 and _PORT_RACE in text):
             break
-    files = [out] if out.suffix == ".json" and out.is_file() else sorted(out.glob("rank*.json"))
+    files = sorted(out.glob("rank*.json"))
     if proc.returncode != 0 or len(files) != ranks:
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
         raise RuntimeError(f"bench case {kind} {model} x{ranks} failed (exit {proc.returncode}, "
@@ -209,7 +217,7 @@ def summarise(plan: BenchPlan, cases: list[Case]) -> dict:
     loader = _median([c.rank0["img_s"] for c in pick("loader")])
     allreduce = pick("allreduce")
     result = {"plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in plan.__dict__.items()},
-              "machine": {"cores": len(os.sched_getaffinity(0)), "load_1min": os.getloadavg()[0]},
+              "machine": {"cores": usable_cores(), "load_1min": os.getloadavg()[0]},
               "rows": rows,
               "ppdet": {"model": first, "ppdet_img_s": ppdet, "ppmulti_img_s": one["img_s"] if one else 0.0,
                         "ratio": (one["img_s"] / ppdet) if one and ppdet else 0.0},
@@ -224,7 +232,7 @@ def summarise(plan: BenchPlan, cases: list[Case]) -> dict:
         # one rank computes on one core while its loader worker uses another; N ranks on N cores must fit
         # compute and loading of every image into those cores: at most N / (1 + load/compute) x one rank
         n = min(cores, max(plan.ranks))
-        result["bound"] = {"ranks": n, "speedup": n / (1.0 + load_cpu / train_cpu),
+        result["bound"] = {"ranks": n, "speedup": n / (1.0 + load_cpu / train_cpu), "train_cpu_s_per_img": train_cpu,
                            "load_over_compute": load_cpu / train_cpu}
     for model in plan.models:
         r1 = next((r for r in rows if r["model"] == model and r["ranks"] == 1), None)

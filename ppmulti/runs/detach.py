@@ -106,7 +106,8 @@ class Run:
         return (self.record / "stop.json").is_file()
 
     def alive(self) -> bool:
-        return proc_start(self.pid) == self.info.get("pid_start")
+        started = proc_start(self.pid)   # None when gone (or never read): never "alive" by None == None
+        return started is not None and started == self.info.get("pid_start")
 
     @property
     def run_dir(self) -> Path | None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ppmulti import env as E
+from ppmulti.dist import usable_cores
 from ppmulti.errors import UserError, exit_on_user_error
 from ppmulti.paths import CONFIGS
 
@@ -94,7 +95,7 @@ def plan_slots(devices: str, per_device: int = 1, group: int = 1, workers: int |
         if group != 1:
             raise UserError("--devices-per-worker is for GPUs; on CPU each candidate is one process")
         n *= per_device
-        cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        cores = cores or usable_cores()
         # Paddle takes every core per process by default: share them instead of oversubscribing
         env = () if environ.get(E.PPMULTI_CPU_THREADS) else ((E.PPMULTI_CPU_THREADS, str(max(1, cores // n))),)
         return [Slot(f"cpu#{i}", ("--device", "cpu"), env) for i in range(n)]
@@ -513,6 +514,7 @@ def run_evolution(spec: EvolveSpec, out=None) -> int:
 # ----------------------------------------------------------------------------- `ppmulti evolve`
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,   # `--det` must not pass for --detach: the child would detach again, and again
         prog="ppmulti evolve", description=HELP + ". Flags before -- are the evolution's; the training's "
         "(tools/train.py's, including its own --workers for data loading) come after --.",
         usage="ppmulti evolve [--devices cpu|0,1,...] [--workers N] [--per-device K] --generations N "
