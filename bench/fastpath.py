@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ppmulti.env import KMP_BLOCKTIME, PPMULTI_CPU_THREADS  # noqa: E402
+from ppmulti.env import KMP_BLOCKTIME, PPMULTI_CPU_CONV, PPMULTI_CPU_THREADS  # noqa: E402
 from ppmulti.perf import runner  # noqa: E402
 
 FIXED = str(REPO / "bench/configs/demo_fixed160.yml")
@@ -43,6 +43,10 @@ CASES = {
     "1 rank, 2 threads, idle threads sleep (after)": (DEMO, 1, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "0"}, 1, []),
     "2 ranks, 2 threads each, spinning 200 ms": (DEMO, 2, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "200"}, 1, []),
     "2 ranks, 2 threads each, idle threads sleep": (DEMO, 2, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "0"}, 1, []),
+    "1 rank, Paddle's conv2d (before)": (DEMO, 1, {PPMULTI_CPU_CONV: "paddle"}, 1, []),
+    "1 rank, oneDNN conv op (after)": (DEMO, 1, {PPMULTI_CPU_CONV: "onednn"}, 1, []),
+    "2 ranks, Paddle's conv2d (before)": (DEMO, 2, {PPMULTI_CPU_CONV: "paddle"}, 1, []),
+    "2 ranks, oneDNN conv op (after)": (DEMO, 2, {PPMULTI_CPU_CONV: "onednn"}, 1, []),
 }
 
 

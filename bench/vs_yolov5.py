@@ -326,7 +326,8 @@ def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
     return threads, env
 
 
-def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path, auto_threads: bool) -> dict:
+def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path, auto_threads: bool,
+                paddle_conv: bool = False) -> dict:
     import csv
 
     out.mkdir(parents=True, exist_ok=True)
@@ -337,6 +338,8 @@ def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: 
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     threads, env = ppmulti_threads(nproc, auto_threads)
+    if paddle_conv:   # Paddle's own conv2d kernel instead of ppmulti's oneDNN op (ppmulti/ops)
+        env = {**env, "PPMULTI_CPU_CONV": "paddle"}
     _run(cmd, out / "log.txt", env=env)
     with open(out / "run" / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -398,6 +401,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="alternations of yolov5 / ppmulti x1 / ppmulti xN")
     ap.add_argument("--nproc", type=int, default=2, help="ranks of the multi-process ppmulti case (0: skip)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "vs_yolov5.json"))
+    ap.add_argument("--paddle-conv", action="store_true",
+                    help="add a 1-process ppmulti case on Paddle's own conv2d kernel (PPMULTI_CPU_CONV=paddle), "
+                         "to measure the oneDNN op's gain in the same run")
     ap.add_argument("--threads-auto", action="store_true",
                     help="let ppmulti pick its threads (default: pinned to cores // ranks, as torch takes all cores)")
     ap.add_argument("--check-convert", action="store_true",
@@ -437,6 +443,8 @@ def main(argv: list[str] | None = None) -> None:
     if not exists(data, "yolo"):
         generate(data, fmt="yolo", n_train=args.train, n_val=16, size=256)
     cases = [("yolov5", 1), ("ppmulti", 1)] + ([("ppmulti", args.nproc)] if args.nproc > 1 else [])
+    if args.paddle_conv:
+        cases.append(("ppmulti-paddleconv", 1))
     runs: dict[str, list[dict]] = {}
     for img in args.img:
         for r in range(args.rounds):
@@ -444,7 +452,8 @@ def main(argv: list[str] | None = None) -> None:
                 key, out = f"{side}/{n}@{img}", tmp / f"{side}{n}_{img}_{r}"
                 t = time.time()
                 res = (run_yolov5(python, yolov5, data, img, args.batch, args.epochs, out) if side == "yolov5"
-                       else run_ppmulti(n, data, img, args.batch, args.epochs, out, args.threads_auto))
+                       else run_ppmulti(n, data, img, args.batch, args.epochs, out, args.threads_auto,
+                                        paddle_conv=side == "ppmulti-paddleconv"))
                 res["round"] = r
                 runs.setdefault(key, []).append(res)
                 print(f"round {r + 1}/{args.rounds} img {img} {side} x{n}: {res['images'] / res['seconds']:.2f} "
@@ -491,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
           "| per round |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        name = "ultralytics/yolov5" if r["side"] == "yolov5" else "ppmulti"
+        name = {"yolov5": "ultralytics/yolov5", "ppmulti-paddleconv": "ppmulti, Paddle's conv2d"}.get(r["side"], "ppmulti")
         print(f"| {name} | {r['processes']} | {r['threads_per_process']} | {r['img']} | {r['images_per_s']:.2f} | "
               f"{r['ratio_vs_yolov5']:.2f} | {r['median_per_round_ratio']:.2f} | "
               f"{', '.join(f'{v:.2f}' for v in r['per_round_images_per_s'])} |")

@@ -396,3 +396,32 @@ def test_detached_launch_from_a_terminal_prints_plain_lines_to_its_log(tmp_path)
     assert b"started run" in shown and b"epoch" not in shown       # the id line only, nothing drawn
     text = "".join(p.read_text() for p in exits[0].parent.iterdir() if p.suffix == ".log")
     assert "epoch 1/2 step 2/4 loss=1.5000" in text and "eval 6/6" in text and "\r" not in text
+
+
+def test_bars_are_taken_down_when_training_raises(rank_log):
+    """A crash or Ctrl-C mid-epoch: Trainer.train's ``close`` gives the console handler back, no bar left open."""
+    import logging
+
+    from ppmulti.engine.hooks import ConsoleLogHook
+    from ppmulti.engine.trainer import Trainer
+
+    hook = ConsoleLogHook(stream=_Tty())
+    trainer = Trainer.__new__(Trainer)   # only what train() touches before its first epoch
+    fake = _trainer()
+    trainer.hooks, trainer.cfg, trainer.steps_per_epoch = [hook], fake.cfg, 4
+    trainer.batch = SimpleNamespace(global_batch=8, per_rank=8)
+    trainer.world, trainer.conv_kernel = 1, None
+    trainer.lr_plan = SimpleNamespace(describe=lambda: "lr")
+    trainer.state = SimpleNamespace(epoch=0)
+
+    def crash(epoch, epochs, snapshot):
+        hook.after_step(trainer, epoch, 0, {"loss": _Loss(1.0)}, 0.001, 0.0)   # a bar is open now
+        assert hook.bar is not None
+        raise KeyboardInterrupt
+
+    trainer._run_epoch = crash
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert hook.bar is None and hook.bars is None
+    logging.getLogger("ppmulti").info("after the crash")
+    assert "after the crash" in rank_log[1].getvalue()   # the plain console handler is back

@@ -90,6 +90,19 @@ def test_model_uses_yolov5_batchnorm_and_bias_priors():
         assert np.all(np.abs(bias[:, 5:] - cls_prior) <= bound + 1e-6)
 
 
+def test_every_conv_block_uses_fused_silu_with_the_same_values():
+    from ppdet.modeling.backbones.csp_darknet import BaseConv
+
+    _, model = _build("n")
+    blocks = [m for m in model.sublayers() if type(m) is BaseConv]
+    assert blocks and all("forward" in m.__dict__ for m in blocks)   # backbone and neck alike
+    model.eval()
+    x = paddle.randn([1, 16, 8, 8])
+    block = next(m for m in blocks if m.conv.weight.shape[1] == 16)
+    y = block.bn(block.conv(x))
+    np.testing.assert_allclose(block(x).numpy(), (y * paddle.nn.functional.sigmoid(y)).numpy(), atol=1e-6)
+
+
 @pytest.mark.parametrize("size", ["n", "s"])
 def test_forward_train_and_eval(size):
     # score_threshold 0 keeps every candidate, so decoding and NMS run on real boxes

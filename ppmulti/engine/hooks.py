@@ -26,6 +26,9 @@ class Hook:
 
     def after_train(self, trainer) -> None: ...
 
+    def close(self, trainer) -> None:
+        """Always last, after ``after_train`` or when training raised: give back what ``before_train`` took."""
+
 
 class ConsoleLogHook(Hook):
     """Every ``log_iter`` steps: losses, lr, throughput (this rank's log; rank 0's is the console).
@@ -35,6 +38,8 @@ class ConsoleLogHook(Hook):
 
     def __init__(self, stream=None):
         self.stream = stream   # the console; None: sys.stdout (tests pass their own)
+        self.bar = None
+        self.bars = None
 
     def before_train(self, trainer) -> None:
         from ppmulti.engine.progress import ConsoleBars, wants_bars
@@ -88,6 +93,10 @@ class ConsoleLogHook(Hook):
         self.steps = 0
 
     def after_train(self, trainer) -> None:
+        self.close(trainer)
+
+    def close(self, trainer) -> None:
+        # also on an exception or Ctrl-C: stdout, stderr and the console handler must not stay wrapped
         self._close_bar()
         if self.bars is not None:
             self.bars.__exit__(None, None, None)

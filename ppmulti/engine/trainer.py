@@ -189,6 +189,11 @@ class Trainer:
         if self.opts.freeze:
             freeze_backbone(self.model, self.opts.freeze)
         self._maybe_sync_bn()
+        self.conv_kernel = None
+        if self.device == "cpu":
+            from ppmulti.ops.conv import setup_cpu_convs
+
+            self.conv_kernel = setup_cpu_convs(self.model)
 
         self.lr = create("LearningRate")(self.steps_per_epoch)
         self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
@@ -310,20 +315,25 @@ class Trainer:
         log.info("world size %d, global batch %d (%d per rank), %d steps per epoch; %s",
                  self.world, self.batch.global_batch, self.batch.per_rank, self.steps_per_epoch,
                  self.lr_plan.describe())
-        self._call("before_train")
-        epochs = int(self.cfg["epoch"])
-        snapshot = max(1, int(self.cfg.get("snapshot_epoch", 1)))
-        self.last_metrics = None
-        self.stopping_early = False
-        with _StopRequests() as self.stop_requests:
-            for epoch in range(self.state.epoch, epochs):
-                self._run_epoch(epoch, epochs, snapshot)
-                if self.stopping_early:
-                    break
-                # ranks agree every log_iter steps inside an epoch; an epoch shorter than that still ends here
-                if epoch + 1 < epochs and self.stop_requests.agreed():
-                    self._stop_on_request(epoch, None)
-        self._call("after_train")
+        if self.conv_kernel:
+            log.info("CPU convolutions: %s", self.conv_kernel)
+        try:
+            self._call("before_train")
+            epochs = int(self.cfg["epoch"])
+            snapshot = max(1, int(self.cfg.get("snapshot_epoch", 1)))
+            self.last_metrics = None
+            self.stopping_early = False
+            with _StopRequests() as self.stop_requests:
+                for epoch in range(self.state.epoch, epochs):
+                    self._run_epoch(epoch, epochs, snapshot)
+                    if self.stopping_early:
+                        break
+                    # ranks agree every log_iter steps inside an epoch; an epoch shorter than that ends here
+                    if epoch + 1 < epochs and self.stop_requests.agreed():
+                        self._stop_on_request(epoch, None)
+            self._call("after_train")
+        finally:
+            self._call("close")
         return self.final_metrics
 
     def _run_epoch(self, epoch: int, epochs: int, snapshot: int) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import types
 from typing import Sequence
 
 import paddle.nn as nn
+import paddle.nn.functional as F
 from ppdet.core.config.schema import SchemaDict
 from ppdet.core.workspace import global_config, register, serializable
-from ppdet.modeling.backbones.csp_darknet import CSPDarkNet
+from ppdet.modeling.backbones.csp_darknet import BaseConv, CSPDarkNet
 from ppdet.modeling.necks.yolo_fpn import YOLOCSPPAN
 
-__all__ = ["register_once", "set_batchnorm", "YOLOv5CSPDarkNet", "YOLOv5CSPPAN"]
+__all__ = ["register_once", "set_batchnorm", "fuse_silu", "YOLOv5CSPDarkNet", "YOLOv5CSPPAN"]
 
 # YOLOv5 builds every BatchNorm with eps 1e-3 and PyTorch momentum 0.03; Paddle's momentum is the
 # weight of the running value, so the same update is 0.97. ppdet's BaseConv keeps Paddle's
@@ -55,6 +57,24 @@ def set_batchnorm(layer: nn.Layer, eps: float, momentum: float) -> int:
     return count
 
 
+def _conv_bn_silu(self, x):
+    return F.silu(self.bn(self.conv(x)))
+
+
+def fuse_silu(layer: nn.Layer) -> int:
+    """Make every ppdet BaseConv below ``layer`` apply SiLU as Paddle's one fused op.
+
+    ppdet's BaseConv computes ``x * sigmoid(x)``: two forward and two backward ops with a temporary in
+    between, where ``F.silu`` is one each (the same values). Returns how many layers were changed.
+    """
+    count = 0
+    for sub in layer.sublayers(include_self=True):
+        if type(sub) is BaseConv:
+            sub.forward = types.MethodType(_conv_bn_silu, sub)
+            count += 1
+    return count
+
+
 @register_once
 @serializable
 class YOLOv5CSPDarkNet(CSPDarkNet):
@@ -78,6 +98,7 @@ class YOLOv5CSPDarkNet(CSPDarkNet):
         super().__init__(arch=arch, depth_mult=depth_mult, width_mult=width_mult, depthwise=depthwise,
                          act=act, trt=trt, return_idx=list(return_idx))
         set_batchnorm(self, bn_eps, bn_momentum)
+        fuse_silu(self)
 
 
 @register_once
@@ -104,3 +125,4 @@ class YOLOv5CSPPAN(YOLOCSPPAN):
         super().__init__(depth_mult=depth_mult, in_channels=list(in_channels), depthwise=depthwise,
                          data_format=data_format, act=act, trt=trt)
         set_batchnorm(self, bn_eps, bn_momentum)
+        fuse_silu(self)

@@ -1,0 +1,189 @@
+// ppmulti's CPU convolution for training: forward and both backward passes through oneDNN.
+//
+// Paddle 2.6's dygraph conv2d on CPU is im2col + GEMM per image, with im2col/col2im on one thread;
+// its own oneDNN kernels are only reachable from static programs. This op runs oneDNN's direct
+// convolution (the primitives PyTorch's CPU conv uses) on the libdnnl that ships inside Paddle's wheel.
+// Scope: float32, NCHW, groups 1, dilation 1, symmetric padding, no bias; ppmulti/ops/conv.py decides
+// which layers qualify.
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl_config.h"
+// Paddle's libdnnl is built without the experimental sparse API that the PyPI headers switch on.
+#undef DNNL_EXPERIMENTAL_SPARSE
+#include "oneapi/dnnl/dnnl.hpp"
+#include "paddle/extension.h"
+#include "paddle/phi/core/dense_tensor.h"
+
+namespace {
+
+using dnnl::memory;
+using Tag = dnnl::memory::format_tag;
+using DType = dnnl::memory::data_type;
+using Dims = std::vector<int64_t>;
+
+dnnl::engine& Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// One convolution shape: its three primitives and the plain layouts Paddle's tensors have.
+struct ConvPlan {
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights bwd_weights;
+  memory::desc x_plain, w_plain, y_plain;
+};
+
+Dims OutShape(const Dims& x, const Dims& w, const std::vector<int>& strides, const std::vector<int>& pads) {
+  return {x[0], w[0], (x[2] + 2 * pads[0] - w[2]) / strides[0] + 1, (x[3] + 2 * pads[1] - w[3]) / strides[1] + 1};
+}
+
+// Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
+std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
+                                  const std::vector<int>& pads) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<ConvPlan>> plans;
+  std::string key;
+  for (const auto& part : {x, w}) {
+    for (auto v : part) key += std::to_string(v) + ",";
+  }
+  for (const auto& part : {strides, pads}) {
+    for (auto v : part) key += std::to_string(v) + ";";
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto found = plans.find(key);
+  if (found != plans.end()) return found->second;
+
+  const Dims y = OutShape(x, w, strides, pads);
+  const memory::dims stride{strides[0], strides[1]};
+  const memory::dims pad{pads[0], pads[1]};
+  // "any": oneDNN picks its blocked layouts; Reordered() below converts at the edges
+  const auto x_any = memory::desc(x, DType::f32, Tag::any);
+  const auto w_any = memory::desc(w, DType::f32, Tag::any);
+  const auto y_any = memory::desc(y, DType::f32, Tag::any);
+  auto plan = std::make_shared<ConvPlan>();
+  const auto algo = dnnl::algorithm::convolution_direct;
+  plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
+      Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, y_any, stride, pad, pad);
+  plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd);
+  plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd);
+  plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
+  plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
+  plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
+  plan->x_plain = memory::desc(x, DType::f32, Tag::nchw);
+  plan->w_plain = memory::desc(w, DType::f32, Tag::oihw);
+  plan->y_plain = memory::desc(y, DType::f32, Tag::nchw);
+  plans.emplace(key, plan);
+  return plan;
+}
+
+float* Data(const paddle::Tensor& t) { return const_cast<float*>(t.data<float>()); }
+
+void CheckDense(const paddle::Tensor& t, const char* what) {
+  PD_CHECK(t.is_cpu(), "ppmulti_onednn_conv2d runs on CPU only (", what, ")");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, "ppmulti_onednn_conv2d takes float32 (", what, ")");
+  auto* dense = dynamic_cast<phi::DenseTensor*>(t.impl().get());
+  PD_CHECK(dense != nullptr && dense->meta().is_contiguous(),
+           "ppmulti_onednn_conv2d needs a contiguous dense tensor (", what, ")");
+}
+
+// A source tensor in the layout a primitive wants: the tensor's own buffer, or a reordered copy.
+memory Reordered(dnnl::stream& s, const memory::desc& plain, const memory::desc& wanted, float* data) {
+  memory user(plain, Engine(), data);
+  if (wanted == plain) return user;
+  memory copy(wanted, Engine());
+  dnnl::reorder(user, copy).execute(s, user, copy);
+  return copy;
+}
+
+// Where a primitive writes: the output tensor's buffer, or scratch that WriteBack() converts.
+memory Destination(const memory::desc& plain, const memory::desc& wanted, float* data) {
+  if (wanted == plain) return memory(plain, Engine(), data);
+  return memory(wanted, Engine());
+}
+
+void WriteBack(dnnl::stream& s, memory& result, const memory::desc& plain, float* data) {
+  if (result.get_desc() == plain) return;
+  memory user(plain, Engine(), data);
+  dnnl::reorder(result, user).execute(s, result, user);
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> OnednnConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                              const std::vector<int>& strides, const std::vector<int>& paddings) {
+  CheckDense(x, "input");
+  CheckDense(w, "weight");
+  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings);
+  auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
+  dnnl::stream s(Engine());
+  auto src = Reordered(s, plan->x_plain, plan->fwd_pd.src_desc(), Data(x));
+  auto wei = Reordered(s, plan->w_plain, plan->fwd_pd.weights_desc(), Data(w));
+  auto dst = Destination(plan->y_plain, plan->fwd_pd.dst_desc(), y.data<float>());
+  plan->fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+  WriteBack(s, dst, plan->y_plain, y.data<float>());
+  s.wait();
+  return {y};
+}
+
+std::vector<paddle::Tensor> OnednnConvBackward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                               const paddle::Tensor& dy, const std::vector<int>& strides,
+                                               const std::vector<int>& paddings) {
+  CheckDense(x, "input");
+  CheckDense(w, "weight");
+  CheckDense(dy, "output gradient");
+  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings);
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
+  dnnl::stream s(Engine());
+
+  auto diff_dst = Reordered(s, plan->y_plain, plan->bwd_data_pd.diff_dst_desc(), Data(dy));
+  auto wei = Reordered(s, plan->w_plain, plan->bwd_data_pd.weights_desc(), Data(w));
+  auto diff_src = Destination(plan->x_plain, plan->bwd_data_pd.diff_src_desc(), dx.data<float>());
+  plan->bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, diff_src}});
+  WriteBack(s, diff_src, plan->x_plain, dx.data<float>());
+
+  auto src = Reordered(s, plan->x_plain, plan->bwd_weights_pd.src_desc(), Data(x));
+  if (plan->bwd_weights_pd.diff_dst_desc() != diff_dst.get_desc()) {
+    diff_dst = Reordered(s, plan->y_plain, plan->bwd_weights_pd.diff_dst_desc(), Data(dy));
+  }
+  auto diff_wei = Destination(plan->w_plain, plan->bwd_weights_pd.diff_weights_desc(), dw.data<float>());
+  plan->bwd_weights.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
+                                {DNNL_ARG_DIFF_WEIGHTS, diff_wei}});
+  WriteBack(s, diff_wei, plan->w_plain, dw.data<float>());
+  s.wait();
+  return {dx, dw};
+}
+
+std::vector<Dims> OnednnConvInferShape(const Dims& x, const Dims& w, const std::vector<int>& strides,
+                                       const std::vector<int>& paddings) {
+  return {OutShape(x, w, strides, paddings)};
+}
+
+std::vector<paddle::DataType> OnednnConvInferDtype(const paddle::DataType& x, const paddle::DataType&) {
+  return {x};
+}
+
+PD_BUILD_OP(ppmulti_onednn_conv2d)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .SetKernelFn(PD_KERNEL(OnednnConvForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvInferDtype));
+
+PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d)
+    .Inputs({"X", "W", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W")})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .SetKernelFn(PD_KERNEL(OnednnConvBackward));

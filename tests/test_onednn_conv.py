@@ -1,0 +1,137 @@
+"""The oneDNN convolution op: same values and gradients as Paddle's conv2d, which layers it takes, fallbacks."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import paddle
+import pytest
+
+from ppmulti.ops import conv as ops_conv
+
+
+@pytest.fixture(scope="module")
+def op():
+    return ops_conv.load_op()   # builds once per machine (cached under ~/.cache/ppmulti/ops)
+
+
+def _close(a, b, rtol=2e-5):
+    scale = float(b.abs().max()) or 1.0
+    assert float((a - b).abs().max()) / scale < rtol
+
+
+@pytest.mark.parametrize("shape,out_ch,k,stride,pad", [
+    ((2, 3, 32, 32), 8, 6, 2, 2),     # YOLOv5's stem
+    ((2, 8, 17, 13), 16, 3, 2, 1),    # odd sizes, stride 2
+    ((3, 16, 10, 10), 16, 3, 1, 1),
+    ((2, 16, 9, 9), 32, 1, 1, 0),     # 1x1
+    ((1, 4, 7, 7), 4, 5, 1, 2),
+])
+def test_values_and_gradients_match_paddle(op, shape, out_ch, k, stride, pad):
+    paddle.seed(0)
+    x = paddle.randn(shape)
+    x.stop_gradient = False
+    w = paddle.randn([out_ch, shape[1], k, k]) * 0.1
+    w.stop_gradient = False
+    y = op(x, w, [stride, stride], [pad, pad])
+    ref = paddle.nn.functional.conv2d(x, w, stride=stride, padding=pad)
+    assert y.shape == ref.shape
+    _close(y, ref)
+    g = paddle.randn(ref.shape)
+    dx, dw = paddle.grad(y, [x, w], g)
+    rdx, rdw = paddle.grad(ref, [x, w], g)
+    _close(dx, rdx)
+    _close(dw, rdw)
+
+
+def test_non_contiguous_input_is_made_contiguous(op):
+    conv = paddle.nn.Conv2D(4, 8, 3, padding=1, bias_attr=False)
+    full = paddle.randn([2, 6, 8, 8])
+    view = full[:, 1:5]
+    assert not view.is_contiguous()
+    ref = conv(view)
+    assert ops_conv.use_onednn_convs(conv) == 1
+    _close(conv(view), ref)
+
+
+def _mixed_model():
+    paddle.seed(1)
+    return paddle.nn.Sequential(
+        paddle.nn.Conv2D(3, 8, 3, padding=1, bias_attr=False),              # taken
+        paddle.nn.Conv2D(8, 8, 3, stride=2, padding=1, bias_attr=False),    # taken
+        paddle.nn.Conv2D(8, 8, 1, bias_attr=True),                          # bias: Paddle's kernel
+        paddle.nn.Conv2D(8, 8, 3, padding=1, groups=2, bias_attr=False),    # grouped
+        paddle.nn.Conv2D(8, 8, 3, padding=2, dilation=2, bias_attr=False),  # dilated
+        paddle.nn.Conv2D(8, 8, 3, padding=[1, 0, 1, 0], bias_attr=False),   # asymmetric padding
+        paddle.nn.Conv2D(8, 8, 3, padding="SAME", bias_attr=False),         # padding algorithm
+    )
+
+
+def test_only_layers_it_computes_exactly_are_swapped(op):
+    model = _mixed_model()
+    x = paddle.randn([2, 3, 16, 16])
+    before = model(x)
+    keys = list(model.state_dict())
+    assert ops_conv.use_onednn_convs(model) == 2
+    swapped = [layer for layer in model.sublayers() if "forward" in layer.__dict__]
+    assert swapped == [model[0], model[1]]
+    _close(model(x), before)
+    assert list(model.state_dict()) == keys     # checkpoints are unchanged
+
+
+def test_training_steps_follow_paddle_kernel(op):
+    """Five SGD steps with the op give the losses Paddle's kernel gives."""
+    def losses(use_op: bool):
+        model = _mixed_model()
+        if use_op:
+            ops_conv.use_onednn_convs(model)
+        opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
+        rng = np.random.default_rng(0)
+        out = []
+        for _ in range(5):
+            x = paddle.to_tensor(rng.standard_normal((4, 3, 16, 16)).astype("float32"))
+            loss = (model(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            out.append(float(loss))
+        return out
+
+    np.testing.assert_allclose(losses(True), losses(False), rtol=1e-4)
+
+
+def test_choice_paddle_keeps_paddle_kernel(monkeypatch):
+    monkeypatch.setenv("PPMULTI_CPU_CONV", "paddle")
+    model = _mixed_model()
+    assert "PPMULTI_CPU_CONV=paddle" in ops_conv.setup_cpu_convs(model)
+    assert not any("forward" in layer.__dict__ for layer in model.sublayers())
+
+
+def test_bad_choice_is_one_clear_error(monkeypatch):
+    from ppmulti.errors import UserError
+
+    monkeypatch.setenv("PPMULTI_CPU_CONV", "mkl")
+    with pytest.raises(UserError, match="PPMULTI_CPU_CONV='mkl' is not one of onednn, paddle"):
+        ops_conv.setup_cpu_convs(_mixed_model())
+
+
+def test_unbuildable_op_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
+    """No headers (or no compiler): training goes on with Paddle's kernel, and one warning says why."""
+    monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
+    monkeypatch.setattr(ops_conv, "_op", None)
+    monkeypatch.setattr(ops_conv, "_failure", None)
+    monkeypatch.setattr(ops_conv, "cache_root", lambda: tmp_path)   # nothing built there yet
+
+    def no_headers():
+        raise ops_conv.OpUnavailable("oneDNN 3 headers not found; pip install onednn-devel-cpu-gomp==2023.2.0")
+
+    monkeypatch.setattr(ops_conv, "_include_dir", no_headers)
+    model = _mixed_model()
+    with caplog.at_level(logging.WARNING, logger="ppmulti"):
+        note = ops_conv.setup_cpu_convs(model)
+        ops_conv.setup_cpu_convs(_mixed_model())     # a second model: the failure is remembered
+    assert "unavailable" in note
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "headers not found" in warnings[0]
+    assert not any("forward" in layer.__dict__ for layer in model.sublayers())
