@@ -51,6 +51,7 @@ from typing import Any, Iterable, TextIO
 
 from ppmulti import __version__
 from ppmulti import env as E
+from ppmulti import procs
 from ppmulti.errors import UserError
 from ppmulti.yamlfiles import load_config_chain
 from ppmulti.launch.flags import FLAGS, build_parser, split_argv
@@ -675,23 +676,7 @@ def launch_nodes(argv: list[str]) -> int:
 # --- on each node: the supervisor and the sweep --------------------------------------------------------
 def job_pids(tag: str) -> list[int]:
     """Processes of this user carrying the job tag: in their environment, or a supervisor's ``--run TAG``."""
-    wanted_env = f"{E.PPMULTI_NODES_JOB}={tag}".encode()
-    wanted_cmd = b"--run\0" + tag.encode() + b"\0"
-    pids = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                environ = fh.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue  # gone, or another user's
-        if wanted_env in environ or wanted_cmd in cmdline:
-            pids.append(int(entry))
-    return pids
+    return procs.tagged(E.PPMULTI_NODES_JOB, tag, cmdline_mark=b"--run\0" + tag.encode() + b"\0")
 
 
 def kill_job(tag: str, grace: float = 3.0) -> int:
@@ -754,7 +739,7 @@ def supervise(tag: str, launch_argv: list[str], grace: float = REMOTE_GRACE) -> 
     code = child.wait() if code is None else code
     if left:
         print(f"ppmulti launch: {left} process(es) tagged {tag} survived SIGKILL", file=sys.stderr, flush=True)
-    return 128 - code if code < 0 else code
+    return procs.exit_code(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,7 @@ from ppmulti import env as E
 from ppmulti.errors import UserError
 from ppmulti.launch.flags import describe, launch_env, to_paddle
 from ppmulti.launch.plan import LaunchPlan
+from ppmulti.procs import alive, exit_code
 
 PROTOCOL = "ppmulti-rdzv-1"
 
@@ -332,10 +333,6 @@ def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
             continue
 
 
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
 class _RankWatch:
     """Which rank of this node went first when a launch fails, and why.
 
@@ -359,19 +356,11 @@ class _RankWatch:
                     continue
         return ranks
 
-    @staticmethod
-    def _alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-        except (OSError, IndexError):
-            return False
-
     def poll(self) -> None:
         if self.first_gone is None:
             mark = os.path.join(self.directory, "rank{}.{}")
             gone = sorted(r for r, pid in self._started().items()
-                          if not self._alive(pid) and not os.path.exists(mark.format(r, "done"))
+                          if not alive(pid) and not os.path.exists(mark.format(r, "done"))
                           and not os.path.exists(mark.format(r, "stopped")))
             if gone:
                 self.first_gone = gone[0]
@@ -477,7 +466,7 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
         deadline = time.monotonic() + plan.rdzv_timeout if plan.nnodes > 1 else None
         while True:
             try:
-                return _exit_code(proc.wait(timeout=0.1))   # short: see the first rank that dies
+                return exit_code(proc.wait(timeout=0.1))   # short: see the first rank that dies
             except subprocess.TimeoutExpired:
                 pass
             watch.poll()

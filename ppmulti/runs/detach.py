@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -33,9 +34,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ppmulti import env as E
+from ppmulti import procs
 from ppmulti.errors import UserError, exit_on_user_error
 
 RUNS = "runs"
@@ -67,20 +69,6 @@ def _write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-def proc_start(pid: int) -> int | None:
-    """``pid``'s start time in clock ticks since boot (None: no such live process); guards against pid reuse."""
-    stat = _stat(pid)
-    return None if stat is None or stat[0] in ("Z", "X") else int(stat[19])
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 @dataclass
 class Run:
     """One detached run as recorded."""
@@ -106,7 +94,7 @@ class Run:
         return (self.record / "stop.json").is_file()
 
     def alive(self) -> bool:
-        started = proc_start(self.pid)   # None when gone (or never read): never "alive" by None == None
+        started = procs.start_time(self.pid)   # None when gone (or never read): never "alive" by None == None
         return started is not None and started == self.info.get("pid_start")
 
     @property
@@ -193,7 +181,7 @@ def start(kind: str, argv: list[str], run_dir: Path | None = None, log_path: Pat
                                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 close_fds=True)
     info = {"id": run_id, "token": token, "kind": kind, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
-            "pid_start": proc_start(proc.pid), "command": "ppmulti " + shlex.join([kind, *argv]), "argv": command,
+            "pid_start": procs.start_time(proc.pid), "command": "ppmulti " + shlex.join([kind, *argv]), "argv": command,
             "cwd": os.getcwd(), "started": time.time(), "log": str(log.resolve()),
             "run_dir": str(Path(run_dir).resolve()) if run_dir else None, **(meta or {})}
     _write_json(record / "run.json", info)
@@ -203,43 +191,9 @@ def start(kind: str, argv: list[str], run_dir: Path | None = None, log_path: Pat
 
 
 # ----------------------------------------------------------------------------- the wrapper
-def _environ(pid: int) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
-
-
-def _pids() -> Iterator[int]:
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            yield int(name)
-
-
 def tagged(token: str, sid: int | None = None) -> list[int]:
     """Live processes of a run: those tagged with its token, and those in the wrapper's session."""
-    me = os.getpid()
-    found = []
-    for pid in _pids():
-        if pid == me:
-            continue
-        stat = _stat(pid)
-        if stat is None or stat[0] in ("Z", "X"):
-            continue
-        if sid is not None and int(stat[3]) == sid:
-            found.append(pid)
-            continue
-        env = _environ(pid)
-        if env is not None and env.get(E.PPMULTI_RUN_ID) == token:
-            found.append(pid)
-    return found
+    return procs.tagged(E.PPMULTI_RUN_ID, token, sid)
 
 
 def _discover_run_dir(token: str) -> str | None:
@@ -248,8 +202,8 @@ def _discover_run_dir(token: str) -> str | None:
         from ppmulti.engine.trainer import RUN_DIR_MARKER
     except Exception:  # noqa: BLE001 - the wrapper must outlive any import problem of the training side
         RUN_DIR_MARKER = "run_dir"
-    for pid in _pids():
-        env = _environ(pid)
+    for pid in procs.pids():
+        env = procs.environ(pid)
         if not env or env.get(E.PPMULTI_RUN_ID) != token or not env.get(E.PPMULTI_LAUNCH_DIR):
             continue
         with contextlib.suppress(OSError):
@@ -325,7 +279,7 @@ def wrap(record: Path) -> int:
         found = _run_dir_from_log(Path(info.get("log") or record / LOG_NAME))
         if found:
             _record_run_dir(record, found)
-    code = 128 - code if code < 0 else code
+    code = procs.exit_code(code)
     _write_json(record / "exit.json", {"code": code, "ended": time.time()})
     return code
 
@@ -360,32 +314,35 @@ def progress(run: Run) -> tuple[str, str]:
         store = EvolveStore(run_dir / "evolve.csv")
         try:
             rows = store.rows()
-            top = best(store)
         except UserError:
             return "?", "evolve.csv unreadable"
         gens = run.info.get("generations")
         where = f"gen {len(rows)}/{gens}" if gens else f"gen {len(rows)}"
+        top = best(store, rows)
         if top is None:
             return where, "-"
         m = top[0]
         return where, f"best fitness={m['fitness']:.4f} mAP50={m['mAP50']:.4f} mAP50-95={m['mAP50_95']:.4f}"
+    from ppmulti.engine.plots import read_results
+
     try:
-        lines = (run_dir / "results.csv").read_text().splitlines()
+        cols = read_results(run_dir / "results.csv")
     except OSError:
         return "0", "-"
-    if len(lines) < 2:
+    except (ValueError, TypeError):   # not a results.csv ppmulti wrote (a non-number, a row too long)
+        return "?", "results.csv unreadable"
+    n = max(map(len, cols.values()), default=0)
+    if n == 0:
         return "0", "-"
-    header = lines[0].split(",")
-    rows = [dict(zip(header, ln.split(","))) for ln in lines[1:] if ln.strip()]
-    last = rows[-1]
     total = _total_epochs(run_dir)
-    epoch = f"{last.get('epoch', len(rows))}" + (f"/{total}" if total else "")
+    epoch = (f"{cols['epoch'][-1]:.0f}" if "epoch" in cols else str(n)) + (f"/{total}" if total else "")
     shown = []
-    validated = [r for r in rows if r.get("mAP50")]
+    validated = [i for i, v in enumerate(cols.get("mAP50", [])) if not math.isnan(v)]
     if validated:
-        shown += [f"mAP50={float(validated[-1]['mAP50']):.4f}", f"mAP50-95={float(validated[-1]['mAP50_95']):.4f}"]
-    if last.get("loss"):
-        shown.append(f"loss={float(last['loss']):.4f}")
+        i = validated[-1]
+        shown += [f"mAP50={cols['mAP50'][i]:.4f}", f"mAP50-95={cols['mAP50_95'][i]:.4f}"]
+    if not math.isnan(cols.get("loss", [math.nan])[-1]):
+        shown.append(f"loss={cols['loss'][-1]:.4f}")
     return epoch, " ".join(shown) or "-"
 
 

@@ -188,36 +188,37 @@ def next_candidate(store: EvolveStore, base_hyp: dict, rng: np.random.RandomStat
     return breed(store.rows(), base_hyp, rng)[1]
 
 
-def best(store: EvolveStore) -> tuple[dict, dict] | None:
-    """(metrics, hyp) of the fittest row, or None when there is none."""
-    rows = store.rows()
+def best(store: EvolveStore, rows: list[dict] | None = None) -> tuple[dict, dict] | None:
+    """(metrics, hyp) of the fittest row, or None when there is none; ``rows``: the store's rows, already read."""
+    rows = store.rows() if rows is None else rows
     if not rows:
         return None
     top = max(rows, key=_row_fitness)
     return {k: top[k] for k in METRIC_COLUMNS}, _hyp_of(top)
 
 
-def _best_or_error(store: EvolveStore) -> tuple[dict, dict]:
-    found = best(store)
+def _best_or_error(store: EvolveStore, rows: list[dict] | None = None) -> tuple[dict, dict]:
+    found = best(store, rows)
     if found is None:
         raise UserError(f"{store.path} has no finished runs yet; run at least one evolve generation first")
     return found
 
 
-def write_best_yaml(store: EvolveStore, path: str | os.PathLike) -> None:
-    """Write the best row's hyps as YAML (atomically), with its metrics as a comment."""
-    metrics, hyp = _best_or_error(store)
+def write_best_yaml(store: EvolveStore, path: str | os.PathLike, rows: list[dict] | None = None) -> None:
+    """Write the best row's hyps as YAML (atomically), with its metrics as a comment (``rows``: as for best)."""
+    metrics, hyp = _best_or_error(store, rows)
     head = "# best of {}: {}\n".format(store.path, ", ".join(f"{k}={v:.5g}" for k, v in metrics.items()))
     atomic_write_text(path, head + yaml.safe_dump(hyp, sort_keys=False))
 
 
-def plot(store: EvolveStore, png_path: str | os.PathLike) -> None:
-    """One subplot per hyperparameter: fitness against its value, the best run marked with a red '+'."""
+def plot(store: EvolveStore, png_path: str | os.PathLike, rows: list[dict] | None = None) -> None:
+    """One subplot per hyperparameter: fitness against its value, the best run marked with a red '+'
+    (``rows``: as for best)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    rows = store.rows()
-    _, best_hyp = _best_or_error(store)
+    rows = store.rows() if rows is None else rows
+    _, best_hyp = _best_or_error(store, rows)
     keys = list(best_hyp)
     fit = np.array([_row_fitness(r) for r in rows])
     cols = max(1, math.ceil(math.sqrt(len(keys))))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ppmulti import env as E
+from ppmulti import procs
 from ppmulti.dist import usable_cores
 from ppmulti.errors import UserError, exit_on_user_error
 from ppmulti.paths import CONFIGS
@@ -162,23 +163,11 @@ def check_resumable(spec: EvolveSpec) -> None:
 
 
 # ----------------------------------------------------------------------------- claims
-def _proc_start(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), None when it is not running."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
 @dataclass
 class Owner:
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
-    start: int | None = field(default_factory=lambda: _proc_start(os.getpid()))
+    start: int | None = field(default_factory=lambda: procs.start_time(os.getpid()))
 
     def as_dict(self) -> dict:
         return {"host": self.host, "pid": self.pid, "start": self.start}
@@ -188,7 +177,7 @@ def _claim_live(claim: dict, now: float) -> bool:
     owner = claim.get("owner") or {}
     if owner.get("host") != socket.gethostname():
         return now - float(claim.get("beat", 0)) < STALE_SECONDS
-    return owner.get("pid") is not None and _proc_start(int(owner["pid"])) == owner.get("start")
+    return owner.get("pid") is not None and procs.start_time(int(owner["pid"])) == owner.get("start")
 
 
 @dataclass
@@ -450,7 +439,7 @@ class Evolution:
 
     def run(self) -> int:
         """Run the workers until N rows are recorded, a candidate fails, or a signal; returns the exit code."""
-        from ppmulti.runs.evolve import plot, write_best_yaml
+        from ppmulti.runs.evolve import best, plot, write_best_yaml
 
         check_resumable(self.spec)
         rows = len(self.store.rows())
@@ -486,13 +475,11 @@ class Evolution:
         for exc in errors:
             if isinstance(exc, UserError):
                 raise exc
-        rows = self.store.rows()
+        rows = self.store.rows()   # read once: the files and the summary below describe the same rows
         if rows:
-            write_best_yaml(self.store, self.spec.project / BEST_NAME)
-            plot(self.store, self.spec.project / PLOT_NAME)
-            from ppmulti.runs.evolve import best
-
-            metrics, _ = best(self.store)
+            write_best_yaml(self.store, self.spec.project / BEST_NAME, rows)
+            plot(self.store, self.spec.project / PLOT_NAME, rows)
+            metrics, _ = best(self.store, rows)
             self.say(f"{len(rows)}/{self.spec.generations} generations; best fitness {metrics['fitness']:.4f} "
                      f"(mAP50 {metrics['mAP50']:.4f}, mAP50-95 {metrics['mAP50_95']:.4f}): "
                      f"{self.spec.project / BEST_NAME}, {self.spec.csv}, {self.spec.project / PLOT_NAME}")
@@ -569,10 +556,10 @@ def _cmd_evolve(argv: list[str]) -> int:
         build_parser().print_help()
         return 0
     spec, ns, _ = spec_from_argv(argv)
-    check_resumable(spec)
     if ns.detach:
         from ppmulti.runs.detach import start
 
+        check_resumable(spec)   # before detaching (the same check runs in Evolution.run otherwise)
         rest = [a for a in own if a != "--detach"] + ["--", *split_evolve_argv(argv)[1]]
         return start("evolve", rest, run_dir=spec.project, log_path=spec.project / "evolve.log",
                      meta={"generations": spec.generations})

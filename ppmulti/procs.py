@@ -1,0 +1,86 @@
+"""Processes as Linux shows them in /proc (start time, liveness, environment, tagged processes) and exit codes."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (state first), None for a gone, dead or zombie process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """``pid``'s start time in clock ticks since boot (None: no such live process); guards against pid reuse."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    return _stat(pid) is not None
+
+
+def pids() -> Iterator[int]:
+    """Every process id in /proc."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def _read(pid: int, name: str) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return None   # gone, or another user's
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """``pid``'s environment, None when it cannot be read (gone, or another user's)."""
+    raw = _read(pid, "environ")
+    if raw is None:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def tagged(key: str, value: str, sid: int | None = None, cmdline_mark: bytes | None = None) -> list[int]:
+    """Live processes other than this one whose environment has ``key=value``; also those in session ``sid``
+    and, with ``cmdline_mark``, those whose command line contains it (then one whose command line cannot be
+    read is left out)."""
+    me = os.getpid()
+    found = []
+    for pid in pids():
+        if pid == me:
+            continue
+        fields = _stat(pid)
+        if fields is None:
+            continue
+        if sid is not None and int(fields[3]) == sid:
+            found.append(pid)
+            continue
+        env = environ(pid)
+        if env is None:
+            continue
+        cmdline = _read(pid, "cmdline") if cmdline_mark is not None else b""
+        if cmdline is None:
+            continue
+        if env.get(key) == value or (cmdline_mark is not None and cmdline_mark in cmdline):
+            found.append(pid)
+    return found
+
+
+def exit_code(returncode: int) -> int:
+    """A Popen return code as a shell reports it: killed by signal N (returncode -N) -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
