@@ -6,6 +6,7 @@
 // Scope: float32, NCHW, groups 1, dilation 1, symmetric padding, no bias; ppmulti/ops/conv.py decides
 // which layers qualify.
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,12 +72,14 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   const auto y_any = memory::desc(y, DType::f32, Tag::any);
   auto plan = std::make_shared<ConvPlan>();
   const auto algo = dnnl::algorithm::convolution_direct;
+  dnnl::primitive_attr attr;   // scratchpads from Workspace too (see there)
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
-      Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, y_any, stride, pad, pad);
+      Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, y_any, stride, pad, pad, attr);
   plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd);
+      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd, attr);
   plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd);
+      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd, attr);
   plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
   plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
   plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
@@ -97,20 +100,37 @@ void CheckDense(const paddle::Tensor& t, const char* what) {
            "ppmulti_onednn_conv2d needs a contiguous dense tensor (", what, ")");
 }
 
-// A source tensor in the layout a primitive wants: the tensor's own buffer, or a reordered copy.
-memory Reordered(dnnl::stream& s, const memory::desc& plain, const memory::desc& wanted, float* data) {
-  memory user(plain, Engine(), data);
-  if (wanted == plain) return user;
-  memory copy(wanted, Engine());
-  dnnl::reorder(user, copy).execute(s, user, copy);
-  return copy;
-}
+// Temporary buffers come from Paddle's caching allocator: fresh mallocs of this size are new pages
+// every call, and the page faults cost more than the reorders themselves.
+class Workspace {
+ public:
+  explicit Workspace(const paddle::Place& place) : place_(place) {}
 
-// Where a primitive writes: the output tensor's buffer, or scratch that WriteBack() converts.
-memory Destination(const memory::desc& plain, const memory::desc& wanted, float* data) {
-  if (wanted == plain) return memory(plain, Engine(), data);
-  return memory(wanted, Engine());
-}
+  memory Make(const memory::desc& desc) {
+    const int64_t floats = static_cast<int64_t>((desc.get_size() + sizeof(float) - 1) / sizeof(float));
+    held_.push_back(paddle::empty({std::max<int64_t>(floats, 1)}, paddle::DataType::FLOAT32, place_));
+    return memory(desc, Engine(), held_.back().data<float>());
+  }
+
+  // A source tensor in the layout a primitive wants: the tensor's own buffer, or a reordered copy.
+  memory Reordered(dnnl::stream& s, const memory::desc& plain, const memory::desc& wanted, float* data) {
+    memory user(plain, Engine(), data);
+    if (wanted == plain) return user;
+    memory copy = Make(wanted);
+    dnnl::reorder(user, copy).execute(s, user, copy);
+    return copy;
+  }
+
+  // Where a primitive writes: the output tensor's buffer, or scratch that WriteBack() converts.
+  memory Destination(const memory::desc& plain, const memory::desc& wanted, float* data) {
+    if (wanted == plain) return memory(plain, Engine(), data);
+    return Make(wanted);
+  }
+
+ private:
+  paddle::Place place_;
+  std::vector<paddle::Tensor> held_;   // alive until the kernel returns (after the stream wait)
+};
 
 void WriteBack(dnnl::stream& s, memory& result, const memory::desc& plain, float* data) {
   if (result.get_desc() == plain) return;
@@ -127,10 +147,12 @@ std::vector<paddle::Tensor> OnednnConvForward(const paddle::Tensor& x, const pad
   auto plan = PlanFor(x.shape(), w.shape(), strides, paddings);
   auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
   dnnl::stream s(Engine());
-  auto src = Reordered(s, plan->x_plain, plan->fwd_pd.src_desc(), Data(x));
-  auto wei = Reordered(s, plan->w_plain, plan->fwd_pd.weights_desc(), Data(w));
-  auto dst = Destination(plan->y_plain, plan->fwd_pd.dst_desc(), y.data<float>());
-  plan->fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+  Workspace ws(x.place());
+  auto src = ws.Reordered(s, plan->x_plain, plan->fwd_pd.src_desc(), Data(x));
+  auto wei = ws.Reordered(s, plan->w_plain, plan->fwd_pd.weights_desc(), Data(w));
+  auto dst = ws.Destination(plan->y_plain, plan->fwd_pd.dst_desc(), y.data<float>());
+  plan->fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->fwd_pd.scratchpad_desc())}});
   WriteBack(s, dst, plan->y_plain, y.data<float>());
   s.wait();
   return {y};
@@ -146,20 +168,23 @@ std::vector<paddle::Tensor> OnednnConvBackward(const paddle::Tensor& x, const pa
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   dnnl::stream s(Engine());
+  Workspace ws(x.place());
 
-  auto diff_dst = Reordered(s, plan->y_plain, plan->bwd_data_pd.diff_dst_desc(), Data(dy));
-  auto wei = Reordered(s, plan->w_plain, plan->bwd_data_pd.weights_desc(), Data(w));
-  auto diff_src = Destination(plan->x_plain, plan->bwd_data_pd.diff_src_desc(), dx.data<float>());
-  plan->bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, diff_src}});
+  auto diff_dst = ws.Reordered(s, plan->y_plain, plan->bwd_data_pd.diff_dst_desc(), Data(dy));
+  auto wei = ws.Reordered(s, plan->w_plain, plan->bwd_data_pd.weights_desc(), Data(w));
+  auto diff_src = ws.Destination(plan->x_plain, plan->bwd_data_pd.diff_src_desc(), dx.data<float>());
+  plan->bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, diff_src},
+                             {DNNL_ARG_SCRATCHPAD, ws.Make(plan->bwd_data_pd.scratchpad_desc())}});
   WriteBack(s, diff_src, plan->x_plain, dx.data<float>());
 
-  auto src = Reordered(s, plan->x_plain, plan->bwd_weights_pd.src_desc(), Data(x));
+  auto src = ws.Reordered(s, plan->x_plain, plan->bwd_weights_pd.src_desc(), Data(x));
   if (plan->bwd_weights_pd.diff_dst_desc() != diff_dst.get_desc()) {
-    diff_dst = Reordered(s, plan->y_plain, plan->bwd_weights_pd.diff_dst_desc(), Data(dy));
+    diff_dst = ws.Reordered(s, plan->y_plain, plan->bwd_weights_pd.diff_dst_desc(), Data(dy));
   }
-  auto diff_wei = Destination(plan->w_plain, plan->bwd_weights_pd.diff_weights_desc(), dw.data<float>());
+  auto diff_wei = ws.Destination(plan->w_plain, plan->bwd_weights_pd.diff_weights_desc(), dw.data<float>());
   plan->bwd_weights.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
-                                {DNNL_ARG_DIFF_WEIGHTS, diff_wei}});
+                                {DNNL_ARG_DIFF_WEIGHTS, diff_wei},
+                                {DNNL_ARG_SCRATCHPAD, ws.Make(plan->bwd_weights_pd.scratchpad_desc())}});
   WriteBack(s, diff_wei, plan->w_plain, dw.data<float>());
   s.wait();
   return {dx, dw};
