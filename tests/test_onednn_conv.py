@@ -128,9 +128,14 @@ def test_unbuildable_op_falls_back_with_one_warning(monkeypatch, tmp_path, caplo
 
     monkeypatch.setattr(ops_conv, "_include_dir", no_headers)
     model = _mixed_model()
-    with caplog.at_level(logging.WARNING, logger="ppmulti"):
-        note = ops_conv.setup_cpu_convs(model)
-        ops_conv.setup_cpu_convs(_mixed_model())     # a second model: the failure is remembered
+    log = logging.getLogger("ppmulti")   # may not propagate to the root logger (ppmulti.logs set-up)
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ppmulti"):
+            note = ops_conv.setup_cpu_convs(model)
+            ops_conv.setup_cpu_convs(_mixed_model())     # a second model: the failure is remembered
+    finally:
+        log.removeHandler(caplog.handler)
     assert "unavailable" in note
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and "headers not found" in warnings[0]

@@ -1,0 +1,137 @@
+"""Every convolution of one YOLOv5s forward, forward + backward, on ppmulti's oneDNN op and Paddle's conv2d
+(and, with --torch PYTHON, torch's), each layer timed for every kernel in one process, best of --repeat.
+
+    python bench/conv_layers.py [--img 160] [--batch 16] [--threads 2] [--torch bench/.venv-yolov5/bin/python]
+
+The machine's speed can move between runs (a shared VM): compare the kernels within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TORCH_SCRIPT = r'''
+import json, sys, time, torch
+torch.set_num_threads(int(sys.argv[2]))
+out = []
+for xs, ws, s, p, n in json.loads(open(sys.argv[1]).read()):
+    x = torch.randn(*xs, requires_grad=True)
+    w = (torch.randn(*ws) * 0.1).requires_grad_()
+    def step():
+        y = torch.nn.functional.conv2d(x, w, stride=s, padding=p)
+        y.backward(torch.ones_like(y))
+    step()
+    best = 1e9
+    for _ in range(int(sys.argv[3])):
+        t = time.perf_counter()
+        for _ in range(4):
+            step()
+        best = min(best, (time.perf_counter() - t) / 4 * 1000)
+    out.append(best)
+print(json.dumps(out))
+'''
+
+
+def _layer_shapes(img: int, batch: int) -> list[tuple]:
+    """(input shape, weight shape, stride, padding, count) of every convolution the op takes in YOLOv5s."""
+    import paddle
+    from ppdet.core.workspace import create
+
+    from ppmulti import config as config_mod
+    from ppmulti.ops import conv as ops_conv
+
+    cfg = config_mod.load(REPO / "configs" / "yolov5" / "yolov5_s_300e_coco.yml")
+    model = create(cfg.architecture)
+    model.train()
+    seen: collections.Counter = collections.Counter()
+    plain = paddle.nn.Conv2D.forward
+
+    def record(layer, x):
+        if ops_conv.eligible(layer):
+            seen[(tuple(x.shape), tuple(layer.weight.shape), layer._stride[0], layer._updated_padding[0])] += 1
+        return plain(layer, x)
+
+    paddle.nn.Conv2D.forward = record
+    try:
+        model.neck(model.backbone({"image": paddle.randn([batch, 3, img, img])}))
+    finally:
+        paddle.nn.Conv2D.forward = plain
+    return [(list(xs), list(ws), s, p, n) for (xs, ws, s, p), n in seen.items()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--img", type=int, default=160)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2, help="timed rounds of 4 steps per layer and kernel; best kept")
+    ap.add_argument("--torch", help="a python with torch (e.g. bench/.venv-yolov5/bin/python) to time torch too")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "conv_layers.json"))
+    args = ap.parse_args()
+    from ppmulti.ppdet_ext import register_extensions
+
+    register_extensions()
+    import paddle
+
+    from ppmulti.io import atomic_write_text
+    from ppmulti.ops import conv as ops_conv
+
+    paddle.set_device("cpu")
+    paddle.base.core.set_num_threads(args.threads)
+    op = ops_conv.load_op()
+    shapes = _layer_shapes(args.img, args.batch)
+    rows = []
+    for xs, ws, s, p, n in shapes:
+        x = paddle.randn(xs)
+        x.stop_gradient = False
+        w = paddle.randn(ws) * 0.1
+        w.stop_gradient = False
+        kernels = {"onednn": lambda: op(x, w, [s, s], [p, p]),
+                   "paddle": lambda: paddle.nn.functional.conv2d(x, w, stride=s, padding=p)}
+        best = {}
+        for _ in range(args.repeat):
+            for name, f in kernels.items():   # alternate, so a slow moment hits both
+                y = f()
+                y.backward(paddle.ones_like(y))
+                t = time.perf_counter()
+                for _ in range(4):
+                    y = f()
+                    y.backward(paddle.ones_like(y))
+                best[name] = min(best.get(name, 1e9), (time.perf_counter() - t) / 4 * 1000)
+        rows.append({"input": xs, "weight": ws, "stride": s, "padding": p, "count": n,
+                     "onednn_ms": round(best["onednn"], 3), "paddle_ms": round(best["paddle"], 3)})
+    if args.torch:
+        spec = Path(args.out).with_suffix(".shapes.json")
+        spec.write_text(json.dumps(shapes))
+        proc = subprocess.run([args.torch, "-c", TORCH_SCRIPT, str(spec), str(args.threads), str(args.repeat)],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""}, check=True)
+        spec.unlink()
+        for row, ms in zip(rows, json.loads(proc.stdout.strip().splitlines()[-1])):
+            row["torch_ms"] = round(ms, 3)
+    kernels = ["onednn", "paddle"] + (["torch"] if args.torch else [])
+    totals = {k: sum(r[f"{k}_ms"] * r["count"] for r in rows) for k in kernels}
+    print("| input | weight | stride | count | " + " | ".join(f"{k} ms" for k in kernels) + " |")
+    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in kernels) + " |")
+    for r in sorted(rows, key=lambda r: -r["paddle_ms"] * r["count"]):
+        print(f"| {r['input']} | {r['weight']} | {r['stride']} | {r['count']} | "
+              + " | ".join(f"{r[f'{k}_ms']:.2f}" for k in kernels) + " |")
+    print(f"\nsum over {sum(r['count'] for r in rows)} convolutions (ms, forward + backward): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in totals.items())
+          + f"; Paddle / oneDNN {totals['paddle'] / totals['onednn']:.2f}x"
+          + (f"; oneDNN / torch {totals['onednn'] / totals['torch']:.2f}x" if args.torch else ""))
+    atomic_write_text(args.out, json.dumps({"img": args.img, "batch": args.batch, "threads": args.threads,
+                                            "totals_ms": totals, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
