@@ -107,3 +107,26 @@ def test_resume_continues_where_it_stopped(small_demo, tmp_path):
     assert [r["epoch"] for r in _rows(out)] == ["1", "2"]
     assert "resumed from" in (out / "train.log").read_text()
     assert json.loads((out / "metrics.json").read_text())["epochs"] == 2
+
+
+def test_losses_reach_the_host_once_per_step_for_every_hook():
+    """The console and VisualDL log at the same steps; the loss tensors are read from the device once."""
+    import numpy as np
+
+    from ppmulti.engine.hooks import StepOutputs, host_losses
+
+    reads = []
+
+    class DeviceValue:
+        def __init__(self, value):
+            self.value = value
+
+        def numpy(self):
+            reads.append(self.value)
+            return np.array([self.value], dtype=np.float32)
+
+    outputs = StepOutputs({"loss": DeviceValue(1.5), "loss_cls": DeviceValue(0.25), "other": 3})
+    assert host_losses(outputs) == {"loss": 1.5, "loss_cls": 0.25}
+    assert host_losses(outputs) == {"loss": 1.5, "loss_cls": 0.25}
+    assert sorted(reads) == [0.25, 1.5]                                        # one read per loss
+    assert host_losses({"loss": DeviceValue(2.0)}) == {"loss": 2.0}            # a plain dict works too

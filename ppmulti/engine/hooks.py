@@ -15,6 +15,23 @@ from ppmulti.io import atomic_write_text
 log = logging.getLogger("ppmulti")
 
 
+class StepOutputs(dict):
+    """One step's outputs (loss tensors by name); ``losses()`` copies the losses to the host once per step,
+    whichever hook asks first (the console and VisualDL log at the same steps)."""
+
+    _host: dict[str, float] | None = None
+
+    def losses(self) -> dict[str, float]:
+        if self._host is None:
+            self._host = {k: float(v.numpy().reshape(-1)[0]) for k, v in self.items() if k.startswith("loss")}
+        return self._host
+
+
+def host_losses(outputs: dict) -> dict[str, float]:
+    """The loss values of ``outputs`` as floats (a plain dict, as tests pass, is copied each time)."""
+    return (outputs if isinstance(outputs, StepOutputs) else StepOutputs(outputs)).losses()
+
+
 class Hook:
     """Called by the Trainer at fixed points; override what you need."""
 
@@ -61,7 +78,7 @@ class ConsoleLogHook(Hook):
             return
         elapsed = time.time() - self.tic
         ips = self.steps * trainer.batch.global_batch / elapsed if elapsed > 0 else 0.0
-        values = {k: float(v.numpy().reshape(-1)[0]) for k, v in outputs.items() if k.startswith("loss")}
+        values = host_losses(outputs)
         losses = " ".join(f"{k}={v:.4f}" for k, v in values.items())
         extra = None
         if self.bar is not None:
@@ -232,9 +249,8 @@ class VisualDLHook(Hook):
         if (step + 1) % self.interval:
             return
         g = trainer.state.global_step
-        for key, value in outputs.items():
-            if key.startswith("loss"):
-                self.writer.add_scalar(f"train/{key}", float(value.numpy().reshape(-1)[0]), g)
+        for key, value in host_losses(outputs).items():
+            self.writer.add_scalar(f"train/{key}", value, g)
         self.writer.add_scalar("train/lr", float(lr), g)
         elapsed = time.time() - self.tic
         if elapsed > 0:

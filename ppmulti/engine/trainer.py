@@ -14,7 +14,8 @@ from typing import Callable
 from ppmulti import config as config_mod
 from ppmulti import dist
 from ppmulti.engine import checkpoint as ckpt
-from ppmulti.engine.hooks import CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook, VisualDLHook
+from ppmulti.engine.hooks import (CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook, StepOutputs,
+                                  VisualDLHook)
 from ppmulti.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
 from ppmulti.errors import UserError
 
@@ -385,7 +386,7 @@ class Trainer:
                     sums[key] = v if key not in sums else sums[key] + v
             n += 1
             self.state.step_in_epoch = step + 1
-            self._call("after_step", epoch, step, outputs, lr, data_time)
+            self._call("after_step", epoch, step, StepOutputs(outputs), lr, data_time)
             if (step + 1) % check_every == 0 and self.stop_requests.agreed():
                 self._stop_on_request(epoch, step)
             t_data = time.time()
