@@ -129,6 +129,16 @@ def _torchvision_nms_shim() -> str | None:
             f"torchvision::nms registered with a pure-torch CPU kernel (used by validation only)")
 
 
+def _offline_yolov5(a: argparse.Namespace) -> tuple[Path, Path, Path]:
+    """(YOLOv5 venv) A mode's --out, --yolov5 checkout and config dir (<out>/config, made here), with YOLOv5's
+    offline environment set in this process: OFFLINE_ENV and its settings kept in that config dir."""
+    out, yolov5 = Path(a.out), Path(a.yolov5).resolve()
+    config = out / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    os.environ.update(OFFLINE_ENV, YOLOV5_CONFIG_DIR=str(config), YOLO_CONFIG_DIR=str(config))
+    return out, yolov5, config
+
+
 def _worker(argv: list[str]) -> None:
     """Run YOLOv5's train.main with timing hooks; write epochs.json in --out."""
     p = argparse.ArgumentParser(prog="vs_yolov5.py yolov5-worker")
@@ -140,10 +150,7 @@ def _worker(argv: list[str]) -> None:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    out, yolov5 = Path(a.out), Path(a.yolov5).resolve()
-    config = out / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    os.environ.update(OFFLINE_ENV, YOLOV5_CONFIG_DIR=str(config), YOLO_CONFIG_DIR=str(config))
+    out, yolov5, config = _offline_yolov5(a)
     import matplotlib
 
     font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
@@ -196,10 +203,7 @@ def _convert_reference(argv: list[str]) -> None:
     p.add_argument("--yolov5", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    out, yolov5 = Path(a.out), Path(a.yolov5).resolve()
-    config = out / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    os.environ.update(OFFLINE_ENV, YOLOV5_CONFIG_DIR=str(config), YOLO_CONFIG_DIR=str(config))
+    out, yolov5, _config = _offline_yolov5(a)
     _torchvision_nms_shim()
     sys.path.insert(0, str(yolov5))
     from copy import deepcopy
@@ -276,29 +280,47 @@ def _run(cmd: list[str], log: Path, env: dict | None = None, cwd: Path = REPO) -
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n--- last lines of {log}:\n{tail}")
 
 
-def ensure_venv(venv: Path, yolov5: Path, torch_spec: str, torchvision_spec: str) -> Path:
-    """The bench's own venv with torch, torchvision (--no-deps) and YOLOv5's requirements; returns its python."""
+def _run_env() -> dict:
+    """The environment of a timed run's process (the YOLOv5 worker, ppmulti's train.py): this one's, without
+    PYTHONPATH."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def _venv(venv: Path, wanted: str, installs: list[list[str]], system_site_packages: bool = False,
+          constraints: str | None = None, note: str | None = None) -> Path:
+    """``venv``'s python, set up unless its .ready marker already reads ``wanted``: the venv made if it has no
+    python (``python -m venv``), ``constraints`` written to <venv>/constraints.txt, ``note`` printed, each of
+    ``installs`` pip-installed in order (``pip install -q ARGS``), then the marker written."""
     python = venv / "bin" / "python"
     marker = venv / ".ready"
-    wanted = f"{torch_spec} {torchvision_spec} {(yolov5 / 'requirements.txt').read_text()}"
     if marker.exists() and marker.read_text() == wanted:
         return python
     if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    constraints = venv / "constraints.txt"
-    constraints.write_text(f"{torch_spec}\n{torchvision_spec}\n")
-    print(f"setting up {venv} (torch, torchvision, YOLOv5 requirements) ...", flush=True)
-    subprocess.run([*pip, torch_spec], check=True)
-    subprocess.run([*pip, "--no-deps", torchvision_spec], check=True)   # pip must not replace the CPU torch
-    subprocess.run([*pip, "-c", str(constraints), "-r", str(yolov5 / "requirements.txt")], check=True)
+        site = ["--system-site-packages"] if system_site_packages else []
+        subprocess.run([sys.executable, "-m", "venv", *site, str(venv)], check=True)
+    if constraints is not None:
+        (venv / "constraints.txt").write_text(constraints)
+    if note:
+        print(note, flush=True)
+    for args in installs:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *args], check=True)
     marker.write_text(wanted)
     return python
 
 
+def ensure_venv(venv: Path, yolov5: Path, torch_spec: str, torchvision_spec: str) -> Path:
+    """The bench's own venv with torch, torchvision (--no-deps) and YOLOv5's requirements; returns its python."""
+    wanted = f"{torch_spec} {torchvision_spec} {(yolov5 / 'requirements.txt').read_text()}"
+    return _venv(venv, wanted, [[torch_spec],
+                                ["--no-deps", torchvision_spec],   # pip must not replace the CPU torch
+                                ["-c", str(venv / "constraints.txt"), "-r", str(yolov5 / "requirements.txt")]],
+                 constraints=f"{torch_spec}\n{torchvision_spec}\n",
+                 note=f"setting up {venv} (torch, torchvision, YOLOv5 requirements) ...")
+
+
 def run_yolov5(python: Path, yolov5: Path, data: Path, img: int, batch: int, epochs: int, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = _run_env()
     _run([str(python), str(Path(__file__).resolve()), "yolov5-worker", "--yolov5", str(yolov5),
           "--data", str(data / "data.yaml"), "--img", str(img), "--batch", str(batch), "--epochs", str(epochs),
           "--out", str(out)], out / "log.txt", env=env, cwd=yolov5)
@@ -318,7 +340,7 @@ def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
     from ppmulti.dist import choose_cpu_threads, usable_cores
     from ppmulti.env import PPMULTI_CPU_THREADS
 
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = _run_env()
     if auto:
         return choose_cpu_threads(usable_cores(), nproc, env.get(PPMULTI_CPU_THREADS)), env
     threads = max(1, usable_cores() // nproc)
@@ -358,13 +380,7 @@ def check_convert(yolov5_python: Path, yolov5: Path, venv: Path, torch_spec: str
     """
     from ppmulti.io import atomic_write_text
 
-    python = venv / "bin" / "python"
-    marker = venv / ".ready"
-    if not (marker.exists() and marker.read_text() == torch_spec):
-        if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", torch_spec], check=True)
-        marker.write_text(torch_spec)
+    python = _venv(venv, torch_spec, [[torch_spec]], system_site_packages=True)
     tmp = Path(tempfile.mkdtemp(prefix="ppmulti_convert_check_"))
     me = str(Path(__file__).resolve())
     _run([str(yolov5_python), me, "convert-reference", "--yolov5", str(yolov5), "--out", str(tmp)],

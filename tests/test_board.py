@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_tool
+from conftest import REPO, LossStub, run_tool
 
 # values exact in float32 (VisualDL stores scalars as float32), so they come back equal
 LOSS = {0: 2.5, 1: 1.25, 2: 0.75, 3: 0.5}
@@ -77,6 +78,21 @@ def _env() -> dict:
     return env
 
 
+@contextlib.contextmanager
+def _board(run: Path):
+    """``ppmulti board run --port <a free port>`` started; yields (process, port, runs) once its API answers,
+    and kills the process on the way out if it is still running."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ppmulti.cli", "board", str(run), "--port", str(port)],
+                            cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield proc, port, _wait_for_api(proc, port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _one_error_line(proc) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
@@ -89,12 +105,7 @@ def _one_error_line(proc) -> str:
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "terminate"])
 def test_board_serves_the_run_scalars_over_http(tmp_path, stop):
     logdir = _write_run(tmp_path / "run")
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ppmulti.cli", "board", str(tmp_path / "run"),
-                             "--port", str(port)], cwd=REPO, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        runs = _wait_for_api(proc, port)
+    with _board(tmp_path / "run") as (proc, port, runs):
         assert runs == [str(logdir)]
         tags = _api(port, "scalar/tags")
         assert tags["runs"] == runs and sorted(tags["tags"][0]) == ["eval/mAP50", "train/loss"]
@@ -109,10 +120,6 @@ def test_board_serves_the_run_scalars_over_http(tmp_path, stop):
                 assert resp.status == 200 and b"<html" in resp.read().lower()
         proc.send_signal(stop)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, (out, err)
     assert "Traceback" not in err
     assert f"VisualDL: http://127.0.0.1:{port}  (logs: {logdir})" in out.splitlines()
@@ -151,16 +158,6 @@ def test_board_port_in_use_is_one_line_exit_2(tmp_path):
     assert f"port {port}" in line and "--port" in line
 
 
-class _Loss:
-    def __init__(self, value: float):
-        self.value = value
-
-    def numpy(self):
-        import numpy as np
-
-        return np.array([self.value], dtype=np.float32)
-
-
 def _write_run_with_hook(run: Path) -> Path:
     """Two epochs of a 2-rank run's log, written by the real VisualDLHook from made-up figures."""
     from types import SimpleNamespace
@@ -181,7 +178,7 @@ def _write_run_with_hook(run: Path) -> Path:
         for step in range(4):
             trainer.state.global_step += 1
             data_time += DATA_WAIT[step]
-            hook.after_step(trainer, epoch, step, {"loss": _Loss(2.0 - epoch), "loss_cls": _Loss(0.5)},
+            hook.after_step(trainer, epoch, step, {"loss": LossStub(2.0 - epoch), "loss_cls": LossStub(0.5)},
                             0.002, data_time)
         hook.after_epoch(trainer, SimpleNamespace(
             epoch=epoch, images_per_s=22.5, per_rank_images_per_s=RANK_IPS[epoch + 1],
@@ -198,12 +195,7 @@ RANK_IPS = {1: [12.5, 10.0], 2: [13.0, 11.5]}
 @pytest.mark.multiproc
 def test_board_serves_data_time_per_rank_throughput_and_hparams(tmp_path):
     logdir = _write_run_with_hook(tmp_path / "run")
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ppmulti.cli", "board", str(tmp_path / "run"),
-                             "--port", str(port)], cwd=REPO, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        runs = _wait_for_api(proc, port)
+    with _board(tmp_path / "run") as (proc, port, runs):
         assert runs == [str(logdir)]
         tags = set(_api(port, "scalar/tags")["tags"][0])
         assert {"train/loss", "train/loss_cls", "train/lr", "train/images_per_s", "train/data_time",
@@ -232,8 +224,4 @@ def test_board_serves_data_time_per_rank_throughput_and_hparams(tmp_path):
         assert {m["name"] for m in indicators["metrics"]} == {"eval/mAP50", "eval/mAP50_95"}
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, (out, err)

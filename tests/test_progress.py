@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from conftest import DEMO_CONFIG, REPO, demo_overrides
+from conftest import DEMO_CONFIG, REPO, LossStub, demo_overrides
 
 
 class _Tty(io.StringIO):
@@ -29,14 +28,6 @@ class _Tty(io.StringIO):
         return True
 
 
-class _Loss:
-    def __init__(self, value: float):
-        self.value = value
-
-    def numpy(self):
-        return np.array([self.value], dtype=np.float32)
-
-
 def _trainer(steps: int = 4) -> SimpleNamespace:
     return SimpleNamespace(cfg={"log_iter": 2, "epoch": 2}, steps_per_epoch=steps,
                            batch=SimpleNamespace(global_batch=8))
@@ -44,7 +35,7 @@ def _trainer(steps: int = 4) -> SimpleNamespace:
 
 def _one_epoch(hook, trainer, epoch: int = 0) -> None:
     for step in range(trainer.steps_per_epoch):
-        hook.after_step(trainer, epoch, step, {"loss": _Loss(1.5), "loss_cls": _Loss(0.25)}, 0.001, 0.01)
+        hook.after_step(trainer, epoch, step, {"loss": LossStub(1.5), "loss_cls": LossStub(0.25)}, 0.001, 0.01)
     hook.after_epoch(trainer, SimpleNamespace(epoch=epoch, seconds=1.0, images_per_s=32.0,
                                               losses={"loss": 1.5}, metrics=None))
 
@@ -415,7 +406,7 @@ def test_bars_are_taken_down_when_training_raises(rank_log):
     trainer.state = SimpleNamespace(epoch=0)
 
     def crash(epoch, epochs, snapshot):
-        hook.after_step(trainer, epoch, 0, {"loss": _Loss(1.0)}, 0.001, 0.0)   # a bar is open now
+        hook.after_step(trainer, epoch, 0, {"loss": LossStub(1.0)}, 0.001, 0.0)   # a bar is open now
         assert hook.bar is not None
         raise KeyboardInterrupt
 
