@@ -111,19 +111,15 @@ def test_resume_continues_where_it_stopped(small_demo, tmp_path):
 
 def test_losses_reach_the_host_once_per_step_for_every_hook():
     """The console and VisualDL log at the same steps; the loss tensors are read from the device once."""
-    import numpy as np
-
+    from conftest import LossStub
     from ppmulti.engine.hooks import StepOutputs, host_losses
 
     reads = []
 
-    class DeviceValue:
-        def __init__(self, value):
-            self.value = value
-
+    class DeviceValue(LossStub):
         def numpy(self):
             reads.append(self.value)
-            return np.array([self.value], dtype=np.float32)
+            return super().numpy()
 
     outputs = StepOutputs({"loss": DeviceValue(1.5), "loss_cls": DeviceValue(0.25), "other": 3})
     assert host_losses(outputs) == {"loss": 1.5, "loss_cls": 0.25}
