@@ -350,7 +350,8 @@ def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
 
 def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path, auto_threads: bool,
                 paddle_conv: bool = False) -> dict:
-    import csv
+    from ppmulti.engine.plots import read_results
+    from ppmulti.env import PPMULTI_CPU_CONV
 
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(REPO / "tools" / "train.py"), "--data", str(data / "data.yaml"), "--cfg", "yolov5s",
@@ -361,12 +362,11 @@ def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: 
         cmd += ["--nproc", str(nproc)]
     threads, env = ppmulti_threads(nproc, auto_threads)
     if paddle_conv:   # Paddle's own conv2d kernel instead of ppmulti's oneDNN op (ppmulti/ops)
-        env = {**env, "PPMULTI_CPU_CONV": "paddle"}
+        env = {**env, PPMULTI_CPU_CONV: "paddle"}
     _run(cmd, out / "log.txt", env=env)
-    with open(out / "run" / "results.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    per_epoch = [{"epoch": int(r["epoch"]), "images": round(float(r["images_per_s"]) * float(r["epoch_seconds"])),
-                  "seconds": float(r["epoch_seconds"])} for r in rows]
+    cols = read_results(out / "run" / "results.csv")
+    per_epoch = [{"epoch": int(e), "images": round(ips * secs), "seconds": secs}
+                 for e, ips, secs in zip(cols["epoch"], cols["images_per_s"], cols["epoch_seconds"])]
     timed = per_epoch[1:]
     return {"images": sum(e["images"] for e in timed), "seconds": sum(e["seconds"] for e in timed),
             "threads": threads, "epochs": per_epoch}

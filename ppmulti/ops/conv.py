@@ -20,8 +20,9 @@ SOURCE = Path(__file__).with_name("onednn_conv.cc")
 HEADERS_DIST = "onednn-devel-cpu-gomp"   # oneDNN 3.2's headers; Paddle 2.6.2 ships libdnnl 3.2.1 without them
 CHOICES = ("onednn", "paddle")
 
-_op = None          # the registered op's caller, once loaded
-_failure = None     # why it could not be loaded, once tried
+_op = None            # the registered op's caller, once loaded
+_failure = None       # why it could not be loaded, once tried
+_registered = False   # the op is known to Paddle in this process (compiling it here also registers it)
 
 
 class OpUnavailable(RuntimeError):
@@ -44,10 +45,20 @@ def cache_root() -> Path:
     return Path(base) / "ppmulti" / "ops"
 
 
-def _build_dir() -> Path:
-    import paddle
+def _paddle_dir() -> Path:
+    """Paddle's package directory, found without importing paddle (seconds) when the op is already built."""
+    import importlib.util
 
-    tag = hashlib.sha1(SOURCE.read_bytes() + paddle.__version__.encode() + sys.version.encode()).hexdigest()[:12]
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or spec.origin is None:
+        raise OpUnavailable("paddle is not installed")
+    return Path(spec.origin).parent
+
+
+def _build_dir() -> Path:
+    paddle_dir = _paddle_dir()
+    version = (paddle_dir / "version" / "__init__.py").read_bytes() if (paddle_dir / "version").is_dir() else b""
+    tag = hashlib.sha1(SOURCE.read_bytes() + version + sys.version.encode()).hexdigest()[:12]
     return cache_root() / f"onednn_conv-{tag}"
 
 
@@ -69,9 +80,7 @@ def _include_dir() -> Path:
 
 
 def _paddle_libs() -> Path:
-    import paddle
-
-    libs = Path(paddle.__file__).parent / "libs"
+    libs = _paddle_dir() / "libs"
     if not (libs / "libdnnl.so.3").is_file():
         raise OpUnavailable(f"this Paddle build has no libdnnl.so.3 in {libs}")
     return libs
@@ -79,61 +88,80 @@ def _paddle_libs() -> Path:
 
 def _compile(build: Path) -> None:
     """Compile the op into ``build`` with Paddle's extension builder (about 20 s, once per machine)."""
+    global _registered
+    libs, include = _paddle_libs(), _include_dir()   # their own clear reasons, before any compiler runs
     from paddle.utils.cpp_extension import load
 
-    libs = _paddle_libs()
     log.info("building the oneDNN convolution op for CPU training (once per Paddle version) in %s", build)
-    out = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            logging.disable(logging.INFO)   # Paddle's builder logs "Compiling user custom op..." at INFO
+        # the builder's own chatter (stdout, and "Compiling user custom op..." logged at INFO) stays out of logs
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            logging.disable(logging.INFO)
             try:
                 load(name="ppmulti_onednn_conv", sources=[str(SOURCE)], build_directory=str(build),
-                     extra_include_paths=[str(_include_dir())], extra_cxx_cflags=["-O2"],
+                     extra_include_paths=[str(include)], extra_cxx_cflags=["-O2"],
                      extra_ldflags=[f"-L{libs}", "-l:libdnnl.so.3", f"-Wl,-rpath,{libs}"], verbose=False)
             finally:
                 logging.disable(logging.NOTSET)
     except Exception as exc:   # a compiler error arrives as RuntimeError with the compiler's text
         first = next((line for line in str(exc).splitlines() if "error" in line.lower()), str(exc).splitlines()[0])
         raise OpUnavailable(f"building it failed: {first.strip()[:300]}") from exc
+    _registered = True
 
 
-def load_op():
-    """The op's caller ``f(x, weight, strides, paddings) -> y``, building it first if needed.
+def build_op() -> Path:
+    """The op's shared library, compiled first when this machine has none for this source and Paddle.
 
-    Several ranks may start at once: one builds under a file lock, the others wait and then load it.
-    Raises OpUnavailable with the reason when this machine cannot build or load it.
+    Several ranks may start at once: one builds under a file lock, the others wait. When the library
+    exists this imports nothing heavy (no paddle). Raises OpUnavailable with the reason.
     """
-    global _op, _failure
-    if _op is not None:
-        return _op
+    global _failure
     if _failure is not None:
         raise OpUnavailable(_failure)
     try:
         if not sys.platform.startswith("linux"):
             raise OpUnavailable("it is built for Linux only")
         from filelock import FileLock
-        from paddle.base import core
-        from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
 
         build = _build_dir()
         library = build / "ppmulti_onednn_conv" / "ppmulti_onednn_conv.so"
         build.mkdir(parents=True, exist_ok=True)
-        built_here = False
-        with FileLock(str(build) + ".lock"):
+        with FileLock(str(build) + ".lock"):   # also while checking: the linker writes the .so in place
             if not library.is_file():
-                _compile(build)       # Paddle's builder also registers the op in this process
-                built_here = True
+                _compile(build)
         if not library.is_file():
             raise OpUnavailable(f"the build left no {library}")
-        if not built_here and OP_NAME not in load_op_meta_info_and_register_op(str(library)):
-            raise OpUnavailable(f"{library} does not define {OP_NAME}")
+        return library
     except OpUnavailable as exc:
         _failure = str(exc)
         raise
-    except OSError as exc:      # unwritable cache, missing compiler, a library that does not load
+    except OSError as exc:      # unwritable cache, missing compiler
         _failure = f"{type(exc).__name__}: {exc}"
         raise OpUnavailable(_failure) from exc
+
+
+def load_op():
+    """The op's caller ``f(x, weight, strides, paddings) -> y``, building and registering it first if needed.
+
+    Raises OpUnavailable with the reason when this machine cannot build or load it.
+    """
+    global _op, _failure, _registered
+    if _op is not None:
+        return _op
+    library = build_op()
+    from paddle.base import core
+    from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+    if not _registered:
+        try:
+            names = load_op_meta_info_and_register_op(str(library))
+        except Exception as exc:   # noqa: BLE001 - a library that does not load: Paddle raises its own types
+            _failure = f"loading {library} failed: {exc}"
+            raise OpUnavailable(_failure) from exc
+        if OP_NAME not in names:
+            _failure = f"{library} does not define {OP_NAME}"
+            raise OpUnavailable(_failure)
+        _registered = True
 
     def run(x, weight, strides, paddings):
         # what Paddle's generated wrapper for a custom op calls in dygraph mode
