@@ -24,7 +24,7 @@ REQUIRES = [
     "matplotlib",                # results.png, PR_curve.png, evolve plots (visualdl pulls it too; we import it)
     "PyYAML",                    # configs and dataset yamls
     "opencv-python",             # demo data and drawing (paddledet pulls a compatible build)
-    # oneDNN 3.2's C++ headers (188 KB, no library): ppmulti/ops builds its CPU convolution against the
+    # oneDNN 3.2's C++ headers (188 KB, no library): ppmulti/rank/ops builds its CPU convolution against the
     # libdnnl 3.2.1 inside Paddle's wheel, which ships without them
     "onednn-devel-cpu-gomp==2023.2.0; platform_machine == 'x86_64' and sys_platform == 'linux'",
 ]
@@ -34,7 +34,7 @@ setup(
     version=VERSION,
     description="Multi-GPU and multi-machine YOLO training on PaddlePaddle, built on ppdet",
     packages=find_packages(include=["ppmulti", "ppmulti.*"]),
-    package_data={"ppmulti.ops": ["*.cc"]},
+    package_data={"ppmulti.rank.ops": ["*.cc"]},
     python_requires=">=3.8",
     install_requires=REQUIRES,
     extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"]},

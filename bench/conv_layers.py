@@ -47,8 +47,8 @@ def _layer_shapes(img: int, batch: int) -> list[tuple]:
     import paddle
     from ppdet.core.workspace import create
 
-    from ppmulti import config as config_mod
-    from ppmulti.ops import conv as ops_conv
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.ops import conv as ops_conv
 
     cfg = config_mod.load(REPO / "configs" / "yolov5" / "yolov5_s_300e_coco.yml")
     model = create(cfg.architecture)
@@ -78,13 +78,13 @@ def main() -> None:
     ap.add_argument("--torch", help="a python with torch (e.g. bench/.venv-yolov5/bin/python) to time torch too")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "conv_layers.json"))
     args = ap.parse_args()
-    from ppmulti.ppdet_ext import register_extensions
+    from ppmulti.rank.ppdet_bridge import register_extensions
 
     register_extensions()
     import paddle
 
-    from ppmulti.io import atomic_write_text
-    from ppmulti.ops import conv as ops_conv
+    from ppmulti.common.atomic import atomic_write_text
+    from ppmulti.rank.ops import conv as ops_conv
 
     paddle.set_device("cpu")
     paddle.base.core.set_num_threads(args.threads)

@@ -1,7 +1,7 @@
 """Fast-path changes measured before and after, side by side: the demo config with 1 and 2 ranks under
 variants (threads per rank, loader workers, shared memory, one training size), interleaved over rounds.
 
-Each case is one probe (``ppmulti.perf.probe train``, real processes, 2 ranks through ``ppmulti launch``)
+Each case is one probe (``ppmulti.rank.bench_probe train``, real processes, 2 ranks through ``ppmulti launch``)
 of ``--steps`` steps; the figure is images/s over the steps after the warm-up, median over the rounds.
 Prints a markdown table and writes it with the raw records to ``--out``.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ppmulti.env import KMP_BLOCKTIME, PPMULTI_CPU_CONV, PPMULTI_CPU_THREADS  # noqa: E402
-from ppmulti.perf import runner  # noqa: E402
+from ppmulti.common.envvars import KMP_BLOCKTIME, PPMULTI_CPU_CONV, PPMULTI_CPU_THREADS  # noqa: E402
+from ppmulti.procs.bench import runner  # noqa: E402
 
 FIXED = str(REPO / "bench/configs/demo_fixed160.yml")
 DEMO = "demo"
@@ -59,8 +59,8 @@ def main() -> None:
     ap.add_argument("--data", help="demo dataset dir (default: 128 images of 256 px generated)")
     ap.add_argument("--out", default="bench/results/fastpath")
     args = ap.parse_args()
-    from ppmulti.data.demo import exists, generate
-    from ppmulti.io import atomic_write_text
+    from ppmulti.common.synthdata import exists, generate
+    from ppmulti.common.atomic import atomic_write_text
 
     work = Path(tempfile.mkdtemp(prefix="ppmulti_fastpath_"))
     data = Path(args.data) if args.data else work / "data"

@@ -36,8 +36,8 @@ def main() -> None:
     args = ap.parse_args()
     import paddle.profiler as profiler
 
-    from ppmulti.engine.hooks import Hook
-    from ppmulti.engine.trainer import Trainer, TrainOptions
+    from ppmulti.rank.engine.hooks import Hook
+    from ppmulti.rank.engine.trainer import Trainer, TrainOptions
 
     # no trace export: Paddle's default would write ./profiler_log into the working directory
     prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], timer_only=False, on_trace_ready=lambda p: None)

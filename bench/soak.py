@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "soak.json"))
     args = p.parse_args(argv)
 
-    from ppmulti.data.demo import generate
+    from ppmulti.common.synthdata import generate
 
     work = Path(tempfile.mkdtemp(prefix="ppmulti-soak-"))
     data = work / "data"

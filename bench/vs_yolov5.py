@@ -241,17 +241,17 @@ def _convert_compare(argv: list[str]) -> None:
     import numpy as np
     import paddle
 
-    from ppmulti.models.convert import convert_file
+    from ppmulti.rank.models.convert import convert_file
 
     ref = np.load(out / "ref.npz")
     report = {}
     for name in ("sd", "ckpt"):
         info = convert_file(str(out / f"{name}.pt"), str(out / f"{name}.pdparams"), "yolov5s")
-        import ppmulti.models  # noqa: F401  (registers the model)
+        import ppmulti.rank.models  # noqa: F401  (registers the model)
         from ppdet.core.workspace import create
 
-        from ppmulti import config as config_mod
-        from ppmulti.engine.checkpoint import load_weights
+        from ppmulti.rank import config as config_mod
+        from ppmulti.rank.engine.checkpoint import load_weights
 
         cfg = config_mod.load(REPO / "configs" / "yolov5" / "yolov5_s_300e_coco.yml", {"num_classes": 3})
         model = create(cfg.architecture)
@@ -337,8 +337,8 @@ def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
     Pinned (default): cores // ranks through PPMULTI_CPU_THREADS -- in one process that is every core, as torch
     takes for YOLOv5. ``auto`` leaves ppmulti's own rule (the same share, unless PPMULTI_CPU_THREADS is set).
     """
-    from ppmulti.dist import choose_cpu_threads, usable_cores
-    from ppmulti.env import PPMULTI_CPU_THREADS
+    from ppmulti.common.cpus import choose_cpu_threads, usable_cores
+    from ppmulti.common.envvars import PPMULTI_CPU_THREADS
 
     env = _run_env()
     if auto:
@@ -350,8 +350,8 @@ def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
 
 def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path, auto_threads: bool,
                 paddle_conv: bool = False) -> dict:
-    from ppmulti.engine.plots import read_results
-    from ppmulti.env import PPMULTI_CPU_CONV
+    from ppmulti.common.metrics import read_results
+    from ppmulti.common.envvars import PPMULTI_CPU_CONV
 
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(REPO / "tools" / "train.py"), "--data", str(data / "data.yaml"), "--cfg", "yolov5s",
@@ -361,7 +361,7 @@ def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: 
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     threads, env = ppmulti_threads(nproc, auto_threads)
-    if paddle_conv:   # Paddle's own conv2d kernel instead of ppmulti's oneDNN op (ppmulti/ops)
+    if paddle_conv:   # Paddle's own conv2d kernel instead of ppmulti's oneDNN op (ppmulti/rank/ops)
         env = {**env, PPMULTI_CPU_CONV: "paddle"}
     _run(cmd, out / "log.txt", env=env)
     cols = read_results(out / "run" / "results.csv")
@@ -378,7 +378,7 @@ def check_convert(yolov5_python: Path, yolov5: Path, venv: Path, torch_spec: str
     The reference is made in the YOLOv5 venv; the conversion and ppmulti's forward run in a second venv that
     sees ppmulti's packages (--system-site-packages) plus torch, since the converter reads .pt with torch.
     """
-    from ppmulti.io import atomic_write_text
+    from ppmulti.common.atomic import atomic_write_text
 
     python = _venv(venv, torch_spec, [[torch_spec]], system_site_packages=True)
     tmp = Path(tempfile.mkdtemp(prefix="ppmulti_convert_check_"))
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] and argv[0] in modes:
         return modes[argv[0]](argv[1:])
     args = parse_args(argv)
-    from ppmulti.errors import UserError
+    from ppmulti.common.errors import UserError
 
     yolov5 = Path(args.yolov5).resolve()
     if not (yolov5 / "train.py").is_file() or not (yolov5 / "models" / "yolov5s.yaml").is_file():
@@ -443,8 +443,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"get one with: git clone https://github.com/ultralytics/yolov5 {args.yolov5}")
     if args.epochs < 2:
         raise UserError(f"--epochs {args.epochs}: need at least 2 (the first epoch is warm-up and not timed)")
-    from ppmulti.data.demo import exists, generate
-    from ppmulti.io import atomic_write_text
+    from ppmulti.common.synthdata import exists, generate
+    from ppmulti.common.atomic import atomic_write_text
 
     python = ensure_venv(Path(args.venv), yolov5, args.torch_spec, args.torchvision_spec)
     if args.check_convert:

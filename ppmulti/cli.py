@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from ppmulti import __version__
-from ppmulti.errors import exit_on_user_error
+from ppmulti.common.errors import exit_on_user_error
 
 
 def _cmd_data_demo(args: argparse.Namespace) -> int:
-    from ppmulti.data.demo import generate
+    from ppmulti.common.synthdata import generate
 
     ds = generate(args.dir, fmt=args.format, n_train=args.train, n_val=args.val, size=args.size, seed=args.seed)
     print(f"demo dataset written to {ds.root} ({args.train} train / {args.val} val images, {args.format})")
@@ -18,7 +18,7 @@ def _cmd_data_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ppmulti.demo import run_demo
+    from ppmulti.procs.demo import run_demo
 
     return run_demo(args)
 
@@ -56,21 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     data.set_defaults(func=lambda a: (data.print_help(), 2)[1])
 
     try:
-        from ppmulti.launch import command as launch_command
+        from ppmulti.procs.launch import command as launch_command
     except ImportError:  # pragma: no cover - the launcher package is part of ppmulti
         launch_command = None
     if launch_command is not None:
         launch_command.register(sub)
-    from ppmulti.runs import board as board_command
+    from ppmulti.procs.runs import board as board_command
     board_command.register(sub)
-    # --- evolve, ps, logs, stop (ppmulti/runs/evolve_run.py, detach.py) ---
-    from ppmulti.runs import detach as detach_commands
-    from ppmulti.runs import evolve_run as evolve_command
+    # --- evolve, ps, logs, stop (ppmulti/procs/runs/evolve_run.py, detach.py) ---
+    from ppmulti.procs.runs import detach as detach_commands
+    from ppmulti.procs.runs import evolve_run as evolve_command
     evolve_command.register(sub)
     detach_commands.register(sub)
     # --- end evolve, ps, logs, stop ---
-    # --- bench (ppmulti/perf) ---
-    from ppmulti.perf import command as bench_command
+    # --- bench (ppmulti/procs/bench) ---
+    from ppmulti.procs.bench import command as bench_command
     bench_command.register(sub)
     # --- end bench ---
     return parser

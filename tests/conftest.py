@@ -20,7 +20,7 @@ def pytest_sessionstart(session):
     A machine that cannot build it still runs the suite: training falls back to Paddle's kernel with one
     warning, and tests/test_onednn_conv.py fails with the reason.
     """
-    from ppmulti.ops.conv import OpUnavailable, build_op
+    from ppmulti.rank.ops.conv import OpUnavailable, build_op
 
     try:
         build_op()   # when it is built already: a file check, no paddle import
@@ -36,7 +36,7 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def small_demo(tmp_path_factory) -> Path:
     """48 train / 16 val images of 128 px in both formats, made once per test session."""
-    from ppmulti.data.demo import generate
+    from ppmulti.common.synthdata import generate
 
     root = tmp_path_factory.mktemp("demo") / "data"
     generate(root, fmt="both", n_train=48, n_val=16, size=128, seed=3)

@@ -10,7 +10,7 @@ from conftest import DEMO_CONFIG, demo_overrides
 
 
 def _train(capsys, *argv: str) -> str:
-    from ppmulti.train_cli import main
+    from ppmulti.procs.train_command import main
 
     code = main(list(argv))
     err = capsys.readouterr().err

@@ -126,7 +126,7 @@ def test_board_serves_the_run_scalars_over_http(tmp_path, stop):
 
 
 def test_find_logdirs_over_a_directory_of_runs(tmp_path):
-    from ppmulti.runs.board import find_logdirs
+    from ppmulti.procs.runs.board import find_logdirs
 
     a = _write_run(tmp_path / "out" / "a")
     nested = _write_run(tmp_path / "out" / "sweep" / "b")
@@ -162,7 +162,7 @@ def _write_run_with_hook(run: Path) -> Path:
     """Two epochs of a 2-rank run's log, written by the real VisualDLHook from made-up figures."""
     from types import SimpleNamespace
 
-    from ppmulti.engine.hooks import VisualDLHook
+    from ppmulti.rank.engine.hooks import VisualDLHook
 
     cfg = {"log_iter": 2, "epoch": 2, "architecture": "YOLOv3", "use_ema": True, "eval_height": 160,
            "OptimizerBuilder": {"optimizer": {"type": "AdamW", "weight_decay": 0.0005}}}

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ppmulti import config as config_mod
-from ppmulti.errors import UserError
+from ppmulti.rank import config as config_mod
+from ppmulti.common.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yml")

@@ -1,4 +1,4 @@
-"""YOLOv5 v6 -> ppmulti weight names (ppmulti/models/convert.py), tested as pure functions; no torch needed."""
+"""YOLOv5 v6 -> ppmulti weight names (ppmulti/rank/models/convert.py), tested as pure functions; no torch needed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from ppmulti.errors import UserError
-from ppmulti.models.convert import convert_state_dict, map_name, read_torch_state
+from ppmulti.common.errors import UserError
+from ppmulti.rank.models.convert import convert_state_dict, map_name, read_torch_state
 
 GOLDEN = [
     ("model.0.conv.weight", "backbone.stem.conv.weight"),
@@ -66,11 +66,11 @@ def yolov5_v6_keys(depth: float) -> list[str]:
 
 @pytest.mark.parametrize("size,depth", [("n", 0.33), ("s", 0.33), ("m", 0.67), ("l", 1.0)])
 def test_every_yolov5_key_lands_on_exactly_one_ppmulti_parameter(size, depth):
-    import ppmulti.models  # noqa: F401  (registers the model)
+    import ppmulti.rank.models  # noqa: F401  (registers the model)
     from ppdet.core.workspace import create
 
-    from ppmulti import config as config_mod
-    from ppmulti.paths import CONFIGS
+    from ppmulti.rank import config as config_mod
+    from ppmulti.common.paths import CONFIGS
 
     cfg = config_mod.load(CONFIGS / f"yolov5/yolov5_{size}_300e_coco.yml", {"num_classes": 3})
     own = set(create(cfg.architecture).state_dict())

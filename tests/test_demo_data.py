@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from ppmulti.data import demo
-from ppmulti.data.demo import CLASS_NAMES, DemoDataset, exists, generate
-from ppmulti.errors import UserError
+from ppmulti.common import synthdata as demo
+from ppmulti.common.synthdata import CLASS_NAMES, DemoDataset, exists, generate
+from ppmulti.common.errors import UserError
 
 SIZE = 128
 N_TRAIN, N_VAL = 24, 64
@@ -223,7 +223,7 @@ def test_fast_and_paddle_free(tmp_path):
 
     A quarter of that set (64 + 16 at 256 px) keeps the test short; 2.5 s for it means 10 s for the set.
     """
-    code = ("import sys, time; from ppmulti.data.demo import generate; t = time.time(); "
+    code = ("import sys, time; from ppmulti.common.synthdata import generate; t = time.time(); "
             f"generate({str(tmp_path / 'd')!r}, n_train=64, n_val=16); print(time.time() - t); "
             "assert 'paddle' not in sys.modules and 'ppdet' not in sys.modules, 'paddle imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ppmulti import env as E
-from ppmulti.runs.detach import pop_detach
+from ppmulti.common import envvars as E
+from ppmulti.procs.runs.detach import pop_detach
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def _train_args(data: Path, run: Path, epochs: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_yolo(tmp_path_factory) -> Path:
-    from ppmulti.data.demo import generate
+    from ppmulti.common.synthdata import generate
 
     root = tmp_path_factory.mktemp("detach_data") / "demo"
     generate(root, fmt="yolo", n_train=16, n_val=8, size=96, seed=7)
@@ -168,7 +168,7 @@ def test_stop_checkpoints_and_leaves_no_process(tmp_path, home, tiny_yolo):
     assert "Terminating with signal 15" in _cli(["logs", "1"], home, tmp_path).stdout   # Paddle's launcher got it
     assert "SIGTERM: stopped " in (run / "train.log").read_text()               # and rank 0 saved
 
-    check = subprocess.run([sys.executable, "-c", "import sys; from ppmulti.engine.checkpoint import load_state; "
+    check = subprocess.run([sys.executable, "-c", "import sys; from ppmulti.rank.engine.checkpoint import load_state; "
                             "s = load_state(sys.argv[1]); print(s['train']['epoch'], sorted(s))",
                             str(run / "weights" / "last.pdstate")], capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stderr

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from conftest import one_line_error
-from ppmulti import env as E
-from ppmulti.errors import UserError
-from ppmulti.runs.evolve import EvolveStore
-from ppmulti.runs.evolve_run import Slot, _strip, mutated_bounds, plan_slots
+from ppmulti.common import envvars as E
+from ppmulti.common.errors import UserError
+from ppmulti.procs.runs.evolve import EvolveStore
+from ppmulti.procs.runs.evolve_run import Slot, _strip, mutated_bounds, plan_slots
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_other_hyp_set_in_the_same_project_is_refused(tmp_path):
 _FAKE_WORKERS = """
 import json, sys, time
 from pathlib import Path
-from ppmulti.runs.evolve_run import Evolution, EvolveSpec, Slot
+from ppmulti.procs.runs.evolve_run import Evolution, EvolveSpec, Slot
 
 class Fake(Evolution):
     def train(self, job, slot):                  # a 'training' that writes metrics.json like the real one
@@ -153,7 +153,7 @@ def test_generation_budget_holds_across_processes(tmp_path):
 # ----------------------------------------------------------------------------- real evolutions on CPU
 @pytest.fixture(scope="module")
 def tiny_yolo(tmp_path_factory) -> Path:
-    from ppmulti.data.demo import generate
+    from ppmulti.common.synthdata import generate
 
     root = tmp_path_factory.mktemp("evo_data") / "demo"
     generate(root, fmt="yolo", n_train=16, n_val=8, size=96, seed=5)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
-from ppmulti.errors import UserError
-from ppmulti.runs import evolve
-from ppmulti.runs.evolve import HYP_BOUNDS, EvolveStore
+from ppmulti.common.errors import UserError
+from ppmulti.procs.runs import evolve
+from ppmulti.procs.runs.evolve import HYP_BOUNDS, EvolveStore
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005, "warmup_epochs": 3.0,
@@ -110,7 +110,7 @@ def test_store_roundtrip_best_and_next_candidate(tmp_path):
 
 _WRITER = """
 import os, sys, time
-from ppmulti.runs.evolve import EvolveStore
+from ppmulti.procs.runs.evolve import EvolveStore
 path, wid, n, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 store = EvolveStore(path)
 while not os.path.exists(go):

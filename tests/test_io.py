@@ -2,7 +2,7 @@
 
 import pytest
 
-from ppmulti.io import atomic_save, atomic_write_text
+from ppmulti.common.atomic import atomic_save, atomic_write_text
 
 
 def test_atomic_write_replaces(tmp_path):

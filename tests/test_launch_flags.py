@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ppmulti import env as E
-from ppmulti.errors import UserError
-from ppmulti.launch.flags import (UNSUPPORTED, WORKER_PATH, build_plan, describe, launch_env, parse_launch_args,
+from ppmulti.common import envvars as E
+from ppmulti.common.errors import UserError
+from ppmulti.procs.launch.flags import (UNSUPPORTED, WORKER_PATH, build_plan, describe, launch_env, parse_launch_args,
                                   to_paddle)
-from ppmulti.launch.plan import LaunchPlan
+from ppmulti.procs.launch.plan import LaunchPlan
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "paddle.distributed.launch"]
@@ -290,8 +290,8 @@ def test_worker_info_and_torch_variables():
 
 # --- architecture ----------------------------------------------------------------------------------------
 def test_launcher_side_never_imports_paddle():
-    code = ("import sys, ppmulti.launch.flags, ppmulti.launch.plan, ppmulti.launch.runner, ppmulti.launch.command, "
-            "ppmulti.launch.worker, ppmulti.env; print('paddle' in sys.modules)")
+    code = ("import sys, ppmulti.procs.launch.flags, ppmulti.procs.launch.plan, ppmulti.procs.launch.runner, ppmulti.procs.launch.command, "
+            "ppmulti.rank.worker, ppmulti.common.envvars; print('paddle' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
@@ -304,17 +304,17 @@ def _string_literals(path: Path):
                 yield tok.start[0], tok.string
 
 
-def test_paddle_variable_names_live_only_in_env_py():
+def test_paddle_variable_names_live_only_in_envvars_py():
     offenders = []
     for folder in ("ppmulti", "tools"):
         for path in sorted((REPO / folder).rglob("*.py")):
-            if path == REPO / "ppmulti" / "env.py":
+            if path == REPO / "ppmulti" / "common" / "envvars.py":
                 continue
             for line, literal in _string_literals(path):
                 body = literal.lstrip("rbfuRBFU").lstrip("'\"")
                 if body.startswith("PADDLE_"):
                     offenders.append(f"{path.relative_to(REPO)}:{line}: {literal[:60]}")
-    assert not offenders, "PADDLE_ names belong in ppmulti/env.py:\n" + "\n".join(offenders)
+    assert not offenders, "PADDLE_ names belong in ppmulti/common/envvars.py:\n" + "\n".join(offenders)
 
 
 def _cli(*args, env=None):

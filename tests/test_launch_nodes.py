@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ppmulti import env as E
-from ppmulti.errors import UserError
-from ppmulti.launch import nodes as N
+from ppmulti.common import envvars as E
+from ppmulti.common.errors import UserError
+from ppmulti.procs.launch import nodes as N
 
 pytestmark = pytest.mark.multiproc
 
@@ -129,7 +129,7 @@ def test_remote_command_quoting_survives_a_real_shell(tmp_path):
     proc = subprocess.run(["sh", "-c", remote], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
-    assert seen["argv"] == ["-m", "ppmulti.launch.nodes", "--run", "J-node1", "--", *plan.launch_argvs[1]]
+    assert seen["argv"] == ["-m", "ppmulti.procs.launch.nodes", "--run", "J-node1", "--", *plan.launch_argvs[1]]
     assert seen["argv"][-len(nasty):] == nasty
     assert seen["cwd"] == str(cwd) and seen["pythonpath"] == str(cwd) and seen["unbuffered"] == "1"
 
@@ -157,7 +157,7 @@ def test_remote_pythonpath(root, cwd, remote, expected):
 
 
 def test_dry_run_and_nodes_only_flags_through_the_cli(capsys):
-    from ppmulti.launch.command import main
+    from ppmulti.procs.launch.command import main
 
     assert main(["--nodes", "10.0.0.1,10.0.0.2", "--dry-run", "t.py", "a b"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -442,7 +442,7 @@ def _make_sites(sites: Path, differ: str) -> None:
     _site(a)
     shutil.copytree(a, b)
     if differ == "code":
-        with (b / "ppmulti" / "launch" / "plan.py").open("a") as fh:
+        with (b / "ppmulti" / "procs" / "launch" / "plan.py").open("a") as fh:
             fh.write("# a local edit on one node\n")
     elif differ == "config":
         with (b / "configs" / "_base_" / "data.yml").open("a") as fh:
@@ -499,7 +499,7 @@ def test_missing_remote_directory_is_a_preflight_problem(ssh_hosts, fan, tmp_pat
 
 
 def test_node_side_never_imports_paddle():
-    code = ("import sys, ppmulti.launch.nodes as n; n.fingerprint(['t.py', '-c', 'none.yml']); "
+    code = ("import sys, ppmulti.procs.launch.nodes as n; n.fingerprint(['t.py', '-c', 'none.yml']); "
             "print('paddle' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr

@@ -2,8 +2,8 @@
 
 import pytest
 
-from ppmulti.engine.lr import scale_lr, split_batch
-from ppmulti.errors import UserError
+from ppmulti.rank.engine.lr import scale_lr, split_batch
+from ppmulti.common.errors import UserError
 
 
 def test_split_even():

@@ -8,12 +8,12 @@ import numpy as np
 import paddle
 import pytest
 
-from ppmulti.ops import conv as ops_conv
+from ppmulti.rank.ops import conv as ops_conv
 
 
 @pytest.fixture(scope="module")
 def op():
-    return ops_conv.load_op()   # builds once per machine (cached under ~/.cache/ppmulti/ops)
+    return ops_conv.load_op()   # builds once per machine (cached under ~/.cache/ppmulti/rank/ops)
 
 
 def _close(a, b, rtol=2e-5):
@@ -109,7 +109,7 @@ def test_choice_paddle_keeps_paddle_kernel(monkeypatch):
 
 
 def test_bad_choice_is_one_clear_error(monkeypatch):
-    from ppmulti.errors import UserError
+    from ppmulti.common.errors import UserError
 
     monkeypatch.setenv("PPMULTI_CPU_CONV", "mkl")
     with pytest.raises(UserError, match="PPMULTI_CPU_CONV='mkl' is not one of onednn, paddle"):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ppmulti.perf import report
+from ppmulti.procs.bench import report
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The scaling model (ppmulti.perf.scaling) against values worked out by hand, and ``ppmulti bench --predict``."""
+"""The scaling model (ppmulti.procs.bench.scaling) against values worked out by hand, and ``ppmulti bench --predict``."""
 
 import math
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from ppmulti.errors import UserError
-from ppmulti.perf import scaling as sc
+from ppmulti.common.errors import UserError
+from ppmulti.procs.bench import scaling as sc
 
 
 @pytest.mark.parametrize("text,expected", [

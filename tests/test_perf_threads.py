@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from ppmulti.dist import choose_cpu_threads
-from ppmulti.errors import UserError
+from ppmulti.common.cpus import choose_cpu_threads
+from ppmulti.common.errors import UserError
 
 
 @pytest.mark.parametrize("cores,ranks,override,expected", [
@@ -34,7 +34,7 @@ _PROBE = textwrap.dedent("""
     omp = ctypes.CDLL(os.path.join(libs, "libiomp5.so"))
     mkl = ctypes.CDLL(os.path.join(libs, "libmklml_intel.so"))
     pinned = os.environ.get("OMP_NUM_THREADS")
-    from ppmulti.dist import set_cpu_threads
+    from ppmulti.rank.dist import set_cpu_threads
     chosen = set_cpu_threads(int(sys.argv[1]))
     print(json.dumps({"pinned": pinned, "chosen": chosen, "omp": omp.omp_get_max_threads(),
                       "mkl": mkl.MKL_Get_Max_Threads(), "blocktime": omp.kmp_get_blocktime()}))

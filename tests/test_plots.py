@@ -46,7 +46,7 @@ def _det(image_id, cat, x, y, w, h, score):
 
 
 def test_perfect_detections_give_precision_one_up_to_recall_one():
-    from ppmulti.engine.plots import pr_curve
+    from ppmulti.rank.engine.plots import pr_curve
 
     dets = [_det(i, c, x, y, w, h, 0.9) for i, boxes in GT_BOXES.items() for c, x, y, w, h in boxes]
     curve = pr_curve(_coco_eval(dets), {c["id"]: c["name"] for c in CATS})
@@ -58,7 +58,7 @@ def test_perfect_detections_give_precision_one_up_to_recall_one():
 
 
 def test_half_found_with_a_false_positive_has_the_known_curve():
-    from ppmulti.engine.plots import pr_curve
+    from ppmulti.rank.engine.plots import pr_curve
 
     # "cat" only: its first box found (score 0.9), a false positive far away (0.8), its second box missed.
     # Recall reaches 0.5 at precision 1 and never more, so the curve is 1 at the 51 recall points
@@ -83,7 +83,7 @@ def _png_size(path) -> tuple[int, int]:
 
 
 def test_plots_are_drawn_from_results_csv_and_a_curve(tmp_path):
-    from ppmulti.engine.plots import plot_pr, plot_results, pr_curve
+    from ppmulti.rank.engine.plots import plot_pr, plot_results, pr_curve
 
     csv_path = tmp_path / "results.csv"
     csv_path.write_text("epoch,loss,lr,mAP50,mAP50_95,images_per_s,epoch_seconds,loss_cls,loss_iou\n"

@@ -45,7 +45,7 @@ def rank_log(tmp_path):
     """ppmulti's rank-0 logging (train.log + console), its console a StringIO: (train.log path, console)."""
     import logging
 
-    from ppmulti.logs import setup_rank_logging
+    from ppmulti.rank.ranklog import setup_rank_logging
 
     log = setup_rank_logging(tmp_path, 0)
     console = io.StringIO()
@@ -61,7 +61,7 @@ def rank_log(tmp_path):
 def test_terminal_gets_a_bar_and_train_log_keeps_the_lines(rank_log):
     import logging
 
-    from ppmulti.engine.hooks import ConsoleLogHook
+    from ppmulti.rank.engine.hooks import ConsoleLogHook
 
     tty = _Tty()
     hook = ConsoleLogHook(stream=tty)
@@ -88,7 +88,7 @@ def test_terminal_gets_a_bar_and_train_log_keeps_the_lines(rank_log):
 
 
 def test_not_a_terminal_prints_plain_lines(rank_log):
-    from ppmulti.engine.hooks import ConsoleLogHook
+    from ppmulti.rank.engine.hooks import ConsoleLogHook
 
     pipe = io.StringIO()
     hook = ConsoleLogHook(stream=pipe)
@@ -105,8 +105,8 @@ def test_not_a_terminal_prints_plain_lines(rank_log):
 
 def test_track_bar_on_terminal_lines_elsewhere_silent_off_rank0(rank_log, monkeypatch):
     train_log = rank_log[0]
-    from ppmulti import dist
-    from ppmulti.engine.progress import track
+    from ppmulti.rank import dist
+    from ppmulti.rank.engine.progress import track
 
     tty = _Tty()
     assert list(track(range(25), "eval", stream=tty)) == list(range(25))
@@ -181,10 +181,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ppmulti import dist
-from ppmulti.engine.hooks import ConsoleLogHook
-from ppmulti.engine.progress import track
-from ppmulti.logs import setup_rank_logging
+from ppmulti.rank import dist
+from ppmulti.rank.engine.hooks import ConsoleLogHook
+from ppmulti.rank.engine.progress import track
+from ppmulti.rank.ranklog import setup_rank_logging
 
 
 class Loss:
@@ -297,9 +297,9 @@ def test_launch_with_piped_output_prints_plain_lines(tmp_path):
 
 
 def test_launcher_terminal_is_rank0_only_and_falls_back_to_lines(tmp_path, monkeypatch):
-    from ppmulti import dist
-    from ppmulti import env as E
-    from ppmulti.engine import progress
+    from ppmulti.rank import dist
+    from ppmulti.common import envvars as E
+    from ppmulti.rank.engine import progress
 
     def fresh(path: str, rank: int = 0):
         monkeypatch.setenv(E.PPMULTI_CONSOLE_TTY, path)
@@ -353,7 +353,7 @@ def test_two_rank_training_started_from_a_terminal_shows_bars(small_demo, tmp_pa
 def test_detached_launch_from_a_terminal_prints_plain_lines_to_its_log(tmp_path):
     # `ppmulti launch --detach` typed at a terminal: the launcher's output is the run's log file, not the
     # terminal, so rank 0 must neither draw on the terminal it came from nor put redraws into the log
-    from ppmulti import env as E
+    from ppmulti.common import envvars as E
 
     script = tmp_path / "ranks.py"
     script.write_text(_RANK_SCRIPT)
@@ -393,8 +393,8 @@ def test_bars_are_taken_down_when_training_raises(rank_log):
     """A crash or Ctrl-C mid-epoch: Trainer.train's ``close`` gives the console handler back, no bar left open."""
     import logging
 
-    from ppmulti.engine.hooks import ConsoleLogHook
-    from ppmulti.engine.trainer import Trainer
+    from ppmulti.rank.engine.hooks import ConsoleLogHook
+    from ppmulti.rank.engine.trainer import Trainer
 
     hook = ConsoleLogHook(stream=_Tty())
     trainer = Trainer.__new__(Trainer)   # only what train() touches before its first epoch

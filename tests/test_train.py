@@ -112,7 +112,7 @@ def test_resume_continues_where_it_stopped(small_demo, tmp_path):
 def test_losses_reach_the_host_once_per_step_for_every_hook():
     """The console and VisualDL log at the same steps; the loss tensors are read from the device once."""
     from conftest import LossStub
-    from ppmulti.engine.hooks import StepOutputs, host_losses
+    from ppmulti.rank.engine.hooks import StepOutputs, host_losses
 
     reads = []
 

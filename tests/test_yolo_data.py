@@ -8,9 +8,9 @@ import logging
 import numpy as np
 import pytest
 
-from ppmulti.data.yolo import (coco_json, image_files, label_path, load_data_yaml, read_labels, scan,
+from ppmulti.rank.data.yolo import (coco_json, image_files, label_path, load_data_yaml, read_labels, scan,
                                use_data_yaml)
-from ppmulti.errors import UserError
+from ppmulti.common.errors import UserError
 
 
 def _image(path, size=(32, 24)):
@@ -149,7 +149,7 @@ def test_yolo_records_match_the_demo_coco_json(small_demo):
 def test_use_data_yaml_sets_datasets_and_classes(small_demo, repo):
     from ppdet.core.workspace import create
 
-    from ppmulti import config
+    from ppmulti.rank import config
 
     cfg = config.load(repo / "configs" / "demo" / "ppyoloe_demo.yml")
     use_data_yaml(cfg, small_demo / "data.yaml", single_cls=True)

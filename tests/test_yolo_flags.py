@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from ppmulti import yolo_flags
-from ppmulti.errors import UserError
-from ppmulti.train_cli import build_parser, options_from_args, parse
+from ppmulti.rank import yolo_config as yolo_flags
+from ppmulti.common.errors import UserError
+from ppmulti.common.train_flags import build_parser, parse
+from ppmulti.rank.entry import options_from_args
 
 
 def _args(*argv):
@@ -19,7 +20,7 @@ def _args(*argv):
 
 
 def _edited(*argv):
-    from ppmulti import config
+    from ppmulti.rank import config
 
     args = _args(*argv)
     opts = options_from_args(args)
@@ -131,7 +132,7 @@ def test_bad_hyp_file(tmp_path):
 
 
 def test_linear_decay_ends_at_lrf():
-    from ppmulti.engine.lr import LinearDecay
+    from ppmulti.rank.engine.lr import LinearDecay
 
     sched = LinearDecay(max_epochs=2, min_lr_ratio=0.1)(1.0, [1, 2], [0.0, 0.5, 1.0], 5)
     seen = []
@@ -144,8 +145,8 @@ def test_linear_decay_ends_at_lrf():
 def test_freeze_first_layers_of_the_backbone(repo):
     from ppdet.core.workspace import create
 
-    from ppmulti import config
-    from ppmulti.engine.trainer import freeze_backbone
+    from ppmulti.rank import config
+    from ppmulti.rank.engine.trainer import freeze_backbone
 
     cfg = config.load(repo / "configs/yolov5/yolov5_n_300e_coco.yml")
     model = create(cfg.architecture)

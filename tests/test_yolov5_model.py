@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ppmulti.models  # noqa: F401  registers the YOLOv5 modules (and imports ppdet quietly)
+import ppmulti.rank.models  # noqa: F401  registers the YOLOv5 modules (and imports ppdet quietly)
 import paddle
 from ppdet.core.workspace import create
 from ppdet.modeling.layers import MultiClassNMS
 
-from ppmulti import config as config_mod
-from ppmulti.models import YOLOv5Head, YOLOv5Loss, bbox_ciou, build_targets
+from ppmulti.rank import config as config_mod
+from ppmulti.rank.models import YOLOv5Head, YOLOv5Loss, bbox_ciou, build_targets
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "yolov5"
@@ -31,7 +31,7 @@ STRIDES = [8, 16, 32]
 
 
 def _load(size: str, overrides: dict | None = None):
-    # ppmulti.config.load resets ppdet's module-level config before each load, so the sizes
+    # ppmulti.rank.config.load resets ppdet's module-level config before each load, so the sizes
     # do not inherit each other's depth/width.
     return config_mod.load(CONFIGS / f"yolov5_{size}_300e_coco.yml", overrides)
 
@@ -371,10 +371,10 @@ def test_batch_scale_modes():
 def test_registration_is_idempotent():
     from ppdet.core.workspace import global_config
 
-    from ppmulti.models import yolov5
+    from ppmulti.rank.models import yolov5
 
     for name in ("yolov5", "yolov5_head", "yolov5_loss"):
-        importlib.reload(importlib.import_module(f"ppmulti.models.{name}"))
+        importlib.reload(importlib.import_module(f"ppmulti.rank.models.{name}"))
     for name in ("YOLOv5CSPDarkNet", "YOLOv5CSPPAN", "YOLOv5Head", "YOLOv5Loss"):
         assert name in global_config
 

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ppmulti.errors import exit_on_user_error
+from ppmulti.common.errors import exit_on_user_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ppmulti.models.convert import convert_file
+    from ppmulti.rank.models.convert import convert_file
 
     print(json.dumps(convert_file(args.weights, args.out, args.cfg)))
     return 0

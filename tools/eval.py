@@ -4,8 +4,8 @@ import argparse
 import json
 import sys
 
-from ppmulti.errors import exit_on_user_error
-from ppmulti.tool_args import add_model_args, overrides
+from ppmulti.common.errors import exit_on_user_error
+from ppmulti.rank.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,8 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ppmulti import dist
-    from ppmulti.engine.inference import evaluate
+    from ppmulti.rank import dist
+    from ppmulti.rank.engine.inference import evaluate
 
     result = evaluate(args.config, overrides(args), args.weights, args.save_json)
     if dist.is_main():

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from ppmulti.errors import exit_on_user_error
-from ppmulti.tool_args import add_model_args, overrides
+from ppmulti.common.errors import exit_on_user_error
+from ppmulti.rank.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ppmulti.engine.inference import export
+    from ppmulti.rank.engine.inference import export
 
     dst = export(args.config, overrides(args), args.weights, args.output_dir)
     print(f"inference model written to {dst}")

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from ppmulti.errors import exit_on_user_error
-from ppmulti.tool_args import add_model_args, overrides
+from ppmulti.common.errors import exit_on_user_error
+from ppmulti.rank.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ppmulti.engine.inference import predict
+    from ppmulti.rank.engine.inference import predict
 
     written = predict(args.config, overrides(args), args.weights, args.infer_img, args.infer_dir, args.output_dir,
                       args.draw_threshold)

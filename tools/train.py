@@ -2,7 +2,7 @@
 
 import sys
 
-from ppmulti.train_cli import main
+from ppmulti.procs.train_command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,29 @@
+"""This machine's cores and each rank's share of them (no paddle: the launcher and the bench read it too)."""
+
+from __future__ import annotations
+
+import os
+
+from ppmulti.common.envvars import PPMULTI_CPU_THREADS
+from ppmulti.common.errors import UserError
+
+
+def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None) -> int:
+    """Compute threads for each rank: this machine's cores shared evenly by its ranks (at least 1), unless
+    ``override`` (PPMULTI_CPU_THREADS) names a number.
+
+    The count does not follow the machine's momentary load: a run's threading stays the same from one start
+    to the next. On a machine shared with other work, set PPMULTI_CPU_THREADS=1 (bench/PERF.md: one rank ran
+    at half speed with 2 threads against 1 on 2 fully busy cores; on quiet cores 2 threads gain ~1.2x).
+    """
+    if override is not None and override.strip():
+        text = override.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise UserError(f"{PPMULTI_CPU_THREADS}={override!r}: expected a whole number of threads >= 1")
+        return int(text)
+    return max(1, max(1, cores) // max(1, local_ranks))
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,222 @@
+"""Every environment variable ppmulti reads or writes, in one table, and small pure readers of them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, MutableMapping
+
+# --- What Paddle's launcher gives each worker (paddle/distributed/launch/controllers/collective.py) ---
+PADDLE_TRAINER_ID = "PADDLE_TRAINER_ID"                # global rank; also overrides the launcher's --rank
+PADDLE_TRAINERS_NUM = "PADDLE_TRAINERS_NUM"            # world size
+PADDLE_TRAINER_ENDPOINTS = "PADDLE_TRAINER_ENDPOINTS"  # ip:port of every rank; forces master mode if inherited
+PADDLE_CURRENT_ENDPOINT = "PADDLE_CURRENT_ENDPOINT"
+PADDLE_GLOBAL_RANK = "PADDLE_GLOBAL_RANK"
+PADDLE_GLOBAL_SIZE = "PADDLE_GLOBAL_SIZE"
+PADDLE_LOCAL_RANK = "PADDLE_LOCAL_RANK"
+PADDLE_LOCAL_SIZE = "PADDLE_LOCAL_SIZE"
+PADDLE_RANK_IN_NODE = "PADDLE_RANK_IN_NODE"
+PADDLE_NNODES = "PADDLE_NNODES"
+PADDLE_MASTER = "PADDLE_MASTER"                        # the TCP store of rank 0 (master mode only)
+PADDLE_LOG_DIR = "PADDLE_LOG_DIR"
+PADDLE_DISTRI_BACKEND = "PADDLE_DISTRI_BACKEND"        # "gloo" on CPU
+PADDLE_BACKUP_ENV_PATH = "PADDLE_BACKUP_ENV_PATH"
+FLAGS_SELECTED_GPUS = "FLAGS_selected_gpus"
+FLAGS_SELECTED_CPUS = "FLAGS_selected_cpus"
+COLLECTIVE_MASTER_IP = "COLLECTIVE_MASTER_IP"          # the launcher writes it into its own os.environ
+POD_NAME = "POD_NAME"
+
+# --- What Paddle's launcher reads as overrides of its flags (context/args_envs.py: env_args_mapping) ---
+POD_IP = "POD_IP"                                      # overrides --host
+PADDLE_START_PORT = "PADDLE_START_PORT"                # overrides --start_port
+PADDLE_DEVICES = "PADDLE_DEVICES"
+PADDLE_RANK = "PADDLE_RANK"
+PADDLE_IPS = "PADDLE_IPS"
+PADDLE_NPROC_PER_NODE = "PADDLE_NPROC_PER_NODE"
+PADDLE_JOB_ID = "PADDLE_JOB_ID"
+PADDLE_RUN_MODE = "PADDLE_RUN_MODE"
+PADDLE_LOG_LEVEL = "PADDLE_LOG_LEVEL"
+PADDLE_LOG_OVERWRITE = "PADDLE_LOG_OVERWRITE"
+PADDLE_SORT_IP = "PADDLE_SORT_IP"
+PADDLE_MAX_RESTART = "PADDLE_MAX_RESTART"
+PADDLE_ELASTIC_LEVEL = "PADDLE_ELASTIC_LEVEL"
+PADDLE_ELASTIC_TIMEOUT = "PADDLE_ELASTIC_TIMEOUT"
+PADDLE_SERVER_NUM = "PADDLE_SERVER_NUM"
+PADDLE_TRAINER_NUM = "PADDLE_TRAINER_NUM"
+PADDLE_SERVERS_ENDPOINTS = "PADDLE_SERVERS_ENDPOINTS"
+PADDLE_TRAINERS_ENDPOINTS = "PADDLE_TRAINERS_ENDPOINTS"
+PADDLE_GLOO_PORT = "PADDLE_GLOO_PORT"
+PADDLE_WITH_GLOO = "PADDLE_WITH_GLOO"
+PADDLE_AUTO_PARALLEL_CONFIG = "PADDLE_AUTO_PARALLEL_CONFIG"
+
+# --- Settings that are the user's to keep (tuning, not launch state) ---
+PADDLE_PG_TIMEOUT = "PADDLE_PG_TIMEOUT"
+PADDLE_XCCL_BACKEND = "PADDLE_XCCL_BACKEND"
+PADDLE_ENV_LIMIT_LEN = "PADDLE_ENV_LIMIT_LEN"
+PADDLE_SOT_SWITCH = "ENABLE_FALL_BACK"                  # Paddle 2.6's to_static SOT switch (paddle/jit/api.py)
+
+# --- Read by older launchers / users, ignored by Paddle 2.6's new launcher ---
+FLAGS_START_PORT = "FLAGS_START_PORT"                  # the legacy fleetrun's --start_port
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+# --- torchrun's worker variables, which ppmulti's worker shim adds for scripts written for torch ---
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+# --- ppmulti's own ---
+PPMULTI_NODE_RANK = "PPMULTI_NODE_RANK"
+PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: the runner knows ranks started
+# The ssh fan-out's tag on every process it starts on a node (launcher, Paddle, ranks): the node is cleaned
+# up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
+PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"
+PPMULTI_CPU_THREADS = "PPMULTI_CPU_THREADS"          # CPU threads per rank, overriding cores // local ranks
+PPMULTI_CPU_CONV = "PPMULTI_CPU_CONV"                # CPU convolutions: "onednn" (default, ppmulti/rank/ops) or "paddle"
+# --- CPU threads (ppmulti/rank/dist.py) ---
+OMP_NUM_THREADS = "OMP_NUM_THREADS"    # paddle's import sets it to "1" when unset (paddle/base/__init__.py)
+KMP_BLOCKTIME = "KMP_BLOCKTIME"        # Intel OpenMP: ms an idle thread spins before sleeping (default 200)
+PPMULTI_BENCH_KEEP = "PPMULTI_BENCH_KEEP"  # ppmulti bench keeps its probes' logs and records (a temp dir)
+# --- end CPU threads ---
+# A launch's own directory, kept across its restarts: ranks mark themselves started / failed there, and
+# rank 0 of a training records its run directory so that a restarted launch resumes the same run.
+PPMULTI_LAUNCH_DIR = "PPMULTI_LAUNCH_DIR"
+PPMULTI_RESTART = "PPMULTI_RESTART"                  # 0 on the first start, k on the k-th restart
+# --- console bars under a launch (ppmulti/rank/engine/progress.py) ---
+# The terminal ppmulti launch's stdout is (its /dev/pts path), set only when it is one: rank 0's stdout is
+# Paddle's workerlog file, so rank 0 draws its progress bars on this terminal instead. Launch state.
+PPMULTI_CONSOLE_TTY = "PPMULTI_CONSOLE_TTY"
+# --- end console bars ---
+PYTHONPATH = "PYTHONPATH"
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"                  # node output is streamed line by line through ssh
+# --- detached runs and evolution (ppmulti/procs/runs/detach.py, evolve_run.py) ---
+PPMULTI_HOME = "PPMULTI_HOME"                        # where detached runs are recorded (default ~/.ppmulti)
+# A detached run's tag on every process it starts (wrapper, launcher, Paddle, ranks, evolve candidates):
+# Paddle puts each worker in its own session, so `ppmulti stop` finds them by this in /proc/*/environ.
+PPMULTI_RUN_ID = "PPMULTI_RUN_ID"
+
+# Everything a launcher or a worker leaves behind that would steer a *new* launch started from inside
+# a worker (evolution, a re-exec): Paddle's launcher lets these override its flags or its mode.
+_LAUNCH_STATE = frozenset({
+    PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS, PADDLE_CURRENT_ENDPOINT,
+    PADDLE_GLOBAL_RANK, PADDLE_GLOBAL_SIZE, PADDLE_LOCAL_RANK, PADDLE_LOCAL_SIZE, PADDLE_RANK_IN_NODE,
+    PADDLE_NNODES, PADDLE_MASTER, PADDLE_LOG_DIR, PADDLE_DISTRI_BACKEND, PADDLE_BACKUP_ENV_PATH,
+    FLAGS_SELECTED_GPUS, FLAGS_SELECTED_CPUS, COLLECTIVE_MASTER_IP, POD_NAME, POD_IP,
+    PADDLE_START_PORT, PADDLE_DEVICES, PADDLE_RANK, PADDLE_IPS, PADDLE_NPROC_PER_NODE, PADDLE_JOB_ID,
+    PADDLE_RUN_MODE, PADDLE_LOG_LEVEL, PADDLE_LOG_OVERWRITE, PADDLE_SORT_IP, PADDLE_MAX_RESTART,
+    PADDLE_ELASTIC_LEVEL, PADDLE_ELASTIC_TIMEOUT, PADDLE_SERVER_NUM, PADDLE_TRAINER_NUM,
+    PADDLE_SERVERS_ENDPOINTS, PADDLE_TRAINERS_ENDPOINTS, PADDLE_GLOO_PORT, PADDLE_WITH_GLOO,
+    PADDLE_AUTO_PARALLEL_CONFIG,
+    RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+    PPMULTI_NODE_RANK, PPMULTI_READY_FILE, PPMULTI_LAUNCH_DIR, PPMULTI_RESTART,
+    PPMULTI_CONSOLE_TTY,
+})
+_PADDLE_PREFIX = "PADDLE_"
+_USER_PADDLE_SETTINGS = frozenset({PADDLE_PG_TIMEOUT, PADDLE_XCCL_BACKEND, PADDLE_ENV_LIMIT_LEN})
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where this process sits in a launch; a lone process is rank 0 of a world of 1."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    node_rank: int = 0
+    nnodes: int = 1
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return int(environ.get(name, ""))
+    except ValueError:
+        return default
+
+
+def worker_info(environ: Mapping[str, str] | None = None) -> WorkerInfo:
+    """This worker's rank and sizes from Paddle's launcher variables (a single process when there are none)."""
+    env = os.environ if environ is None else environ
+    if not in_paddle_worker(env):
+        return WorkerInfo()
+    rank = _int(env, PADDLE_TRAINER_ID, _int(env, PADDLE_GLOBAL_RANK, 0))
+    world = _int(env, PADDLE_TRAINERS_NUM, _int(env, PADDLE_GLOBAL_SIZE, 1))
+    local_rank = _int(env, PADDLE_LOCAL_RANK, _int(env, PADDLE_RANK_IN_NODE, 0))
+    local_size = _int(env, PADDLE_LOCAL_SIZE, 1)
+    nnodes = _int(env, PADDLE_NNODES, max(1, world // max(1, local_size)))
+    # Paddle lays ranks out node by node with the same count on each node (collective.py rank_offset)
+    node_rank = _int(env, PPMULTI_NODE_RANK, rank // max(1, local_size))
+    return WorkerInfo(rank=rank, world_size=world, local_rank=local_rank, local_size=local_size,
+                      node_rank=node_rank, nnodes=nnodes)
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """The launch this worker belongs to: its directory (None outside ``ppmulti launch``) and restart count."""
+
+    directory: str | None = None
+    restart: int = 0
+
+
+def launch_record(environ: Mapping[str, str] | None = None) -> LaunchRecord:
+    env = os.environ if environ is None else environ
+    return LaunchRecord(env.get(PPMULTI_LAUNCH_DIR) or None, max(0, _int(env, PPMULTI_RESTART, 0)))
+
+
+def in_paddle_worker(environ: Mapping[str, str] | None = None) -> bool:
+    """True inside a process started by Paddle's launcher (it always sets the trainer id and count)."""
+    env = os.environ if environ is None else environ
+    return PADDLE_TRAINER_ID in env and PADDLE_TRAINERS_NUM in env
+
+
+def master_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """Rank 0's TCP store as Paddle 2.6 picks it: PADDLE_MASTER, else the first trainer endpoint.
+
+    (``init_parallel_env`` reads MASTER_ADDR/MASTER_PORT but its C++ store takes PADDLE_MASTER.)
+    """
+    env = os.environ if environ is None else environ
+    for endpoint in (env.get(PADDLE_MASTER),
+                     (env.get(PADDLE_TRAINER_ENDPOINTS) or "").split(",")[0]):
+        if endpoint and ":" in endpoint:
+            host, _, port = endpoint.rpartition(":")
+            if port.isdigit():
+                return host, int(port)
+    return None
+
+
+def torch_worker_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """torchrun's worker variables (RANK, LOCAL_RANK, WORLD_SIZE, ...) derived from Paddle's ones.
+
+    MASTER_ADDR/MASTER_PORT name the store Paddle really uses (they never move it: Paddle's store
+    reads PADDLE_MASTER), so a torch-style script that reads them sees the truth.
+    """
+    env = os.environ if environ is None else environ
+    info = worker_info(env)
+    out = {RANK: str(info.rank), LOCAL_RANK: str(info.local_rank), WORLD_SIZE: str(info.world_size),
+           LOCAL_WORLD_SIZE: str(info.local_size), GROUP_RANK: str(info.node_rank)}
+    master = master_endpoint(env)
+    if master is not None:
+        out[MASTER_ADDR], out[MASTER_PORT] = master[0], str(master[1])
+    return out
+
+
+def clean_launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``environ`` without the launch state a previous launcher or worker left behind.
+
+    Paddle 2.6's launcher lets an inherited PADDLE_TRAINER_ID override ``--rank``, an inherited
+    PADDLE_TRAINER_ENDPOINTS force master mode, POD_IP override ``--host``, and so on; a launch started
+    from inside a worker would silently join the wrong world. User tuning knobs (PADDLE_PG_TIMEOUT, ...)
+    are kept.
+    """
+    return {k: v for k, v in environ.items()
+            if k not in _LAUNCH_STATE
+            and not (k.startswith(_PADDLE_PREFIX) and k not in _USER_PADDLE_SETTINGS)}
+
+
+def set_visible_gpu(gpu_id: int, environ: MutableMapping[str, str] | None = None) -> None:
+    """Make a lone process use GPU ``gpu_id``: Paddle's plain "gpu" device reads FLAGS_selected_gpus."""
+    env = os.environ if environ is None else environ
+    env[FLAGS_SELECTED_GPUS] = str(int(gpu_id))

@@ -1,0 +1,53 @@
+"""YOLOv5 hyperparameter files: which keys exist, which map onto ppdet, and reading one (plain YAML, no paddle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ppmulti.common.errors import UserError
+
+
+# YOLOv5 hyp keys, grouped by what happens to them here.
+HYP_MAPPED = ("lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "box", "cls", "obj", "cls_pw",
+              "obj_pw", "anchor_t", "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
+              "fliplr", "mosaic", "mixup")
+
+
+HYP_NO_EQUIVALENT = {
+    "warmup_momentum": "ppdet's LinearWarmup ramps the lr only",
+    "warmup_bias_lr": "ppdet's LinearWarmup ramps every parameter alike",
+    "iou_t": "unused by YOLOv5's own training too",
+    "fl_gamma": "focal loss is not implemented in YOLOv5Loss here",
+    "perspective": "ppdet's Mosaic affine has no perspective term",
+    "flipud": "ppdet has no vertical flip op",
+    "copy_paste": "needs segments; detection labels here are boxes",
+    "anchors": "anchors come from the model config",
+}
+
+
+# the value at which a key without an equivalent changes nothing in YOLOv5 either (None: always matters)
+HYP_NEUTRAL = {"warmup_momentum": None, "warmup_bias_lr": None, "iou_t": None, "fl_gamma": 0.0,
+               "perspective": 0.0, "flipud": 0.0, "copy_paste": 0.0, "anchors": None}
+
+
+def load_hyp(path: str) -> dict[str, float]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--hyp {path}: file not found (YOLOv5's hyps ship under configs/hyps/)")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"--hyp {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"--hyp {path}: expected a mapping of hyperparameters (lr0: 0.01, ...)")
+    known = set(HYP_MAPPED) | set(HYP_NO_EQUIVALENT)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"--hyp {path}: unknown hyperparameter {unknown[0]!r}; YOLOv5's keys are "
+                        f"{', '.join(HYP_MAPPED)}")
+    for key, value in raw.items():
+        if key != "anchors" and not isinstance(value, (int, float)):
+            raise UserError(f"--hyp {path}: {key} must be a number, got {value!r}")
+    return raw

@@ -1,0 +1,175 @@
+"""The train command's flags, ppmulti's own and YOLOv5's train.py ones (pure argparse: both sides parse them)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ppmulti.common.errors import UserError
+from ppmulti.common.paths import TRAIN_SCRIPT
+
+# YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name.
+UNSUPPORTED = {
+    "--rect": "rectangular training batches",
+    "--cache": "caching decoded images in RAM/disk",
+    "--image-weights": "sampling images by class weights",
+    "--multi-scale": "random +-50% image size per batch (configs set BatchRandomResize sizes instead)",
+    "--quad": "the quad dataloader",
+    "--bucket": "gsutil dataset buckets",
+    "--upload_dataset": "W&B dataset upload",
+    "--bbox_interval": "W&B bounding-box logging",
+    "--artifact_alias": "W&B artifacts",
+    "--entity": "W&B entity",
+    "--local_rank": "torch.distributed.launch's rank flag (ppmulti launch sets ranks itself)",
+    "--local-rank": "torch.distributed.launch's rank flag (ppmulti launch sets ranks itself)",
+    "--ndjson-console": "NDJSON logging",
+    "--ndjson-file": "NDJSON logging",
+    "--evolve_population": "evolution seeded from a population directory",
+    "--resume_evolve": "resuming evolution from a csv (ppmulti evolve resumes by itself)",
+}
+
+
+OPTIMIZERS = ("SGD", "Adam", "AdamW")
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", help="ppdet YAML config, e.g. configs/yolo.yml")
+    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config values, e.g. -o epoch=10 TrainReader.batch_size=4")
+    p.add_argument("--eval", action="store_true", help="evaluate every snapshot_epoch and keep the best weights")
+    p.add_argument("--resume", metavar="PATH", nargs="?", const=True, default=None,
+                   help="a run directory or weights/last to continue from; bare --resume takes the newest run")
+    p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
+                   help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
+    p.add_argument("--epochs", type=int, help="number of epochs (overrides the config's epoch)")
+    p.add_argument("--output", metavar="DIR", help="run directory (default: save_dir/<config name>, numbered)")
+    p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
+                   help="reuse the run directory instead of numbering a new one")
+    p.add_argument("--sync-bn", "--sync_bn", dest="sync_bn", action="store_true",
+                   help="convert BatchNorm to SyncBatchNorm across ranks (GPU only)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, help="data loader worker processes per rank")
+    p.add_argument("--weights", metavar="PDPARAMS", help="initial weights (.pdparams); '' trains from scratch")
+    p.add_argument("--device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
+    p.add_argument("--nproc", type=int, help="with --device cpu: number of CPU ranks to start (gloo)")
+
+
+def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
+    """YOLOv5 train.py's flags (the ones shared with ppmulti's own are added by train_cli)."""
+    g = p.add_argument_group("YOLOv5 train.py flags")
+    g.add_argument("--cfg", help="model: a ppdet .yml, a YOLOv5 model yaml, or a name (yolov5s, yolov5n.yaml, ppyoloe_s)")
+    g.add_argument("--data", help="dataset: a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml")
+    g.add_argument("--hyp", help="YOLOv5 hyperparameter yaml, e.g. configs/hyps/hyp.scratch-low.yaml")
+    g.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, help="train and val image size (pixels)")
+    g.add_argument("--project", help="runs go to PROJECT/NAME (default runs/train when --name is given)")
+    g.add_argument("--name", help="run name under --project (default exp; exp2, exp3, ... when taken)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, help="SGD (Nesterov momentum), Adam or AdamW")
+    g.add_argument("--cos-lr", "--cos_lr", dest="cos_lr", action="store_true", help="cosine lr decay (default linear)")
+    g.add_argument("--single-cls", "--single_cls", dest="single_cls", action="store_true",
+                   help="train every class as one class")
+    g.add_argument("--noval", action="store_true", help="validate only after the last epoch")
+    g.add_argument("--nosave", action="store_true", help="save weights only after the last epoch")
+    g.add_argument("--save-period", "--save_period", dest="save_period", type=int, default=-1,
+                   help="also keep weights/epochN every N epochs")
+    g.add_argument("--patience", type=int, default=None,
+                   help="stop after N validated epochs without a better fitness (0.1 mAP50 + 0.9 mAP50-95)")
+    g.add_argument("--freeze", type=int, nargs="+", default=None,
+                   help="freeze backbone layers: one N = the first N (10 = YOLOv5's whole backbone), or indices")
+    g.add_argument("--label-smoothing", "--label_smoothing", dest="label_smoothing", type=float, default=None,
+                   help="class label smoothing epsilon (YOLOv5 models)")
+    g.add_argument("--noautoanchor", action="store_true",
+                   help="accepted: ppmulti never recomputes anchors (they come from the model config)")
+    g.add_argument("--noplots", action="store_true", help="do not write results.png")
+    # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
+    g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
+                   help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
+                        "the same command resumes; ppmulti evolve runs one worker per device")
+
+
+def reject_unknown(extra: list[str]) -> None:
+    """Leftover argv after parsing: name the first flag and say why it is refused."""
+    for item in extra:
+        name = item.split("=", 1)[0]
+        if name in UNSUPPORTED:
+            raise UserError(f"{name} is a YOLOv5 flag that ppmulti does not support ({UNSUPPORTED[name]}); remove it")
+        if name.startswith("-"):
+            raise UserError(f"unknown flag {name}; see tools/train.py --help")
+    if extra:
+        raise UserError(f"unexpected argument {extra[0]!r}; see tools/train.py --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tools/train.py",
+                                description="Train a detector from a ppdet config (one process, or one rank of a launch).")
+    add_train_flags(p)
+    add_yolov5_flags(p)
+    return p
+
+
+def parse_device(device: str | None, nproc: int | None) -> tuple[str, list[int], int]:
+    """``--device``/``--nproc`` -> (kind "cpu"/"gpu"/"auto", gpu ids, number of ranks wanted)."""
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc {nproc}: need at least 1 process")
+    if device is None or device == "":
+        return "auto", [], nproc or 1
+    if device.lower() == "cpu":
+        return "cpu", [], nproc or 1
+    try:
+        ids = [int(x) for x in device.replace("cuda:", "").split(",") if x.strip() != ""]
+    except ValueError:
+        raise UserError(f"--device {device!r}: expected cpu, a GPU id like 0, or ids like 0,1,2,3") from None
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise UserError(f"--device {device!r}: expected distinct non-negative GPU ids like 0,1")
+    if nproc is not None and nproc != len(ids):
+        raise UserError(f"--nproc {nproc} disagrees with --device {device} ({len(ids)} GPUs); give one of them")
+    return "gpu", ids, len(ids)
+
+
+def relaunch_argv(argv: list[str], kind: str, ids: list[int], nranks: int) -> list[str]:
+    """The ``ppmulti launch`` argv that re-runs this training as one process per device."""
+    rest = _strip_flags(argv, {"--device", "--nproc"})
+    if kind == "gpu":
+        return ["--gpus", ",".join(map(str, ids)), str(TRAIN_SCRIPT), *rest]
+    return ["--nproc_per_node", str(nranks), "--device", "cpu", str(TRAIN_SCRIPT), *rest, "-o", "use_gpu=false"]
+
+
+def _strip_flags(argv: list[str], names: set[str]) -> list[str]:
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        name = item.split("=", 1)[0]
+        if name in names:
+            skip = "=" not in item
+            continue
+        out.append(item)
+    return out
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse, refusing leftovers by name (a YOLOv5 flag ppmulti lacks is never silently ignored)."""
+    args, extra = build_parser().parse_known_args(argv)
+    reject_unknown(extra)
+    return args
+
+
+def run_output(project: str | None, name: str | None) -> str | None:
+    """``--project/--name`` -> the run directory (numbered by the trainer unless --exist-ok)."""
+    if project is None and name is None:
+        return None
+    return os.path.join(project or os.path.join("runs", "train"), name or "exp")
+
+
+EDIT_FLAGS = ("cfg", "data", "hyp", "imgsz", "optimizer", "cos_lr", "single_cls", "label_smoothing")
+
+
+STYLE_FLAGS = ("cfg", "data", "hyp")   # any of these: a YOLOv5-style run (validate and save every epoch)
+
+
+def yolo_style(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k, None) is not None for k in STYLE_FLAGS)
+
+
+def wants_edit(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k, None) not in (None, False) for k in EDIT_FLAGS)

@@ -1,1 +1,0 @@
-"""Datasets: the synthetic demo set."""

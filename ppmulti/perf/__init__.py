@@ -1,1 +1,0 @@
-"""Performance: the scaling model (pure), measuring probes run as ranks, and ``ppmulti bench``."""

@@ -1,0 +1,1 @@
+"""The process side: everything that starts and watches processes (launch, nodes, detached runs, evolution, bench); it imports no paddle, no ppdet and no ppmulti.rank module except the entry point ppmulti.rank.entry."""

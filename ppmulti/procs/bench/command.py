@@ -1,0 +1,104 @@
+"""The ``ppmulti bench`` subcommand: measure this machine (table + PNG), or ``--predict`` GPU scaling."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ppmulti.common.errors import UserError
+
+HELP = "measure training throughput, overheads, start-up and memory here; --predict multi-GPU scaling"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``bench`` to the ``ppmulti`` subcommands."""
+    p = subparsers.add_parser("bench", help=HELP, description=HELP + ". Measuring writes OUT/bench.md, "
+                              "bench.png and bench.json; --predict prints a markdown table and needs no GPU.")
+    p.add_argument("--out", default="bench/results", help="directory for bench.md/png/json (default bench/results)")
+    p.add_argument("--quick", action="store_true", help="a small run (64 px, 5 steps; about a minute on 2 cores)")
+    p.add_argument("--models", default="ppyoloe_s,yolov5s",
+                   help="models to train, comma-separated: --cfg names (ppyoloe_s, yolov5s, ...) or 'demo' "
+                        "(configs/demo/ppyoloe_demo.yml); the first is also run under ppdet's Trainer")
+    p.add_argument("--ranks", default="1,2", help="rank counts to compare (default 1,2)")
+    p.add_argument("--img", type=int, default=None, help="image size (default 160; --quick 64)")
+    p.add_argument("--batch", type=int, default=None, help="global batch, split across the ranks (default 16 as the demo: 8 per rank with 2; --quick 4)")
+    p.add_argument("--steps", type=int, default=None, help="steps per case (default 12; --quick 5)")
+    p.add_argument("--repeat", type=int, default=1, help="interleaved rounds, medians reported (default 1)")
+    p.add_argument("--workers", type=int, default=1, help="data loader workers per rank (default 1)")
+    p.add_argument("--multi-scale", "--multi_scale", dest="multi_scale", action="store_true",
+                   help="keep the readers' random training sizes (default: one size, so every step does the "
+                        "same work and runs compare)")
+    p.add_argument("--data", help="a demo-format dataset (data.yaml + COCO json) to use instead of generating one")
+    p.add_argument("--predict", action="store_true", help="print the scaling model's prediction and exit")
+    p.add_argument("--model", default="yolov5l", choices=("yolov5l", "ppyoloe_s"),
+                   help="--predict: the model whose published parameters and step time are the defaults")
+    p.add_argument("--gpus", type=int, default=8, help="--predict: GPUs per node (default 8)")
+    p.add_argument("--nodes", type=int, default=4, help="--predict: nodes (default 4)")
+    p.add_argument("--bandwidth", default="100Gbit", help="--predict: each node's network link, e.g. 100Gbit, 25GB/s")
+    p.add_argument("--intra", default="nvlink-v100",
+                   help="--predict: link inside a node: nvlink-a100, nvlink-v100, pcie3, pcie4 or a bandwidth")
+    p.add_argument("--latency", default="10us", help="--predict: per-hop latency between nodes (default 10us)")
+    p.add_argument("--overlap", type=float, default=0.0,
+                   help="--predict: fraction of the all-reduce hidden behind backward, 0..1 (default 0)")
+    p.add_argument("--step-time", "--step_time", dest="step_time",
+                   help="--predict: compute time per step on one device, e.g. 170ms (default: the model's)")
+    p.add_argument("--params", help="--predict: parameter count, e.g. 46.5M (default: the model's)")
+    p.set_defaults(func=run)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected whole numbers separated by commas, e.g. 1,2") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} {text!r}: expected numbers >= 1, e.g. 1,2")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.predict:
+        return _predict(args)
+    from ppmulti.procs.bench import report, runner
+
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if not models:
+        raise UserError("--models: give at least one model, e.g. ppyoloe_s,yolov5s")
+    ranks = _ints(args.ranks, "--ranks")
+    if args.data and not Path(args.data).is_dir():
+        raise UserError(f"--data {args.data}: no such directory (generate one with: ppmulti data demo DIR)")
+    base = runner.quick_plan(Path(args.out)) if args.quick else runner.BenchPlan(out=Path(args.out))
+    plan = runner.BenchPlan(
+        models=models, ranks=ranks, img=args.img or base.img, batch=args.batch or base.batch,
+        steps=args.steps or base.steps, warmup=base.warmup, workers=args.workers, repeat=args.repeat,
+        train_images=base.train_images, out=Path(args.out), data=Path(args.data) if args.data else None,
+        timeout=base.timeout, one_size=not args.multi_scale)
+    for n in ranks:
+        if plan.batch % n:
+            raise UserError(f"--batch {plan.batch} is not divisible by {n} ranks (--ranks {args.ranks})")
+    result = runner.measure(plan, progress=lambda s: print(s, flush=True))
+    paths = report.write(result, plan.out)
+    print(report.markdown(result))
+    print(f"written: {paths['md']}, {paths['png']}, {paths['json']}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from ppmulti.procs.bench import scaling as sc
+    from ppmulti.procs.bench.predict import predict_report
+
+    if args.gpus < 1 or args.nodes < 1:
+        raise UserError(f"--gpus {args.gpus} --nodes {args.nodes}: need at least 1 of each")
+    cluster = sc.Cluster(intra_bandwidth=sc.parse_bandwidth(args.intra),
+                         inter_bandwidth=sc.parse_bandwidth(args.bandwidth),
+                         inter_latency=sc.parse_duration(args.latency, "--latency"),
+                         overlap=args.overlap)
+    if not 0.0 <= args.overlap <= 1.0:
+        raise UserError(f"--overlap {args.overlap}: expected a fraction between 0 and 1")
+    step = sc.parse_duration(args.step_time, "--step-time") if args.step_time else None
+    if step is not None and step <= 0:
+        raise UserError(f"--step-time {args.step_time}: must be positive")
+    params = sc.parse_count(args.params) if args.params else None
+    print(predict_report(args.model, step, params, args.gpus, args.nodes, cluster), end="")
+    return 0

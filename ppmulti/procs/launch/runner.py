@@ -1,0 +1,487 @@
+"""The only place that starts processes: port preflight, ppmulti's node rendezvous, then Paddle's launcher.
+
+Missing nodes. Paddle 2.6's HTTP master waits forever for a node that never joins, and under ``--ips``
+the workers block 900 s in the TCP store. So before Paddle starts, ppmulti runs its own rendezvous:
+node 0 listens on the rendezvous endpoint (master mode: ``--master_addr:--master_port``; ``--ips`` mode:
+``ips[0]:start_port - 1``); every other node connects and sends one JSON hello (node rank, nnodes,
+nproc, job id). Node 0 checks that they agree (same nnodes and job id, distinct ranks, and under
+``--ips`` the same nproc, which Paddle's rank layout assumes). When all nodes joined within
+``--rdzv-timeout``, node 0 answers "go"; each other node closes its connection first (no TIME_WAIT
+is left on node 0's port for a quick rerun). Then every node hands over to Paddle, whose HTTP
+rendezvous runs on ``master_port + 1`` (rank 0's TCP store is a port Paddle picks: PADDLE_MASTER).
+At the deadline node 0 names the node ranks (and under ``--ips`` their addresses) that never joined,
+tells the joined nodes to stop, and exits 1; a node that cannot reach node 0 in time names node 0's
+address. After the handover the runner waits at most ``--rdzv-timeout`` more for this node's first
+rank to start (``worker.py`` touches a ready file) and stops Paddle's launcher otherwise, which covers
+a node dying between the two rendezvous.
+
+Ports. A port the user named (``--master_port``, ``--start_port``, ``FLAGS_START_PORT``) that is taken
+here is a UserError naming the port and the flag that changes it, raised before anything starts. On a
+single node Paddle picks every port itself (a named ``--master_port`` is still checked), so nothing is
+picked here; the ports of a multi-node launch are fixed by the flags because the other nodes must know
+them in advance (``--master_port`` defaults to 29500, ``--start_port`` to 6070).
+
+Signals. Paddle's launcher runs in its own process group and each of its workers in its own session;
+SIGINT/SIGTERM to ppmulti are forwarded to the launcher's group (Paddle then stops its workers), and
+``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Mapping, TextIO
+
+from ppmulti.common import envvars as E
+from ppmulti.common.errors import UserError
+from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
+from ppmulti.procs.launch.plan import LaunchPlan
+from ppmulti.common.procfs import alive, exit_code
+
+PROTOCOL = "ppmulti-rdzv-1"
+
+
+class RendezvousError(UserError):
+    """A node is missing or disagrees: one line, exit 1 (the flags were fine, the cluster was not)."""
+
+    exit_code = 1
+
+
+def _log(msg: str, out: TextIO | None = None) -> None:
+    print(f"ppmulti launch: {msg}", file=out or sys.stderr, flush=True)
+
+
+# --- what this machine has (no paddle import) ------------------------------------------------------
+def local_addresses() -> set[str]:
+    """IPv4 addresses of this machine: the host name's and each network interface's."""
+    addrs = {"127.0.0.1"}
+    try:
+        addrs.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    try:
+        import fcntl
+        import struct
+
+        siocgifaddr = 0x8915
+        for _, name in socket.if_nameindex():
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                try:
+                    packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+                    addrs.add(socket.inet_ntoa(packed[20:24]))
+                except OSError:
+                    continue
+    except (ImportError, OSError):
+        pass
+    return addrs
+
+
+def visible_gpu_count(environ: Mapping[str, str]) -> int | None:
+    """GPUs the installed Paddle can use: 0 for a CPU build, else from CUDA_VISIBLE_DEVICES or the driver;
+    None when it cannot be told without importing paddle."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("paddlepaddle-gpu")
+    except metadata.PackageNotFoundError:
+        return 0
+    visible = environ.get(E.CUDA_VISIBLE_DEVICES)
+    if visible is not None and visible.strip() != "all":
+        return len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return None
+
+
+# --- ports ---------------------------------------------------------------------------------------------
+def _listen(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # like Paddle's KV server and TCP store: a port left in TIME_WAIT by an earlier run is usable
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("", port))  # wildcard: conflicts with a socket on any address of this machine
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _port_taken(port: int, flag: str, why: str) -> UserError:
+    return UserError(f"port {port} ({why}) is already in use on this machine; choose another with {flag}")
+
+
+def _check_free(port: int, flag: str, why: str) -> None:
+    try:
+        _listen(port).close()
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise _port_taken(port, flag, why) from None
+        raise
+
+
+def preflight(plan: LaunchPlan, out: TextIO | None = None) -> tuple[LaunchPlan, socket.socket | None]:
+    """Check the ports this node will bind; return the plan with any port picked, and node 0's listener."""
+    master_flag = plan.master_port_flag or "--master_port"
+    start_flag = plan.start_port_flag or "--start_port"
+    if plan.mode == "single":
+        # Paddle 2.6 picks rank 0's store port itself on one node; a port the user named must still be free,
+        # as torchrun would insist
+        if plan.master_port is not None:
+            _check_free(plan.master_port, master_flag, f"given by {master_flag}")
+        return plan, None
+    if plan.mode == "ips":
+        for i in range(plan.nproc_per_node):
+            _check_free(plan.start_port + i, start_flag, f"endpoint of local rank {i}, {start_flag} + {i}")
+    listener = None
+    if plan.node_rank == 0 and plan.rdzv_endpoint is not None:
+        _, port = plan.rdzv_endpoint
+        flag, why = ((master_flag, "ppmulti's rendezvous") if plan.mode == "master"
+                     else (start_flag, f"ppmulti's rendezvous, {start_flag} - 1"))
+        try:
+            listener = _listen(port)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise _port_taken(port, flag, why) from None
+            raise
+        if plan.mode == "master":
+            try:
+                _check_free(port + 1, master_flag, f"Paddle's rendezvous, {master_flag} + 1")
+            except UserError:
+                listener.close()
+                raise
+    return plan, listener
+
+
+# --- ppmulti's node rendezvous -------------------------------------------------------------------------
+def _send(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _recv(conn: socket.socket) -> dict | None:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            return None
+        data += chunk
+        if len(data) > 65536:
+            return None
+    try:
+        message = json.loads(data)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _hello(plan: LaunchPlan) -> dict:
+    return {"protocol": PROTOCOL, "node_rank": plan.node_rank, "nnodes": plan.nnodes,
+            "nproc": plan.nproc_per_node, "job_id": plan.job_id or "", "mode": plan.mode,
+            "host": plan.host or socket.gethostname()}
+
+
+def _node_name(plan: LaunchPlan, rank: int) -> str:
+    return f"{rank} ({plan.ips[rank]})" if plan.mode == "ips" else str(rank)
+
+
+def _disagreement(plan: LaunchPlan, hello: dict, joined: dict, peer: str) -> str | None:
+    if hello.get("protocol") != PROTOCOL:
+        return f"{peer} is not a ppmulti launch of the same version"
+    rank = hello.get("node_rank")
+    if hello.get("mode") != plan.mode:
+        return f"node {rank} at {peer} was started in {hello.get('mode')} mode, node 0 in {plan.mode} mode"
+    if hello.get("nnodes") != plan.nnodes:
+        return f"node {rank} at {peer} has --nnodes {hello.get('nnodes')}, node 0 has --nnodes {plan.nnodes}"
+    if not isinstance(rank, int) or not 1 <= rank < plan.nnodes:
+        return f"{peer} says it is node {rank}; expected a --node_rank in 1..{plan.nnodes - 1}"
+    if rank in joined:
+        return f"two nodes say --node_rank {rank}: {joined[rank][1]} and {peer}"
+    if (hello.get("job_id") or "") != (plan.job_id or ""):
+        return f"node {rank} at {peer} has --job_id {hello.get('job_id')!r}, node 0 has {plan.job_id or ''!r}"
+    if plan.mode == "ips" and hello.get("nproc") != plan.nproc_per_node:
+        return (f"node {rank} at {peer} runs {hello.get('nproc')} processes, node 0 runs {plan.nproc_per_node}; "
+                f"under --ips every node must run the same number")
+    return None
+
+
+def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | None = None) -> None:
+    """Node 0: wait for nodes 1..N-1, then let them all go; name the missing ones at the deadline."""
+    deadline = time.monotonic() + plan.rdzv_timeout
+    joined: dict[int, tuple[socket.socket, str]] = {}
+    addr, port = plan.rdzv_endpoint  # type: ignore[misc]
+    _log(f"node 0 waiting up to {plan.rdzv_timeout:g}s for {plan.nnodes - 1} more node(s) on {addr}:{port}", out)
+
+    def abort(message: str) -> None:
+        for conn, _ in joined.values():
+            _send(conn, {"error": message})
+
+    try:
+        while len(joined) < plan.nnodes - 1:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            listener.settimeout(min(remaining, 1.0))
+            try:
+                conn, (peer, _) = listener.accept()
+            except (socket.timeout, InterruptedError):
+                continue
+            conn.settimeout(max(1.0, min(10.0, remaining)))
+            try:
+                hello = _recv(conn)
+            except OSError:
+                hello = None
+            if hello is None:
+                conn.close()
+                continue
+            peer = peer if hello.get("host") in (None, peer) else f"{hello['host']} ({peer})"
+            problem = _disagreement(plan, hello, joined, peer)
+            if problem:
+                _send(conn, {"error": problem})
+                conn.close()
+                abort(problem)
+                raise RendezvousError(f"rendezvous stopped: {problem}")
+            joined[hello["node_rank"]] = (conn, peer)
+            _log(f"node {hello['node_rank']} joined from {peer} ({len(joined) + 1}/{plan.nnodes})", out)
+        missing = [r for r in range(1, plan.nnodes) if r not in joined]
+        if missing:
+            names = ", ".join(_node_name(plan, r) for r in missing)
+            message = (f"rendezvous timed out after {plan.rdzv_timeout:g}s: {len(joined) + 1} of {plan.nnodes} "
+                       f"nodes joined; missing node_rank {names}. Start ppmulti launch there with the same flags "
+                       f"(--node_rank for each), or raise --rdzv-timeout")
+            abort(message)
+            raise RendezvousError(message)
+        for conn, _ in joined.values():
+            _send(conn, {"go": True})
+        for conn, _ in joined.values():
+            conn.settimeout(5.0)
+            try:
+                conn.recv(1)  # wait for the other side to close first (see the module docstring)
+            except OSError:
+                pass
+    finally:
+        for conn, _ in joined.values():
+            conn.close()
+        listener.close()
+
+
+def join_rendezvous(plan: LaunchPlan, out: TextIO | None = None) -> None:
+    """Nodes 1..N-1: reach node 0 within the timeout, say hello, wait for its go."""
+    addr, port = plan.rdzv_endpoint  # type: ignore[misc]
+    deadline = time.monotonic() + plan.rdzv_timeout
+    _log(f"node {plan.node_rank} joining node 0 at {addr}:{port} (up to {plan.rdzv_timeout:g}s)", out)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RendezvousError(f"node 0 at {addr}:{port} did not answer within {plan.rdzv_timeout:g}s: start "
+                                  f"ppmulti launch with --node_rank 0 there (or check the address and "
+                                  f"firewall), or raise --rdzv-timeout")
+        try:
+            conn = socket.create_connection((addr, port), timeout=min(remaining, 2.0))
+            break
+        except OSError:
+            time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
+    with conn:
+        # node 0 answers by its own deadline, which may start later than ours
+        conn.settimeout(plan.rdzv_timeout + 30.0)
+        _send(conn, _hello(plan))
+        try:
+            reply = _recv(conn)
+        except OSError:
+            reply = None
+    if reply is None:
+        raise RendezvousError(f"node 0 at {addr}:{port} closed the rendezvous without an answer (did it stop?)")
+    if not reply.get("go"):
+        raise RendezvousError(f"node 0 stopped the rendezvous: {reply.get('error', 'no reason given')}")
+    _log(f"node {plan.node_rank}: all {plan.nnodes} nodes joined", out)
+
+
+# --- the launcher process ------------------------------------------------------------------------------
+def console_tty() -> str | None:
+    """The terminal on this process's fd 1, or None. Paddle's launcher inherits fd 1 and copies rank 0's
+    workerlog to it line by line (every ~2 s), so a bar's carriage-return redraws must not go that way."""
+    try:
+        return os.ttyname(1) if os.isatty(1) else None
+    except OSError:
+        return None
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM the launcher's group (Paddle stops its workers), then SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class _RankWatch:
+    """Which rank of this node went first when a launch fails, and why.
+
+    ``worker.py`` leaves ``rankN.started`` (its pid), then ``rankN.done`` or, on a Python exception or a
+    non-zero exit, ``rankN.failed`` (the cause) in the launch directory. Paddle stops every other rank once
+    one fails, so the first unfinished rank whose process vanished is the one that brought the launch
+    down; one with no ``failed`` mark was killed by a signal (SIGKILL, the out-of-memory killer).
+    """
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.first_gone: int | None = None
+
+    def _started(self) -> dict[int, int]:
+        ranks = {}
+        for name in os.listdir(self.directory):
+            if name.startswith("rank") and name.endswith(".started"):
+                try:
+                    ranks[int(name[4:-8])] = int(open(os.path.join(self.directory, name)).read().strip())
+                except (OSError, ValueError):
+                    continue
+        return ranks
+
+    def poll(self) -> None:
+        if self.first_gone is None:
+            mark = os.path.join(self.directory, "rank{}.{}")
+            gone = sorted(r for r, pid in self._started().items()
+                          if not alive(pid) and not os.path.exists(mark.format(r, "done"))
+                          and not os.path.exists(mark.format(r, "stopped")))
+            if gone:
+                self.first_gone = gone[0]
+
+    def cause(self) -> str:
+        failed = {}
+        for name in os.listdir(self.directory):
+            if name.startswith("rank") and name.endswith(".failed"):
+                try:
+                    failed[int(name[4:-7])] = open(os.path.join(self.directory, name)).read().strip()
+                except (OSError, ValueError):
+                    continue
+        rank = self.first_gone
+        if rank is not None and rank in failed:
+            return f"rank {rank} failed: {failed[rank]}"
+        if rank is not None:
+            return f"rank {rank} died without a Python error (killed by a signal: SIGKILL, the out-of-memory killer)"
+        if failed:
+            rank = min(failed)
+            return f"rank {rank} failed: {failed[rank]}"
+        return "the launcher failed before any rank started"
+
+    def reset(self) -> None:
+        for name in os.listdir(self.directory):
+            if name.startswith("rank"):
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except OSError:
+                    pass
+        self.first_gone = None
+
+
+def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | None = None,
+        out: TextIO | None = None) -> int:
+    """Execute a plan on this node; return the launch's exit code (``--dry-run``: print it, run nothing).
+
+    Restarts (``--max_restarts N``): Paddle 2.6 restarts workers only under an etcd master, so ppmulti does
+    it here. When the launch fails (a rank raised, was killed, ran out of memory), every rank is stopped
+    by Paddle, and the whole launch starts again with PPMULTI_RESTART=k; a training started by ppmulti
+    then resumes from its last checkpoint by itself (``ppmulti.rank.engine.trainer``). Interrupts are never
+    restarted. After N restarts the launch fails naming the rank and the cause.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    if dry_run:
+        (out or sys.stdout).write(describe(plan, environ))
+        return 0
+    launch_dir = tempfile.mkdtemp(prefix="ppmulti-launch-")
+    watch = _RankWatch(launch_dir)
+    interrupted: list[int] = []
+    restarts = plan.max_restarts or 0
+    try:
+        for attempt in range(restarts + 1):
+            watch.reset()
+            rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted)
+            if rc == 0 or interrupted:
+                return rc
+            cause = watch.cause()
+            if attempt < restarts:
+                _log(f"{cause}; restarting every rank ({attempt + 1} of {restarts} restarts), "
+                     f"training resumes from its last checkpoint", out)
+                continue
+            if restarts:
+                _log(f"giving up after {restarts} restart(s): {cause}", out)
+            else:
+                _log(f"{cause} (exit code {rc}); pass --max_restarts N to restart automatically", out)
+            return rc
+        return 1  # not reached: the loop returns
+    finally:
+        shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
+              watch: _RankWatch, interrupted: list[int]) -> int:
+    plan, listener = preflight(plan, out)
+    if plan.rdzv_endpoint is not None:
+        if plan.node_rank == 0:
+            serve_rendezvous(plan, listener, out)  # type: ignore[arg-type]
+        else:
+            join_rendezvous(plan, out)
+    argv, _ = to_paddle(plan)
+    child_env, _, _ = launch_env(plan, environ)
+    ready = os.path.join(launch_dir, "started")
+    child_env[E.PPMULTI_READY_FILE] = ready
+    child_env[E.PPMULTI_LAUNCH_DIR] = launch_dir
+    child_env[E.PPMULTI_RESTART] = str(attempt)
+    tty = console_tty()
+    if tty is not None:   # rank 0 draws its bars there (ppmulti.rank.engine.progress); absent: plain lines
+        child_env[E.PPMULTI_CONSOLE_TTY] = tty
+    # its own process group, so that one signal reaches the launcher and nothing else of ours
+    proc = subprocess.Popen(argv, env=child_env, start_new_session=True)
+
+    def forward(signum, _frame):
+        interrupted.append(signum)
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        deadline = time.monotonic() + plan.rdzv_timeout if plan.nnodes > 1 else None
+        while True:
+            try:
+                return exit_code(proc.wait(timeout=0.1))   # short: see the first rank that dies
+            except subprocess.TimeoutExpired:
+                pass
+            watch.poll()
+            if deadline is not None:
+                if os.path.exists(ready):
+                    deadline = None
+                elif time.monotonic() > deadline:
+                    _log(f"no rank started on node {plan.node_rank} within {plan.rdzv_timeout:g}s after all "
+                         f"nodes joined: Paddle's own rendezvous is stuck (did a node stop?); stopping", out)
+                    stop_group(proc)
+                    return 1
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
+        if proc.poll() is None:
+            stop_group(proc)
+        if os.path.exists(ready):
+            os.unlink(ready)

@@ -1,0 +1,1 @@
+"""Run directories' tools: dashboards, detached runs and hyperparameter evolution."""

@@ -1,0 +1,45 @@
+"""The train command (tools/train.py, ``ppmulti demo``, every rank of a training): several devices are re-run
+under ``ppmulti launch``, ``--evolve`` goes to evolution, a single process or a rank trains through the rank
+side's entry point."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
+from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.train_flags import parse, parse_device, relaunch_argv
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if getattr(args, "evolve", None) is not None:
+        from ppmulti.procs.runs.evolve_run import evolve_from_train
+
+        return evolve_from_train(args, argv)
+    from ppmulti.rank import entry
+
+    kind, ids, nranks = parse_device(args.device, args.nproc)
+    if kind in ("cpu", "gpu"):
+        args.opt = list(args.opt or []) + [[f"use_gpu={'true' if kind == 'gpu' else 'false'}"]]
+    options = entry.options_from_args(args)   # checks the flags before any process starts
+    if not in_paddle_worker():
+        if kind == "gpu":
+            entry.check_gpu_ids(ids)
+        if nranks > 1:
+            # never single-process DataParallel: one process per device, started by Paddle's launcher
+            from ppmulti.procs.launch.command import main as launch_main
+
+            return launch_main(relaunch_argv(argv, kind, ids, nranks))
+        if kind == "gpu":
+            set_visible_gpu(ids[0])
+    return entry.train(options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return exit_on_user_error(lambda a: run(parse(a), a), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Measuring probes, each run as its own process (or as each rank of a launch): they print/write JSON.
+
+``python ppmulti/rank/bench_probe.py MODE --out FILE ...`` (the file path form is what ``ppmulti launch`` needs):
+
+- ``train``     ppmulti's Trainer for ``--steps`` steps with its normal hooks; per-step wall times,
+                first-step time, CPU time, threads, peak resident memory (ru_maxrss) of each rank.
+- ``ppdet``     ppdet's own Trainer on the same config and steps (the overhead reference).
+- ``loader``    the training data loader alone: batches/s with the model never run.
+- ``allreduce`` all-reduce of a float32 buffer as large as the model's gradients, timed (2+ ranks).
+
+Training-side code: it never starts processes; ``ppmulti.procs.bench.runner`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):   # run as a file by the launcher: make `ppmulti` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+
+class _Stop(Exception):
+    """Raised from a hook to end a probe's training after its steps."""
+
+
+def _train_args(argv: list[str], one_size: int = 0):
+    from ppmulti.common.train_flags import build_parser
+    from ppmulti.rank.entry import options_from_args
+
+    args = build_parser().parse_args(argv)
+    opts = options_from_args(args)
+    if one_size:
+        edit = opts.config_edit
+
+        def edit_then_fix(cfg):
+            notes = list(edit(cfg) or []) if edit else []
+            _fix_size(cfg, one_size)
+            return notes
+
+        opts.config_edit = edit_then_fix
+    return opts
+
+
+def _fix_size(cfg, size: int) -> None:
+    """Train at one size: the readers' random multi-scale makes steps differ up to 6x in work, so ten steps
+    of two runs would compare the sizes each happened to draw instead of the loops."""
+    for kind in ("sample_transforms", "batch_transforms"):
+        for op in (cfg.get("TrainReader") or {}).get(kind) or []:
+            body = op.get("BatchRandomResize") if isinstance(op, dict) else None
+            if isinstance(body, dict):
+                body["target_size"], body["random_size"] = [size], True
+
+
+def _write(out: str, record: dict) -> None:
+    from ppmulti.common.atomic import atomic_write_text
+
+    rank = int(record.get("rank", 0))
+    path = Path(out)
+    if path.suffix != ".json":
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / f"rank{rank}.json"
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+
+
+def _usage() -> dict:
+    t = os.times()
+    return {"cpu_s": t.user + t.system, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def probe_train(ns, train_argv: list[str]) -> dict:
+    from ppmulti.rank.engine.hooks import Hook
+    from ppmulti.rank.engine.trainer import Trainer
+
+    opts = _train_args(train_argv, ns.one_size)
+    times: list[float] = []
+    data_times: list[float] = []
+
+    class Record(Hook):
+        def after_step(self, trainer, epoch, step, outputs, lr, data_time):
+            times.append(time.time())
+            data_times.append(data_time)
+            if len(times) == 1:
+                self.cpu0 = _usage()["cpu_s"]
+            if len(times) >= ns.steps:
+                raise _Stop
+
+    trainer = Trainer(opts)
+    trainer.default_hooks()
+    rec = Record()
+    trainer.register(rec)
+    try:
+        trainer.train()
+    except _Stop:
+        pass
+    usage = _usage()
+    warm = min(ns.warmup, len(times) - 2)
+    span = times[-1] - times[warm]
+    steps = len(times) - 1 - warm
+    return {"mode": "train", "rank": trainer.rank, "world": trainer.world,
+            "threads": getattr(trainer, "threads", None), "global_batch": trainer.batch.global_batch,
+            "first_step_at": times[0], "step_times": times,
+            "img_s": steps * trainer.batch.global_batch / span if span > 0 else 0.0,
+            "step_s": span / steps if steps else 0.0,
+            # CPU seconds per wall second after the first step: 1.0 = one core busy
+            "cpu_util": (usage["cpu_s"] - rec.cpu0) / (times[-1] - times[0]) if len(times) > 1 else 0.0,
+            "data_s": sum(data_times[warm + 1:]) / max(1, steps),
+            # this rank's CPU seconds per image it trained (loader workers not included)
+            "cpu_s_per_img": (usage["cpu_s"] - rec.cpu0) / max(1, (len(times) - 1) * trainer.batch.per_rank),
+            "params": sum(int(p.size) for p in trainer.model.parameters() if not p.stop_gradient),
+            "worker_num": int(trainer.cfg.get("worker_num", 0)),
+            **usage}
+
+
+def _ppdet_config(ns, train_argv: list[str]):
+    """The config ppmulti would train, loaded for ppdet's own pieces: (options, cfg) with the batch and workers."""
+    from ppmulti.rank import config as config_mod
+
+    opts = _train_args(train_argv, ns.one_size)
+    cfg = config_mod.load(opts.config, opts.overrides)
+    if opts.config_edit:
+        opts.config_edit(cfg)
+    if opts.batch:
+        cfg.TrainReader["batch_size"] = int(opts.batch)
+    if opts.workers is not None:
+        cfg["worker_num"] = int(opts.workers)
+    return opts, cfg
+
+
+def probe_ppdet(ns, train_argv: list[str]) -> dict:
+    """ppdet's Trainer on the config ppmulti would train (same edits, batch and threads)."""
+    import paddle
+    from ppdet.engine import Trainer
+    from ppdet.engine.callbacks import Callback, ComposeCallback
+
+    from ppmulti.rank import dist
+
+    opts, cfg = _ppdet_config(ns, train_argv)
+    paddle.set_device("cpu")
+    threads = dist.set_cpu_threads(1)
+    paddle.seed(opts.seed)
+    times: list[float] = []
+
+    class Capture(Callback):
+        def on_step_end(self, status):
+            if status.get("mode") == "train":
+                times.append(time.time())
+                if len(times) >= ns.steps:
+                    raise _Stop
+
+    trainer = Trainer(cfg, mode="train")
+    # ppdet's own callbacks stay (log printer, checkpointer, VisualDL as configured), as ppmulti's hooks do
+    trainer._callbacks = list(trainer._callbacks) + [Capture(trainer)]
+    trainer._compose_callback = ComposeCallback(trainer._callbacks)
+    try:
+        trainer.train(validate=False)
+    except _Stop:
+        pass
+    batch = int(cfg.TrainReader["batch_size"])
+    warm = min(ns.warmup, len(times) - 2)
+    span = times[-1] - times[warm]
+    steps = len(times) - 1 - warm
+    return {"mode": "ppdet", "rank": 0, "world": 1, "threads": threads, "global_batch": batch,
+            "first_step_at": times[0], "img_s": steps * batch / span if span > 0 else 0.0,
+            "step_s": span / steps if steps else 0.0, **_usage()}
+
+
+def probe_loader(ns, train_argv: list[str]) -> dict:
+    """The loader alone, built as the Trainer builds it (same reader, batch, worker_num)."""
+    from ppdet.core.workspace import create
+
+    from ppmulti.rank import dist
+
+    opts, cfg = _ppdet_config(ns, train_argv)
+    dist.set_cpu_threads(1)
+    dataset = create("TrainDataset")()
+    loader = create("TrainReader")(dataset, cfg.get("worker_num", 0))
+    batch = int(cfg.TrainReader["batch_size"])
+    times: list[float] = []
+    epoch = 0
+    while len(times) < ns.steps:
+        dataset.set_epoch(epoch)
+        for _ in loader:
+            times.append(time.time())
+            if len(times) >= ns.steps:
+                break
+        epoch += 1
+    warm = min(ns.warmup, len(times) - 2)
+    span = times[-1] - times[warm]
+    # CPU seconds per image of loading, measured in this process (worker_num 0): what the loader takes
+    # from the cores the ranks compute on, independent of how busy the machine is
+    inline = create("TrainReader")(dataset, 0)
+    cpu0, n = _usage()["cpu_s"], 0
+    for _ in inline:
+        n += 1
+        if n >= max(2, ns.steps // 2):
+            break
+    cpu_per_img = (_usage()["cpu_s"] - cpu0) / (n * batch)
+    return {"mode": "loader", "rank": 0, "world": 1, "global_batch": batch,
+            "worker_num": int(cfg.get("worker_num", 0)),
+            "img_s": (len(times) - 1 - warm) * batch / span if span > 0 else 0.0,
+            "cpu_s_per_img": cpu_per_img, **_usage()}
+
+
+def probe_allreduce(ns, _argv: list[str]) -> dict:
+    """Time one all-reduce of ``--numel`` float32 values (a model's gradients), median of ``--steps``."""
+    import paddle
+    import paddle.distributed as pdist
+
+    from ppmulti.rank import dist
+
+    world = dist.init()
+    dist.set_cpu_threads()
+    buf = paddle.ones([int(ns.numel)], dtype="float32")
+    pdist.all_reduce(buf)   # warm-up: connections, buffers
+    samples = []
+    for _ in range(ns.steps):
+        dist.barrier()
+        t = time.perf_counter()
+        pdist.all_reduce(buf)
+        samples.append(time.perf_counter() - t)
+    samples.sort()
+    return {"mode": "allreduce", "rank": dist.rank(), "world": world, "numel": int(ns.numel),
+            "bytes": 4 * int(ns.numel), "median_s": samples[len(samples) // 2], "min_s": samples[0], **_usage()}
+
+
+MODES = {"train": probe_train, "ppdet": probe_ppdet, "loader": probe_loader, "allreduce": probe_allreduce}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_argv: list[str] = []
+    if "--" in argv:   # everything after -- is tools/train.py's command line
+        cut = argv.index("--")
+        argv, train_argv = argv[:cut], argv[cut + 1:]
+    ap = argparse.ArgumentParser(prog="probe", description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=sorted(MODES))
+    ap.add_argument("--out", required=True, help="a .json file, or a directory for rankN.json")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the rate")
+    ap.add_argument("--numel", type=float, default=0, help="allreduce: float32 values per all-reduce")
+    ap.add_argument("--one-size", type=int, default=0, help="train at this one size (no random multi-scale)")
+    ns = ap.parse_args(argv)
+    record = MODES[ns.mode](ns, train_argv)
+    _write(ns.out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

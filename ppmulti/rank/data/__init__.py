@@ -1,0 +1,1 @@
+"""Datasets registered into ppdet: YOLO-format data yamls and the YOLODataSet source."""

@@ -1,0 +1,419 @@
+"""YOLOv5-format datasets: the data yaml, label files checked line by line, and a ppdet dataset source."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ppmulti.common.errors import UserError
+from ppmulti.common.paths import IMAGE_SUFFIXES
+
+log = logging.getLogger("ppmulti")
+
+MIN_IMAGE_SIDE = 2                     # pixels; smaller images are counted as corrupt
+TRAIN_FIELDS = ["image", "gt_bbox", "gt_class", "is_crowd"]
+
+
+# ----------------------------------------------------------------------------- the data yaml
+@dataclass
+class DataSpec:
+    """A parsed YOLOv5 data yaml: the root, the split entries (paths resolved) and the class names."""
+
+    yaml_path: Path
+    root: Path
+    splits: dict[str, list[Path]]
+    names: list[str]
+
+    @property
+    def nc(self) -> int:
+        return len(self.names)
+
+
+def _names(raw: dict, where: Path) -> list[str]:
+    names, nc = raw.get("names"), raw.get("nc")
+    if nc is not None and (not isinstance(nc, int) or isinstance(nc, bool) or nc < 1):
+        raise UserError(f"{where}: nc must be a positive integer, got {nc!r}")
+    if isinstance(names, dict):
+        keys = sorted(names)
+        if keys != list(range(len(keys))):
+            raise UserError(f"{where}: names as a mapping must have the keys 0..{len(keys) - 1}, got {keys[:6]}")
+        names = [names[k] for k in keys]
+    elif names is None:
+        if nc is None:
+            raise UserError(f"{where}: give the classes as names: [a, b, ...] (and/or nc: N)")
+        names = [f"class{i}" for i in range(nc)]
+    elif not isinstance(names, list):
+        raise UserError(f"{where}: names must be a list or a mapping {{0: name, ...}}, got {type(names).__name__}")
+    names = [str(n) for n in names]
+    if nc is not None and nc != len(names):
+        raise UserError(f"{where}: nc: {nc} but names lists {len(names)} classes; make them agree")
+    if not names:
+        raise UserError(f"{where}: names is empty; list the class names")
+    return names
+
+
+def _root(raw: dict, yaml_path: Path) -> Path:
+    """YOLOv5 resolves a relative ``path`` against its own checkout; here it is the data yaml's directory,
+    or the working directory when only that exists. No ``path`` means the yaml's directory."""
+    given = raw.get("path")
+    if given in (None, ""):
+        return yaml_path.parent.resolve()
+    p = Path(os.path.expanduser(str(given)))
+    if p.is_absolute():
+        return p
+    beside = (yaml_path.parent / p).resolve()
+    if not beside.exists() and p.resolve().exists():
+        return p.resolve()
+    return beside
+
+
+def load_data_yaml(path: str | os.PathLike) -> DataSpec:
+    """Parse and check a YOLOv5 dataset yaml (``path/train/val/test/nc/names``); UserError names what is wrong."""
+    import yaml
+
+    yaml_path = Path(path)
+    if not yaml_path.is_file():
+        raise UserError(f"data yaml not found: {yaml_path} (pass --data with a YOLOv5 dataset yaml, "
+                        f"e.g. the data.yaml that `ppmulti data demo DIR --format yolo` writes)")
+    try:
+        raw = yaml.safe_load(yaml_path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"data yaml {yaml_path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"data yaml {yaml_path} must be a mapping with train, val and names; got {type(raw).__name__}")
+    names = _names(raw, yaml_path)
+    root = _root(raw, yaml_path)
+    splits: dict[str, list[Path]] = {}
+    for split in ("train", "val", "test"):
+        entries = raw.get(split)
+        if entries in (None, "", []):
+            continue
+        if isinstance(entries, (str, os.PathLike)):
+            entries = [entries]
+        if not isinstance(entries, list) or not all(isinstance(e, (str, os.PathLike)) for e in entries):
+            raise UserError(f"{yaml_path}: {split} must be a path or a list of paths, got {entries!r}")
+        splits[split] = [p if p.is_absolute() else root / p for p in (Path(os.path.expanduser(str(e)))
+                                                                       for e in entries)]
+    if "train" not in splits and "val" not in splits:
+        raise UserError(f"{yaml_path}: no train or val split; add e.g. train: images/train and val: images/val")
+    return DataSpec(yaml_path.resolve(), root, splits, names)
+
+
+def image_files(spec: DataSpec, split: str) -> list[Path]:
+    """The images of a split: directories are searched recursively, .txt files list one image per line."""
+    if split not in spec.splits:
+        raise UserError(f"{spec.yaml_path}: no {split} split; add {split}: <directory, list or .txt of images>")
+    files: list[Path] = []
+    for entry in spec.splits[split]:
+        if entry.is_dir():
+            files += sorted(p for p in entry.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        elif entry.is_file() and entry.suffix.lower() == ".txt":
+            for line in entry.read_text().splitlines():
+                line = line.strip()
+                if line:
+                    p = Path(line)
+                    files.append(p if p.is_absolute() else (entry.parent / p))
+        elif entry.is_file() and entry.suffix.lower() in IMAGE_SUFFIXES:
+            files.append(entry)
+        else:
+            raise UserError(f"{spec.yaml_path}: {split} entry {entry} does not exist (the yaml's path is "
+                            f"{spec.root}); ppmulti downloads nothing, fetch the dataset first")
+    if not files:
+        raise UserError(f"{spec.yaml_path}: {split} holds no images ({'/'.join(IMAGE_SUFFIXES)})")
+    return files
+
+
+def label_path(image: Path) -> Path:
+    """YOLOv5's rule: the last ``images`` directory of the path becomes ``labels``, the suffix ``.txt``."""
+    parts = list(image.parts)
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == "images":
+            parts[i] = "labels"
+            break
+    return Path(*parts).with_suffix(".txt")
+
+
+# ----------------------------------------------------------------------------- labels and images
+@dataclass
+class LabelNotes:
+    """What reading one label file repaired: boxes clipped to the image, dropped, duplicated."""
+
+    clipped: int = 0
+    dropped: int = 0
+    duplicates: int = 0
+
+
+def _bad_line(path: Path, lineno: int, line: str, why: str) -> UserError:
+    return UserError(f"{path}:{lineno}: {why} in label line {line.strip()!r}; each line is "
+                     f"'class x_center y_center width height', normalised to 0-1")
+
+
+def read_labels(path: Path, nc: int, single_cls: bool = False) -> tuple[np.ndarray, LabelNotes]:
+    """A label file as rows (class, x1, y1, x2, y2), normalised; no file or an empty one is a background image.
+
+    Polygon lines (class x1 y1 x2 y2 ...) become their bounding box, as YOLOv5 does. A class id >= nc or a
+    malformed line stops with the file and line named; boxes reaching outside the image are clipped.
+    """
+    notes = LabelNotes()
+    if not path.is_file():
+        return np.zeros((0, 5), np.float32), notes
+    rows = []
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 5 and (len(fields) < 7 or len(fields) % 2 == 0):
+            raise _bad_line(path, lineno, line, f"{len(fields)} values")
+        try:
+            values = [float(v) for v in fields]
+        except ValueError:
+            raise _bad_line(path, lineno, line, "a value that is not a number") from None
+        if not all(np.isfinite(values)):
+            raise _bad_line(path, lineno, line, "a value that is not finite")
+        cls = values[0]
+        if cls < 0 or cls != int(cls):
+            raise _bad_line(path, lineno, line, f"class {fields[0]} that is not a non-negative integer")
+        if int(cls) >= nc:
+            raise UserError(f"{path}:{lineno}: class id {int(cls)} but the data yaml declares nc={nc} "
+                            f"(classes 0..{nc - 1}); fix the label or the yaml's names/nc")
+        if len(fields) == 5:
+            cx, cy, w, h = values[1:]
+            if w < 0 or h < 0:
+                raise _bad_line(path, lineno, line, "a negative width or height")
+            box = [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
+        else:
+            xs, ys = values[1::2], values[2::2]
+            box = [min(xs), min(ys), max(xs), max(ys)]
+        clipped = [min(max(v, 0.0), 1.0) for v in box]
+        if clipped != box:
+            notes.clipped += 1
+        if clipped[2] - clipped[0] <= 0 or clipped[3] - clipped[1] <= 0:
+            notes.dropped += 1
+            continue
+        rows.append([0.0 if single_cls else float(int(cls)), *clipped])
+    if not rows:
+        return np.zeros((0, 5), np.float32), notes
+    arr = np.asarray(rows, np.float32)
+    unique = np.unique(arr, axis=0)
+    notes.duplicates = len(arr) - len(unique)
+    if notes.duplicates:
+        # keep the file's order for the rows that stay
+        _, first = np.unique(arr, axis=0, return_index=True)
+        arr = arr[np.sort(first)]
+    return arr, notes
+
+
+def image_size(path: Path) -> tuple[int, int] | str:
+    """(width, height) of a readable image, or why it cannot be used (missing, corrupt, truncated)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+            width, height = im.size
+            fmt = im.format
+    except FileNotFoundError:
+        return "missing"
+    except Exception as exc:  # PIL raises many types for broken files
+        return f"unreadable ({type(exc).__name__})"
+    if width < MIN_IMAGE_SIDE or height < MIN_IMAGE_SIDE:
+        return f"too small ({width}x{height})"
+    if fmt == "JPEG":
+        with open(path, "rb") as f:
+            f.seek(-2, os.SEEK_END)
+            if f.read() != b"\xff\xd9":
+                return "truncated JPEG"
+    return width, height
+
+
+@dataclass
+class ScanReport:
+    """What loading one split found, for the one-line summary and the tests."""
+
+    images: int = 0
+    boxes: int = 0
+    background: int = 0
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    clipped: int = 0
+    dropped: int = 0
+    duplicates: int = 0
+
+    def line(self, split: str) -> str:
+        text = (f"{split}: {self.images} images, {self.boxes} boxes, {self.background} background, "
+                f"{len(self.corrupt)} corrupt skipped")
+        if self.clipped or self.dropped or self.duplicates:
+            text += (f"; {self.clipped} boxes clipped to the image, {self.dropped} empty boxes dropped, "
+                     f"{self.duplicates} duplicate boxes removed")
+        return text
+
+
+def scan(spec: DataSpec, split: str, single_cls: bool = False, threads: int = 8) -> tuple[list[dict], ScanReport]:
+    """ppdet records (im_file, im_id, h, w, gt_bbox in pixels, gt_class, is_crowd) for one split."""
+    files = image_files(spec, split)
+
+    def one(path: Path):
+        size = image_size(path)
+        if isinstance(size, str):
+            return path, size, None, None
+        labels, notes = read_labels(label_path(path), spec.nc, single_cls)
+        return path, size, labels, notes
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        results = list(pool.map(one, files))
+    records, report = [], ScanReport()
+    for path, size, labels, notes in results:
+        if isinstance(size, str):
+            report.corrupt.append((str(path), size))
+            continue
+        w, h = size
+        n = len(labels)
+        boxes = labels[:, 1:] * np.array([w, h, w, h], np.float32)
+        records.append({
+            "im_file": str(path), "im_id": np.array([len(records)]), "h": float(h), "w": float(w),
+            "gt_bbox": boxes.astype(np.float32).reshape(n, 4),
+            "gt_class": labels[:, :1].astype(np.int32).reshape(n, 1),
+            "is_crowd": np.zeros((n, 1), np.int32),
+        })
+        report.boxes += n
+        report.background += n == 0
+        report.clipped += notes.clipped
+        report.dropped += notes.dropped
+        report.duplicates += notes.duplicates
+    report.images = len(records)
+    if report.corrupt:
+        shown = ", ".join(f"{p} ({why})" for p, why in report.corrupt[:3])
+        log.warning("%s: skipped %d unusable image(s): %s%s", split, len(report.corrupt), shown,
+                    " ..." if len(report.corrupt) > 3 else "")
+    if not records:
+        raise UserError(f"{spec.yaml_path}: every image of the {split} split is unusable "
+                        f"(e.g. {report.corrupt[0][0]}: {report.corrupt[0][1]})")
+    if report.clipped or report.dropped or report.duplicates:
+        log.warning("%s", report.line(split))
+    else:
+        log.info("%s", report.line(split))
+    return records, report
+
+
+# ----------------------------------------------------------------------------- COCO json for evaluation
+def coco_json(records: list[dict], names: list[str]) -> dict:
+    """The records as a COCO ground truth (category id = class id + 1) for pycocotools."""
+    images, annotations = [], []
+    for rec in records:
+        im_id = int(rec["im_id"][0])
+        images.append({"id": im_id, "file_name": rec["im_file"], "width": int(rec["w"]), "height": int(rec["h"])})
+        for box, cls in zip(rec["gt_bbox"], rec["gt_class"][:, 0]):
+            x1, y1, x2, y2 = (float(v) for v in box)
+            annotations.append({"id": len(annotations) + 1, "image_id": im_id, "category_id": int(cls) + 1,
+                                "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
+                                "iscrowd": 0})
+    categories = [{"id": i + 1, "name": n, "supercategory": "none"} for i, n in enumerate(names)]
+    return {"info": {"description": "YOLO-format labels as COCO"}, "images": images, "annotations": annotations,
+            "categories": categories}
+
+
+def cache_json(content: dict, stem: str) -> str:
+    """Write ``content`` once under the temp dir, named by its hash (ranks may race; the write is atomic)."""
+    from ppmulti.common.atomic import atomic_write_text
+
+    text = json.dumps(content, sort_keys=True)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / "ppmulti-yolo" / f"{stem}-{digest}.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text)
+    return str(path)
+
+
+def categories_json(spec: DataSpec) -> str:
+    """A COCO json with only the categories: what ppdet's inference reads class names from."""
+    return cache_json(coco_json([], spec.names), "names")
+
+
+# ----------------------------------------------------------------------------- the ppdet source
+def _dataset_class():
+    from ppdet.core.workspace import register, serializable
+    from ppdet.data.source.dataset import DetDataset
+
+    @register
+    @serializable
+    class YOLODataSet(DetDataset):
+        """A YOLOv5 dataset yaml's split as a ppdet dataset (``name: YOLODataSet, data: x.yaml, split: val``)."""
+
+        def __init__(self, data: str = "", split: str = "train", data_fields=("image",), sample_num: int = -1,
+                     single_cls: bool = False, allow_empty: bool = True, repeat: int = 1, **kwargs):
+            self.data, self.split = data, split
+            self.single_cls, self.allow_empty = single_cls, allow_empty
+            self.spec = load_data_yaml(data)
+            super().__init__(dataset_dir=str(self.spec.root), image_dir="", anno_path=None,
+                             data_fields=list(data_fields), sample_num=sample_num,
+                             repeat=repeat, **kwargs)
+            self.roidbs = None
+
+        def check_or_download_dataset(self):
+            image_files(self.spec, self.split)  # fails with the path named; nothing is downloaded
+
+        def parse_dataset(self):
+            if self.roidbs is not None:   # the evaluator and ppdet's loader both ask; scan the files once
+                return
+            records, self.report = scan(self.spec, self.split, self.single_cls)
+            if not self.allow_empty:
+                records = [r for r in records if len(r["gt_bbox"])]
+            if self.sample_num > 0:
+                records = records[:self.sample_num]
+            names = ["object"] if self.single_cls else self.spec.names
+            self.catid2clsid = {i + 1: i for i in range(len(names))}
+            self.cname2cid = {n: i for i, n in enumerate(names)}
+            self.records = records
+            # like ppdet's COCO source: ground-truth keys only where data_fields asks (eval batches are images)
+            image_keys = ("im_file", "im_id", "h", "w")
+            self.roidbs = [{k: v for k, v in r.items() if k in image_keys or k in self.data_fields}
+                           for r in records]
+
+        def get_anno(self):
+            if self.roidbs is None:
+                self.parse_dataset()
+            names = ["object"] if self.single_cls else self.spec.names
+            return cache_json(coco_json(self.records, names), f"{self.split}")
+
+    return YOLODataSet
+
+
+_REGISTERED = None
+
+
+def register_source():
+    """Register ``YOLODataSet`` with ppdet (workspace and ``ppdet.data.source``), once per process."""
+    global _REGISTERED
+    if _REGISTERED is None:
+        import ppdet.data.source as source
+
+        _REGISTERED = _dataset_class()
+        source.YOLODataSet = _REGISTERED  # ppdet's TrainDataset/EvalDataset look sources up by name here
+    return _REGISTERED
+
+
+def use_data_yaml(cfg, path: str | os.PathLike, single_cls: bool = False) -> DataSpec:
+    """Point a loaded config's datasets at a YOLOv5 data yaml and set ``num_classes`` from it."""
+    spec = load_data_yaml(path)
+    for section, split in (("TrainDataset", "train"), ("EvalDataset", "val")):
+        if split not in spec.splits:
+            continue
+        node = cfg[section]
+        node.clear()
+        node.update({"name": "YOLODataSet", "data": str(spec.yaml_path), "split": split,
+                     "single_cls": single_cls})
+        if split == "train":
+            node["data_fields"] = list(TRAIN_FIELDS)
+    test = cfg["TestDataset"]
+    test.clear()
+    test.update({"name": "ImageFolder", "anno_path": categories_json(spec)})
+    cfg["num_classes"] = 1 if single_cls else spec.nc
+    return spec

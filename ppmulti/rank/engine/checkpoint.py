@@ -1,0 +1,132 @@
+"""Checkpoints: atomic last/best weights for inference plus a full training state for resume."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ppmulti.common.atomic import atomic_save
+from ppmulti.common.errors import UserError
+from ppmulti.common.rundir import STATE, WEIGHTS  # noqa: F401  (file kinds, shared with run management)
+
+
+@dataclass
+class TrainState:
+    epoch: int            # epochs completed
+    global_step: int
+    best_map: float
+    world_size: int
+    global_batch: int
+    step_in_epoch: int = 0   # >0 only in a checkpoint saved on an interrupt: steps of ``epoch`` already done
+    best_fitness: float = -1.0   # 0.1 mAP50 + 0.9 mAP50-95 of the best validated epoch (for --patience)
+    best_epoch: int = 0          # that epoch (1-based; 0 = none yet)
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import paddle
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "paddle": paddle.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import paddle
+
+    if not state:
+        return
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    try:
+        paddle.set_rng_state(state["paddle"])
+    except Exception:  # a CPU generator state on a GPU run or the reverse: keep going, seeded
+        pass
+
+
+def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_scheduler, ema,
+         state: TrainState) -> None:
+    """Write ``stem.pdparams`` (weights to use) and ``stem.pdstate`` (resume) atomically."""
+    import paddle
+
+    stem = str(stem)
+    atomic_save(stem + WEIGHTS, lambda tmp: paddle.save(inference_weights, tmp))
+    payload = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "lr": lr_scheduler.state_dict() if hasattr(lr_scheduler, "state_dict") else None,
+        "ema": dict(ema.state_dict) if ema is not None else None,
+        "ema_step": ema.step if ema is not None else 0,
+        "train": vars(state),
+        "rng": rng_state(),
+    }
+    atomic_save(stem + STATE, lambda tmp: paddle.save(payload, tmp))
+
+
+def copy_checkpoint(src_stem: str | os.PathLike, dst_stem: str | os.PathLike, state: bool = True) -> None:
+    """Publish a copy of a checkpoint under another name (``last`` -> ``best``), atomically; ``state=False``
+    copies only the weights."""
+    for suffix in (WEIGHTS, STATE) if state else (WEIGHTS,):
+        src = str(src_stem) + suffix
+        if os.path.exists(src):
+            atomic_save(str(dst_stem) + suffix, lambda tmp, s=src: shutil.copyfile(s, tmp))
+
+
+def resolve_resume(path: str | os.PathLike) -> Path:
+    """Accept a run directory, a ``weights/`` dir, a stem or a .pdstate/.pdparams file."""
+    p = Path(path)
+    candidates = []
+    if p.is_dir():
+        candidates = [p / "weights" / ("last" + STATE), p / ("last" + STATE)]
+    else:
+        stem = str(p)
+        for suffix in (WEIGHTS, STATE):
+            if stem.endswith(suffix):
+                stem = stem[: -len(suffix)]
+        candidates = [Path(stem + STATE)]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise UserError(f"--resume {path}: no training state found (looked for {', '.join(map(str, candidates))})")
+
+
+def load_state(path: str | os.PathLike) -> dict:
+    import paddle
+
+    try:
+        return paddle.load(str(path))
+    except Exception as exc:
+        raise UserError(f"checkpoint {path} cannot be read ({type(exc).__name__}); it may be truncated") from None
+
+
+def check_shapes(model, weights: dict, source: str) -> tuple[list[str], list[str]]:
+    """Refuse shape mismatches by name; return (missing, unexpected) keys."""
+    own = model.state_dict()
+    for key, value in weights.items():
+        if key in own and list(own[key].shape) != list(value.shape):
+            raise UserError(f"{source}: parameter {key} has shape {list(value.shape)} but the model "
+                            f"expects {list(own[key].shape)} — the checkpoint is from another model or num_classes")
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    return missing, unexpected
+
+
+def load_weights(model, path: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """Load inference weights (a .pdparams or a stem) into ``model``, checking shapes."""
+    p = str(path)
+    if p.endswith((".pt", ".pth")):
+        raise UserError(f"weights {p}: a PyTorch checkpoint; ppmulti loads Paddle .pdparams. Convert a YOLOv5 v6 "
+                        f".pt once with `python tools/convert_yolov5.py {p} OUT.pdparams --cfg yolov5s` (needs "
+                        f"`pip install torch`), then pass OUT.pdparams; or train from scratch with --weights ''")
+    if not p.endswith(WEIGHTS):
+        p += WEIGHTS
+    if not os.path.isfile(p):
+        raise UserError(f"weights file not found: {p}")
+    weights = load_state(p)
+    missing, unexpected = check_shapes(model, weights, p)
+    model.set_state_dict({k: v for k, v in weights.items() if k in model.state_dict()})
+    return missing, unexpected

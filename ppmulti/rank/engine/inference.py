@@ -1,0 +1,165 @@
+"""Using trained weights: evaluate, predict onto PNGs, export a Paddle inference model."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from ppmulti.rank import config as config_mod
+from ppmulti.rank import dist
+from ppmulti.common.errors import UserError
+from ppmulti.common.atomic import atomic_write_text
+
+log = logging.getLogger("ppmulti")
+
+
+def _weights_path(cfg, weights: str | None) -> str:
+    path = weights or cfg.get("weights")
+    if not path:
+        raise UserError("no weights given: pass --weights RUN_DIR/weights/best.pdparams")
+    p = Path(path)
+    if p.is_dir() and (p / "weights" / "best.pdparams").is_file():
+        return str(p / "weights" / "best.pdparams")
+    if not p.is_file() and not Path(str(p) + ".pdparams").is_file():
+        raise UserError(f"weights file not found: {path}")
+    return str(p)
+
+
+def build_model(config: str, overrides: list[str], weights: str | None):
+    """Load the config, build its model on the right device and load weights (shapes checked)."""
+    from ppdet.core.workspace import create
+
+    from ppmulti.rank.engine.checkpoint import load_weights
+    from ppmulti.rank.ppdet_bridge import select_device
+
+    dist.init()
+    cfg = config_mod.load(config, overrides)
+    select_device(cfg)
+    model = create(cfg.architecture)
+    model.load_meanstd(cfg["TestReader"]["sample_transforms"])
+    path = _weights_path(cfg, weights)
+    missing, unexpected = load_weights(model, path)
+    if missing:
+        log.warning("%s: %d model parameters missing from the file", path, len(missing))
+    model.eval()
+    return cfg, model
+
+
+def evaluate(config: str, overrides: list[str], weights: str | None, save_json: str | None = None) -> dict:
+    """COCO bbox mAP of the weights on the config's EvalDataset (sharded across ranks when launched)."""
+    from ppmulti.rank.engine.evaluator import CocoEvaluator
+
+    cfg, model = build_model(config, overrides, weights)
+    config_mod.check_dataset(cfg, "EvalDataset")
+    result = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0)).evaluate(model).as_dict()
+    if save_json and dist.is_main():
+        atomic_write_text(save_json, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _collect_images(image: str | None, image_dir: str | None) -> list[str]:
+    from ppmulti.common.paths import IMAGE_SUFFIXES
+
+    images: list[str] = []
+    if image:
+        if not Path(image).is_file():
+            raise UserError(f"image not found: {image}")
+        images.append(image)
+    if image_dir:
+        d = Path(image_dir)
+        if not d.is_dir():
+            raise UserError(f"image directory not found: {image_dir}")
+        images.extend(str(p) for p in sorted(d.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not images:
+            raise UserError(f"no images ({'/'.join(IMAGE_SUFFIXES)}) in {image_dir}")
+    if not images:
+        raise UserError("nothing to predict: pass --infer_img FILE or --infer_dir DIR")
+    return images
+
+
+def predict(config: str, overrides: list[str], weights: str | None, image: str | None,
+            image_dir: str | None, output_dir: str, threshold: float = 0.5) -> list[Path]:
+    """Detect objects in images; write each with its boxes drawn as a PNG, plus detections.json."""
+    from PIL import Image
+    from ppdet.core.workspace import create
+    from ppdet.data.source.category import get_categories
+    from ppdet.metrics.coco_utils import get_infer_results
+    import paddle
+
+    images = _collect_images(image, image_dir)
+    cfg, model = build_model(config, overrides, weights)
+    dataset = create("TestDataset")()
+    dataset.set_images(images)
+    loader = create("TestReader")(dataset, 0)
+    imid2path = dataset.get_imid2path()
+    anno = dataset.get_anno()
+    clsid2catid, catid2name = get_categories(cfg.metric, anno_file=anno if anno and Path(anno).is_file() else None)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    by_image: dict[int, list[dict]] = {}
+    with paddle.no_grad():
+        for data in loader:
+            outs = model(data)
+            res = get_infer_results({"bbox": outs["bbox"].numpy(), "bbox_num": outs["bbox_num"].numpy(),
+                                     "im_id": data["im_id"].numpy()}, clsid2catid)
+            for im_id in data["im_id"].numpy().reshape(-1):
+                by_image.setdefault(int(im_id), [])
+            for det in res.get("bbox", []):
+                by_image[int(det["image_id"])].append(det)
+    written: list[Path] = []
+    records = []
+    for im_id, dets in sorted(by_image.items()):
+        src = Path(imid2path[im_id])
+        img = Image.open(src).convert("RGB")
+        kept = [d for d in dets if d["score"] >= threshold]
+        draw_boxes(img, kept, catid2name)
+        dst = out / (src.stem + ".png")
+        img.save(dst, format="PNG")
+        written.append(dst)
+        records.append({"image": str(src), "output": str(dst), "detections": [
+            {"category": catid2name.get(d["category_id"], str(d["category_id"])), "score": round(float(d["score"]), 4),
+             "bbox_xywh": [round(float(v), 2) for v in d["bbox"]]} for d in kept]})
+        log.info("%s: %d objects >= %.2f -> %s", src.name, len(kept), threshold, dst)
+    atomic_write_text(out / "detections.json", json.dumps(records, indent=2) + "\n")
+    return written
+
+
+PALETTE = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240),
+           (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128)]
+
+
+def draw_boxes(img, detections: list[dict], catid2name: dict) -> None:
+    """Draw COCO-style detections (bbox x,y,w,h) with class name and score onto a PIL image.
+
+    Written here because ppdet 2.6.0's visualizer calls ``ImageDraw.textsize``, which Pillow 10 removed.
+    """
+    from PIL import ImageDraw
+
+    draw = ImageDraw.Draw(img)
+    for det in detections:
+        x, y, w, h = det["bbox"]
+        color = PALETTE[int(det["category_id"]) % len(PALETTE)]
+        draw.rectangle([x, y, x + w, y + h], outline=color, width=2)
+        label = f"{catid2name.get(det['category_id'], det['category_id'])} {det['score']:.2f}"
+        left, top, right, bottom = draw.textbbox((x, y), label)
+        th = bottom - top
+        draw.rectangle([x, max(0, y - th - 2), x + (right - left) + 4, max(th + 2, y)], fill=color)
+        draw.text((x + 2, max(0, y - th - 2)), label, fill=(255, 255, 255))
+
+
+def export(config: str, overrides: list[str], weights: str | None, output_dir: str) -> Path:
+    """Write a Paddle inference model (model.pdmodel / model.pdiparams / infer_cfg.yml) with ppdet's exporter."""
+    from ppdet.engine import Trainer
+
+    from ppmulti.common.compat import full_graph_to_static
+
+    cfg, model = build_model(config, overrides, weights)
+    cfg["model"] = model  # ppdet's Trainer takes a ready model from the config
+    trainer = Trainer(cfg, mode="test")
+    with full_graph_to_static():
+        trainer.export(output_dir)
+    dst = Path(output_dir) / cfg["filename"]
+    if not (dst / "model.pdmodel").is_file():
+        raise RuntimeError(f"export finished but {dst / 'model.pdmodel'} is missing")
+    return dst

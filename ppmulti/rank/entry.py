@@ -1,0 +1,65 @@
+"""The one entry point of the rank side that the process side calls: train flags -> TrainOptions -> a run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ppmulti.common import train_flags
+from ppmulti.common.errors import UserError
+from ppmulti.common.rundir import newest_run
+from ppmulti.rank.engine.trainer import TrainOptions
+
+
+def options_from_args(args: argparse.Namespace) -> TrainOptions:
+    """Parsed train flags as the options of one run; every flag is checked here, before any process starts."""
+    from ppmulti.rank import yolo_config
+
+    overrides = [item for group in (args.opt or []) for item in group]
+    config = args.config
+    yolo_style = train_flags.yolo_style(args)
+    if getattr(args, "cfg", None):
+        if args.config:
+            raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
+        config = yolo_config.resolve_cfg(args.cfg).config
+    if not config:
+        raise UserError("no config given: pass -c CONFIG (e.g. -c configs/yolo.yml) or --cfg MODEL (e.g. --cfg yolov5s)")
+    weights = args.weights
+    if weights == "":
+        overrides.append("pretrain_weights=")   # YOLOv5's --weights '': from scratch
+        weights = None
+    output = args.output or train_flags.run_output(getattr(args, "project", None), getattr(args, "name", None))
+    validate = args.eval or (yolo_style and not getattr(args, "noval", False))
+    if getattr(args, "patience", None) and not validate:
+        raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
+    resume = args.resume
+    if resume is True:
+        resume = str(newest_run(output))
+    return TrainOptions(config=config, overrides=overrides, validate=validate, resume=resume,
+                        batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
+                        sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
+                        config_edit=yolo_config.config_edit(args) if train_flags.wants_edit(args) else None,
+                        nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
+                        patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
+                        noplots=getattr(args, "noplots", False))
+
+
+def check_gpu_ids(ids: list[int]) -> None:
+    import paddle
+
+    count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+    bad = [i for i in ids if i >= count]
+    if bad:
+        raise UserError(f"--device {','.join(map(str, ids))}: GPU {bad[0]} does not exist "
+                        f"(this machine has {count} usable GPU(s)); use --device cpu or ids below {count}")
+
+
+def train(options: TrainOptions) -> int:
+    """Train one run in this process (alone, or as one rank of a launch); rank 0 prints the summary JSON."""
+    from ppmulti.rank import dist
+    from ppmulti.rank.engine.trainer import train as run_training
+
+    metrics = run_training(options)
+    if dist.is_main():
+        print(json.dumps({k: metrics[k] for k in ("mAP50", "mAP50_95", "run_dir") if k in metrics}))
+    return 0

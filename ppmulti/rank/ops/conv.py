@@ -1,0 +1,219 @@
+"""oneDNN convolutions for CPU training: building the op once, and swapping it into a model's Conv2D layers."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import sys
+import types
+from pathlib import Path
+
+from ppmulti.common.envvars import PPMULTI_CPU_CONV
+
+log = logging.getLogger("ppmulti")
+
+OP_NAME = "ppmulti_onednn_conv2d"
+SOURCE = Path(__file__).with_name("onednn_conv.cc")
+HEADERS_DIST = "onednn-devel-cpu-gomp"   # oneDNN 3.2's headers; Paddle 2.6.2 ships libdnnl 3.2.1 without them
+CHOICES = ("onednn", "paddle")
+
+_op = None            # the registered op's caller, once loaded
+_failure = None       # why it could not be loaded, once tried
+_registered = False   # the op is known to Paddle in this process (compiling it here also registers it)
+
+
+class OpUnavailable(RuntimeError):
+    """The oneDNN op cannot be built or loaded here; the message says why."""
+
+
+def choice() -> str:
+    """Which CPU convolution the user asked for: PPMULTI_CPU_CONV=onednn (default) or paddle."""
+    value = os.environ.get(PPMULTI_CPU_CONV, "onednn").strip().lower() or "onednn"
+    if value not in CHOICES:
+        from ppmulti.common.errors import UserError
+
+        raise UserError(f"{PPMULTI_CPU_CONV}={value!r} is not one of {', '.join(CHOICES)}; unset it for oneDNN")
+    return value
+
+
+def cache_root() -> Path:
+    """Where built ops live: outside any run or PPMULTI_HOME, so every run on this machine shares one build."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ppmulti" / "ops"
+
+
+def _paddle_dir() -> Path:
+    """Paddle's package directory, found without importing paddle (seconds) when the op is already built."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or spec.origin is None:
+        raise OpUnavailable("paddle is not installed")
+    return Path(spec.origin).parent
+
+
+def _build_dir() -> Path:
+    paddle_dir = _paddle_dir()
+    version = (paddle_dir / "version" / "__init__.py").read_bytes() if (paddle_dir / "version").is_dir() else b""
+    tag = hashlib.sha1(SOURCE.read_bytes() + version + sys.version.encode()).hexdigest()[:12]
+    return cache_root() / f"onednn_conv-{tag}"
+
+
+def _include_dir() -> Path:
+    """The include directory holding oneapi/dnnl/dnnl.hpp from the pinned headers package."""
+    from importlib import metadata
+
+    candidates = []
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        for f in metadata.files(HEADERS_DIST) or []:
+            if str(f).endswith("oneapi/dnnl/dnnl.hpp"):
+                candidates.append(Path(f.locate()).parents[2])
+    candidates.append(Path(sys.prefix) / "include")
+    for inc in candidates:
+        version = inc / "oneapi" / "dnnl" / "dnnl_version.h"
+        if version.is_file() and "DNNL_VERSION_MAJOR 3" in version.read_text():
+            return inc
+    raise OpUnavailable(f"oneDNN 3 headers not found; pip install {HEADERS_DIST}==2023.2.0")
+
+
+def _paddle_libs() -> Path:
+    libs = _paddle_dir() / "libs"
+    if not (libs / "libdnnl.so.3").is_file():
+        raise OpUnavailable(f"this Paddle build has no libdnnl.so.3 in {libs}")
+    return libs
+
+
+def _compile(build: Path) -> None:
+    """Compile the op into ``build`` with Paddle's extension builder (about 20 s, once per machine)."""
+    global _registered
+    libs, include = _paddle_libs(), _include_dir()   # their own clear reasons, before any compiler runs
+    from paddle.utils.cpp_extension import load
+
+    log.info("building the oneDNN convolution op for CPU training (once per Paddle version) in %s", build)
+    try:
+        # the builder's own chatter (stdout, and "Compiling user custom op..." logged at INFO) stays out of logs
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            logging.disable(logging.INFO)
+            try:
+                load(name="ppmulti_onednn_conv", sources=[str(SOURCE)], build_directory=str(build),
+                     extra_include_paths=[str(include)], extra_cxx_cflags=["-O2"],
+                     extra_ldflags=[f"-L{libs}", "-l:libdnnl.so.3", f"-Wl,-rpath,{libs}"], verbose=False)
+            finally:
+                logging.disable(logging.NOTSET)
+    except Exception as exc:   # a compiler error arrives as RuntimeError with the compiler's text
+        first = next((line for line in str(exc).splitlines() if "error" in line.lower()), str(exc).splitlines()[0])
+        raise OpUnavailable(f"building it failed: {first.strip()[:300]}") from exc
+    _registered = True
+
+
+def build_op() -> Path:
+    """The op's shared library, compiled first when this machine has none for this source and Paddle.
+
+    Several ranks may start at once: one builds under a file lock, the others wait. When the library
+    exists this imports nothing heavy (no paddle). Raises OpUnavailable with the reason.
+    """
+    global _failure
+    if _failure is not None:
+        raise OpUnavailable(_failure)
+    try:
+        if not sys.platform.startswith("linux"):
+            raise OpUnavailable("it is built for Linux only")
+        from filelock import FileLock
+
+        build = _build_dir()
+        library = build / "ppmulti_onednn_conv" / "ppmulti_onednn_conv.so"
+        build.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(build) + ".lock"):   # also while checking: the linker writes the .so in place
+            if not library.is_file():
+                _compile(build)
+        if not library.is_file():
+            raise OpUnavailable(f"the build left no {library}")
+        return library
+    except OpUnavailable as exc:
+        _failure = str(exc)
+        raise
+    except OSError as exc:      # unwritable cache, missing compiler
+        _failure = f"{type(exc).__name__}: {exc}"
+        raise OpUnavailable(_failure) from exc
+
+
+def load_op():
+    """The op's caller ``f(x, weight, strides, paddings) -> y``, building and registering it first if needed.
+
+    Raises OpUnavailable with the reason when this machine cannot build or load it.
+    """
+    global _op, _failure, _registered
+    if _op is not None:
+        return _op
+    library = build_op()
+    from paddle.base import core
+    from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+    if not _registered:
+        try:
+            names = load_op_meta_info_and_register_op(str(library))
+        except Exception as exc:   # noqa: BLE001 - a library that does not load: Paddle raises its own types
+            _failure = f"loading {library} failed: {exc}"
+            raise OpUnavailable(_failure) from exc
+        if OP_NAME not in names:
+            _failure = f"{library} does not define {OP_NAME}"
+            raise OpUnavailable(_failure)
+        _registered = True
+
+    def run(x, weight, strides, paddings):
+        # what Paddle's generated wrapper for a custom op calls in dygraph mode
+        return core.eager._run_custom_op(OP_NAME, x, weight, list(strides), list(paddings))[0]
+
+    _op = run
+    return _op
+
+
+def eligible(layer) -> bool:
+    """A plain NCHW Conv2D the op computes exactly: float32 weight, groups 1, dilation 1, no bias, zero padding."""
+    import paddle
+
+    return (type(layer) is paddle.nn.Conv2D and layer.bias is None and layer._groups == 1
+            and list(layer._dilation) == [1, 1] and layer._data_format == "NCHW"
+            and layer._padding_mode == "zeros" and layer._padding_algorithm == "EXPLICIT"
+            and len(layer._updated_padding) == 2 and layer.weight.dtype == paddle.float32)
+
+
+def _onednn_forward(self, x):
+    import paddle
+
+    if not paddle.in_dynamic_mode() or x.dtype != paddle.float32 or not x.place.is_cpu_place():
+        return paddle.nn.Conv2D.forward(self, x)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    return _op(x, self.weight, self._stride, self._updated_padding)
+
+
+def use_onednn_convs(model) -> int:
+    """Route every eligible Conv2D of ``model`` through the oneDNN op; returns how many layers now use it.
+
+    Only the layers' forward changes: parameters, state dicts and checkpoints stay as they are, and
+    models built elsewhere (export, evaluation tools) keep Paddle's own kernel.
+    """
+    load_op()
+    count = 0
+    for layer in model.sublayers(include_self=True):
+        if eligible(layer):
+            layer.forward = types.MethodType(_onednn_forward, layer)
+            count += 1
+    return count
+
+
+def setup_cpu_convs(model) -> str:
+    """The Trainer's entry: apply the user's choice on CPU; one line says what was used and, if needed, why."""
+    if choice() == "paddle":
+        return f"Paddle's conv2d ({PPMULTI_CPU_CONV}=paddle)"
+    try:
+        n = use_onednn_convs(model)
+    except OpUnavailable as exc:
+        log.warning("CPU convolutions use Paddle's own kernel, about 2x slower to train: %s "
+                    "(set %s=paddle to choose it and silence this)", exc, PPMULTI_CPU_CONV)
+        return f"Paddle's conv2d (oneDNN op unavailable: {exc})"
+    return f"oneDNN for {n} conv layers"

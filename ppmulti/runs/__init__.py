@@ -1,1 +1,0 @@
-"""Run directories, detached runs and hyperparameter evolution."""

@@ -1,0 +1,138 @@
+"""The house's rules, read from the code: which side imports what, no import circles, one home for process starts."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ppmulti"
+HEAVY = ("paddle", "ppdet")                 # never on the process side, only inside compat's functions in common
+RANK_ENTRY = "ppmulti.rank.entry"           # the one rank-side module the process side may call
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in the module, inside functions too."""
+    tree = ast.parse(MODULES[name].read_text())
+    top = {id(n) for n in tree.body}
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            for a in node.names:   # `from pkg import mod` imports pkg.mod when that is a module
+                target = f"{base}.{a.name}"
+                out.append((target if target in MODULES else base, id(node) in top))
+    return out
+
+
+def _side(name: str) -> str:
+    if name.startswith("ppmulti.procs") or name == "ppmulti.cli":
+        return "procs"
+    if name.startswith("ppmulti.rank"):
+        return "rank"
+    return "common"
+
+
+def _heavy(target: str) -> bool:
+    return target.split(".")[0] in HEAVY
+
+
+def test_every_module_opens_with_a_one_line_docstring():
+    missing = [n for n, p in MODULES.items() if not (ast.get_docstring(ast.parse(p.read_text())) or "").strip()]
+    assert not missing, f"modules without a docstring saying what they own: {missing}"
+
+
+def test_process_side_imports_no_paddle_and_no_rank_module():
+    bad = [(n, t) for n in MODULES if _side(n) == "procs" for t, _ in _imports(n)
+           if _heavy(t) or (t.startswith("ppmulti.rank") and t != RANK_ENTRY)]
+    assert not bad, f"process-side imports of paddle/ppdet/rank-side modules (only {RANK_ENTRY} is allowed): {bad}"
+
+
+def test_shared_leaves_import_neither_side():
+    bad = [(n, t) for n in MODULES if _side(n) == "common" for t, top in _imports(n)
+           if t.startswith(("ppmulti.procs", "ppmulti.rank"))
+           or (_heavy(t) and (n != "ppmulti.common.compat" or top))]
+    assert not bad, f"shared modules importing a side, or paddle/ppdet outside compat's functions: {bad}"
+
+
+def test_rank_side_imports_no_process_side_module():
+    bad = [(n, t) for n in MODULES if _side(n) == "rank" for t, _ in _imports(n) if t.startswith("ppmulti.procs")]
+    assert not bad, f"rank-side imports of process-side modules: {bad}"
+
+
+def test_rank_side_starts_no_process():
+    starters = {"subprocess", "multiprocessing", "pty"}
+    bad = []
+    for n in (m for m in MODULES if _side(m) == "rank"):
+        tree = ast.parse(MODULES[n].read_text())
+        bad += [(n, t) for t, _ in _imports(n) if t.split(".")[0] in starters]
+        bad += [(n, f"os.{node.attr}") for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name) and node.value.id == "os"
+                and (node.attr in ("fork", "forkpty", "system", "popen") or node.attr.startswith(("spawn", "exec")))]
+    assert not bad, f"rank-side modules that start processes: {bad}"
+
+
+def _cycles() -> list[list[str]]:
+    graph = {n: sorted({t for t, _ in _imports(n) if t in MODULES and t != n}) for n in MODULES}
+    # a package's __init__ is imported on the way to its modules; only real module edges count here
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):   # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    assert not _cycles(), f"modules that import each other (inside functions too): {_cycles()}"
+
+
+@pytest.mark.parametrize("rule", ["procs", "common"])
+def test_the_rules_catch_a_violation(rule, monkeypatch, tmp_path):
+    """The checks above really read imports: a planted bad import is found."""
+    fake = tmp_path / "bad.py"
+    fake.write_text('"""Planted."""\n\n\ndef f():\n    import paddle  # noqa\n')
+    name = "ppmulti.procs.planted" if rule == "procs" else "ppmulti.common.planted"
+    monkeypatch.setitem(MODULES, name, fake)
+    check = (test_process_side_imports_no_paddle_and_no_rank_module if rule == "procs"
+             else test_shared_leaves_import_neither_side)
+    with pytest.raises(AssertionError, match="planted"):
+        check()
