@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ppmulti.rank.data.yolo import (coco_json, image_files, label_path, load_data_yaml, read_labels, scan,
-                               use_data_yaml)
+                                    use_data_yaml)
 from ppmulti.common.errors import UserError
 
 
