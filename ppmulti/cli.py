@@ -1,4 +1,4 @@
-"""The ``ppmulti`` command: subcommands and their parsers only (no paddle import here)."""
+"""The ``ppmulti`` command, the process side's front door: subcommands and their parsers only (no paddle import)."""
 
 from __future__ import annotations
 
@@ -55,24 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_data_demo)
     data.set_defaults(func=lambda a: (data.print_help(), 2)[1])
 
-    try:
-        from ppmulti.procs.launch import command as launch_command
-    except ImportError:  # pragma: no cover - the launcher package is part of ppmulti
-        launch_command = None
-    if launch_command is not None:
-        launch_command.register(sub)
+    # each process-side command module registers its own parser
+    from ppmulti.procs.bench import command as bench_command
+    from ppmulti.procs.launch import command as launch_command
     from ppmulti.procs.runs import board as board_command
-    board_command.register(sub)
-    # --- evolve, ps, logs, stop (ppmulti/procs/runs/evolve_run.py, detach.py) ---
     from ppmulti.procs.runs import detach as detach_commands
     from ppmulti.procs.runs import evolve_run as evolve_command
-    evolve_command.register(sub)
-    detach_commands.register(sub)
-    # --- end evolve, ps, logs, stop ---
-    # --- bench (ppmulti/procs/bench) ---
-    from ppmulti.procs.bench import command as bench_command
-    bench_command.register(sub)
-    # --- end bench ---
+
+    for module in (launch_command, board_command, evolve_command, detach_commands, bench_command):
+        module.register(sub)
     return parser
 
 

@@ -13,7 +13,7 @@ from ppmulti.rank.ops import conv as ops_conv
 
 @pytest.fixture(scope="module")
 def op():
-    return ops_conv.load_op()   # builds once per machine (cached under ~/.cache/ppmulti/rank/ops)
+    return ops_conv.load_op()   # builds once per machine (cached under ~/.cache/ppmulti/ops)
 
 
 def _close(a, b, rtol=2e-5):
