@@ -12,6 +12,9 @@ import contextlib
 import io
 import logging
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from ppmulti.common.envvars import PADDLE_SOT_SWITCH
 
@@ -36,7 +39,11 @@ _IMPORTED = False
 
 
 def import_ppdet() -> None:
-    """Import ppdet without its unconditional numba notice on stdout (it would garble logs and CSV pipes)."""
+    """Import ppdet without its unconditional numba notice on stdout (it would garble logs and CSV pipes).
+
+    ppdet 2.6.0 prints "Warning: Unable to use numba in PP-Tracking" from ``ppdet.modeling.mot.motion`` on every import
+    when numba is missing, and its logger both has its own handler and propagates to the root logger.
+    """
     global _IMPORTED
     if _IMPORTED:
         return
@@ -56,10 +63,11 @@ def import_ppdet() -> None:
 
 
 @contextlib.contextmanager
-def full_graph_to_static():
+def full_graph_to_static() -> Iterator[None]:
     """ppdet 2.6.0's exporter reads ``static_model.forward.main_program``, which Paddle 2.6's default
     symbolic (SOT) mode refuses ("Can't call main_program when full_graph=False"); the AST mode
-    that ppdet was written for is chosen by Paddle's ENABLE_FALL_BACK switch, read at call time."""
+    that ppdet was written for is chosen by Paddle's ENABLE_FALL_BACK switch, read at call time
+    (paddle/jit/api.py, Paddle 2.6.2)."""
     old = os.environ.get(PADDLE_SOT_SWITCH)
     os.environ[PADDLE_SOT_SWITCH] = "False"
     try:
@@ -71,13 +79,164 @@ def full_graph_to_static():
             os.environ[PADDLE_SOT_SWITCH] = old
 
 
+def exported_program_name() -> str:
+    """The file holding the program that ppdet's exporter writes with ``paddle.jit.save`` (beside
+    ``model.pdiparams`` and ppdet's ``infer_cfg.yml``): Paddle 2.6.2 saves the ProgramDesc as
+    ``model.pdmodel``; Paddle 3 with PIR programs saves ``model.json`` instead."""
+    return "model.pdmodel"
+
+
 def set_num_threads(threads: int) -> None:
-    """OpenMP and MKL threads of this process (Paddle has no public API for it)."""
+    """OpenMP and MKL threads of this process: Paddle 2.6.2 has no public API for it, only
+    ``paddle.base.core.set_num_threads`` (``paddle.fluid.core`` before Paddle 2.5)."""
     import paddle
 
     paddle.base.core.set_num_threads(threads)
 
 
-def batch_sampler(loader):
-    """The batch sampler inside a ppdet/Paddle DataLoader (a private attribute of paddle.io.DataLoader), or None."""
+def batch_sampler(loader: Any) -> Any:
+    """The batch sampler of a ppdet reader (TrainReader, EvalReader ...), or None. ppdet 2.6.0's
+    ``BaseDataLoader`` (ppdet/data/reader.py) keeps the sampler it built or was given in the private
+    ``_batch_sampler``; the ``paddle.io.DataLoader`` it wraps calls its own public ``batch_sampler``."""
     return getattr(loader, "_batch_sampler", None)
+
+
+def usable_gpu_count() -> int:
+    """CUDA devices this process can use; 0 on a CPU-only build, where Paddle 2.6.2's
+    ``paddle.device.cuda.device_count()`` is asked only after ``paddle.is_compiled_with_cuda()``."""
+    import paddle
+
+    return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+
+
+def set_device(kind: str) -> None:
+    """Run this process's tensors on ``"cpu"`` or ``"gpu"``. Paddle 2.6.2's ``paddle.set_device("gpu")``
+    without an index takes the card from FLAGS_selected_gpus, which its launcher sets per worker, so a rank
+    never names its card itself."""
+    import paddle
+
+    paddle.set_device(kind)
+
+
+# BatchNorm and Conv2D keep what they were built with in private attributes, read again at every forward.
+
+def set_batchnorm_eps_momentum(layer: Any, eps: float, momentum: float) -> None:
+    """Change a built BatchNorm's epsilon and (Paddle-convention) momentum. Paddle 2.6.2's BatchNorm layers
+    (``_BatchNormBase`` in paddle/nn/layer/norm.py, SyncBatchNorm included) take them only in the
+    constructor and keep them in ``_epsilon`` / ``_momentum``, which every forward reads."""
+    layer._epsilon = eps
+    layer._momentum = momentum
+
+
+def batchnorm_eps_momentum(layer: Any) -> tuple[float, float]:
+    """(epsilon, momentum) a BatchNorm computes with; see ``set_batchnorm_eps_momentum``."""
+    return layer._epsilon, layer._momentum
+
+
+def batchnorm_state_names() -> tuple[str, str]:
+    """The state-dict leaf names of a BatchNorm's running mean and variance: Paddle 2.6.2 registers them as
+    the buffers ``_mean`` and ``_variance`` (PyTorch's ``running_mean`` / ``running_var``)."""
+    return "_mean", "_variance"
+
+
+@dataclass
+class Conv2DFacts:
+    """What a ``paddle.nn.Conv2D`` was built with, in the form its forward uses (Paddle 2.6.2's ``_ConvNd``)."""
+
+    groups: int
+    stride: list[int]
+    dilation: list[int]
+    padding: list[int]        # resolved: [h, w] when symmetric, 4 values per side otherwise, zeros for SAME/VALID
+    padding_algorithm: str    # "EXPLICIT", "SAME" or "VALID"
+    padding_mode: str         # "zeros", "reflect", "replicate" or "circular"
+    data_format: str          # "NCHW" or "NHWC"
+
+
+def conv2d_facts(layer: Any) -> Conv2DFacts:
+    """A Conv2D's settings. Paddle 2.6.2 has no public getters: they live in the private ``_groups``,
+    ``_stride``, ``_dilation``, ``_updated_padding``, ``_padding_algorithm``, ``_padding_mode`` and
+    ``_data_format`` (paddle/nn/layer/conv.py); the constructor's ``padding`` argument is resolved into
+    ``_updated_padding`` and ``_padding_algorithm`` there."""
+    return Conv2DFacts(groups=layer._groups, stride=layer._stride, dilation=layer._dilation,
+                       padding=layer._updated_padding, padding_algorithm=layer._padding_algorithm,
+                       padding_mode=layer._padding_mode, data_format=layer._data_format)
+
+
+# C++ custom ops: where Paddle's wheel keeps things, how its JIT builder is called, how dygraph runs an op.
+
+def paddle_package_dir() -> Path | None:
+    """Paddle's package directory, found without importing paddle (which takes seconds); None when absent."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+def paddle_build_id(package_dir: Path) -> bytes:
+    """Bytes that differ between Paddle builds, to tag what was compiled against one: Paddle 2.6.2's wheel
+    writes its version, commit, CUDA/cuDNN versions and MKL choice into ``paddle/version/__init__.py``
+    (b"" for a build without that package)."""
+    version = package_dir / "version"
+    return (version / "__init__.py").read_bytes() if version.is_dir() else b""
+
+
+def paddle_onednn_library(package_dir: Path) -> Path:
+    """Where Paddle's wheel keeps the oneDNN it runs on: ``paddle/libs/libdnnl.so.3`` in 2.6.2 (oneDNN 3.2.1,
+    no headers) and in 3.3.1. The path is not checked: a build without it is the caller's to report."""
+    return package_dir / "libs" / "libdnnl.so.3"
+
+
+def custom_op_library(build_dir: Path, name: str) -> Path:
+    """Where ``build_custom_op(name, ..., build_dir)`` leaves the shared library: Paddle 2.6.2's
+    ``paddle.utils.cpp_extension.load`` builds ``<build_directory>/<name>/<name>.so``."""
+    return Path(build_dir) / name / f"{name}.so"
+
+
+def build_custom_op(name: str, sources: list[str], build_dir: Path, include_dirs: list[str],
+                    cflags: list[str], ldflags: list[str]) -> None:
+    """Compile a C++ custom op and register it in this process with Paddle 2.6.2's JIT builder,
+    ``paddle.utils.cpp_extension.load`` (setuptools and the system compiler; a compiler error arrives as
+    RuntimeError carrying the compiler's output)."""
+    from paddle.utils.cpp_extension import load
+
+    load(name=name, sources=sources, build_directory=str(build_dir), extra_include_paths=include_dirs,
+         extra_cxx_cflags=cflags, extra_ldflags=ldflags, verbose=False)
+
+
+def register_custom_op_library(library: Path) -> list[str]:
+    """Register the ops of an already built custom-op library in this process; returns their names. Paddle
+    2.6.2: ``paddle.utils.cpp_extension.load_op_meta_info_and_register_op``, what the Python module that
+    ``load`` generates calls on import."""
+    from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+    return list(load_op_meta_info_and_register_op(str(library)))
+
+
+def custom_op_runner(op_name: str) -> Callable[..., list]:
+    """``run(*inputs, *attributes) -> outputs`` for a registered custom op in dygraph mode: Paddle 2.6.2's
+    generated wrapper calls ``paddle.base.core.eager._run_custom_op(name, *inputs, *attributes)``."""
+    import functools
+
+    from paddle.base import core
+
+    return functools.partial(core.eager._run_custom_op, op_name)
+
+
+# ppdet: what its Trainer and LearningRate read that ppdet offers no registry for.
+
+def add_trainer_callbacks(trainer: Any, *callbacks: Any) -> None:
+    """Add ``ppdet.engine.callbacks.Callback`` objects to a built ppdet Trainer, after its own. ppdet 2.6.0
+    builds the Trainer's list (``_callbacks``, called through one ``_compose_callback``) in its constructor
+    from the config; ``Trainer.register_callbacks`` appends and rebuilds the composite."""
+    trainer.register_callbacks(list(callbacks))
+
+
+def register_lr_scheduler(cls: type) -> None:
+    """Make ``cls`` usable as ``LearningRate.schedulers: [{name: <cls name>, ...}]`` in a config. ppdet 2.6.0's
+    ``LearningRate`` looks each scheduler's name up with getattr on its own module,
+    ``ppdet.optimizer.optimizer``, not in the workspace registry that ``@register`` fills."""
+    import ppdet.optimizer.optimizer as ppdet_optimizer
+
+    setattr(ppdet_optimizer, cls.__name__, cls)

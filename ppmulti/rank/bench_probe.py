@@ -136,12 +136,13 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
     """ppdet's Trainer on the config ppmulti would train (same edits, batch and threads)."""
     import paddle
     from ppdet.engine import Trainer
-    from ppdet.engine.callbacks import Callback, ComposeCallback
+    from ppdet.engine.callbacks import Callback
 
+    from ppmulti.common import compat
     from ppmulti.rank import dist
 
     opts, cfg = _ppdet_config(ns, train_argv)
-    paddle.set_device("cpu")
+    compat.set_device("cpu")
     threads = dist.set_cpu_threads(1)
     paddle.seed(opts.seed)
     times: list[float] = []
@@ -155,8 +156,7 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
 
     trainer = Trainer(cfg, mode="train")
     # ppdet's own callbacks stay (log printer, checkpointer, VisualDL as configured), as ppmulti's hooks do
-    trainer._callbacks = list(trainer._callbacks) + [Capture(trainer)]
-    trainer._compose_callback = ComposeCallback(trainer._callbacks)
+    compat.add_trainer_callbacks(trainer, Capture(trainer))
     try:
         trainer.train(validate=False)
     except _Stop:

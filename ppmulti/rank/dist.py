@@ -107,7 +107,7 @@ def set_cpu_threads(local_size: int | None = None) -> int:
 
     Why this is needed: ``import paddle`` sets OMP_NUM_THREADS=1 when it is unset (paddle/base/__init__.py),
     so a Paddle process computes on one thread -- MKL's GEMM inside conv2d/matmul included -- whatever the
-    machine has. ``core.set_num_threads`` sets the OpenMP and MKL thread counts in this process.
+    machine has. ``compat.set_num_threads`` sets the OpenMP and MKL thread counts in this process.
     With more than one thread, Intel OpenMP's idle threads spin for KMP_BLOCKTIME (200 ms) after every
     parallel region; on a machine whose cores are all taken (ranks, loader workers, other jobs) that
     spinning steals the core another process needs, so unless the user chose a blocktime the threads

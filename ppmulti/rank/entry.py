@@ -45,9 +45,9 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
 
 
 def check_gpu_ids(ids: list[int]) -> None:
-    import paddle
+    from ppmulti.common import compat
 
-    count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+    count = compat.usable_gpu_count()
     bad = [i for i in ids if i >= count]
     if bad:
         raise UserError(f"--device {','.join(map(str, ids))}: GPU {bad[0]} does not exist "

@@ -152,7 +152,7 @@ def export(config: str, overrides: list[str], weights: str | None, output_dir: s
     """Write a Paddle inference model (model.pdmodel / model.pdiparams / infer_cfg.yml) with ppdet's exporter."""
     from ppdet.engine import Trainer
 
-    from ppmulti.common.compat import full_graph_to_static
+    from ppmulti.common.compat import exported_program_name, full_graph_to_static
 
     cfg, model = build_model(config, overrides, weights)
     cfg["model"] = model  # ppdet's Trainer takes a ready model from the config
@@ -160,6 +160,7 @@ def export(config: str, overrides: list[str], weights: str | None, output_dir: s
     with full_graph_to_static():
         trainer.export(output_dir)
     dst = Path(output_dir) / cfg["filename"]
-    if not (dst / "model.pdmodel").is_file():
-        raise RuntimeError(f"export finished but {dst / 'model.pdmodel'} is missing")
+    program = dst / exported_program_name()
+    if not program.is_file():
+        raise RuntimeError(f"export finished but {program} is missing")
     return dst

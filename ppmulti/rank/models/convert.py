@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ppmulti.common import compat
 from ppmulti.common.errors import UserError
 
 # YOLOv5 v6 P5 layer index -> the ppmulti (ppdet CSPDarkNet / YOLOCSPPAN / YOLOv5Head) module it becomes.
@@ -34,7 +35,7 @@ LAYERS: dict[int, str] = {
 DETECT = 24
 STRIDES = (8, 16, 32)
 _SUBMODULE = {"cv1": "conv1", "cv2": "conv2", "cv3": "conv3"}
-_BN_LEAF = {"running_mean": "_mean", "running_var": "_variance"}
+_BN_LEAF = dict(zip(("running_mean", "running_var"), compat.batchnorm_state_names()))
 _DROPPED = ("num_batches_tracked",)   # torch BN counter; Paddle's BN has none
 
 
@@ -71,7 +72,7 @@ def map_name(name: str) -> str | None:
         i += 1
     if out[-1] in _BN_LEAF:
         out[-1] = _BN_LEAF[out[-1]]
-    if len(out) < 2 or out[-2] not in ("conv", "bn") or out[-1] not in ("weight", "bias", "_mean", "_variance"):
+    if len(out) < 2 or out[-2] not in ("conv", "bn") or out[-1] not in ("weight", "bias", *_BN_LEAF.values()):
         raise ValueError(f"{name}: unexpected entry (a Conv+BN's conv.weight or bn.* was expected)")
     return f"{LAYERS[layer]}.{'.'.join(out)}"
 

@@ -12,6 +12,8 @@ from ppdet.core.workspace import global_config, register, serializable
 from ppdet.modeling.backbones.csp_darknet import BaseConv, CSPDarkNet
 from ppdet.modeling.necks.yolo_fpn import YOLOCSPPAN
 
+from ppmulti.common import compat
+
 __all__ = ["register_once", "set_batchnorm", "fuse_silu", "YOLOv5CSPDarkNet", "YOLOv5CSPPAN"]
 
 # YOLOv5 builds every BatchNorm with eps 1e-3 and PyTorch momentum 0.03; Paddle's momentum is the
@@ -51,8 +53,7 @@ def set_batchnorm(layer: nn.Layer, eps: float, momentum: float) -> int:
     count = 0
     for sub in layer.sublayers(include_self=True):
         if isinstance(sub, _BATCH_NORMS):
-            sub._epsilon = eps
-            sub._momentum = momentum
+            compat.set_batchnorm_eps_momentum(sub, eps, momentum)
             count += 1
     return count
 

@@ -11,11 +11,13 @@ import sys
 import types
 from pathlib import Path
 
+from ppmulti.common import compat
 from ppmulti.common.envvars import PPMULTI_CPU_CONV
 
 log = logging.getLogger("ppmulti")
 
 OP_NAME = "ppmulti_onednn_conv2d"
+LIBRARY_NAME = "ppmulti_onednn_conv"
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
 HEADERS_DIST = "onednn-devel-cpu-gomp"   # oneDNN 3.2's headers; Paddle 2.6.2 ships libdnnl 3.2.1 without them
 CHOICES = ("onednn", "paddle")
@@ -47,17 +49,14 @@ def cache_root() -> Path:
 
 def _paddle_dir() -> Path:
     """Paddle's package directory, found without importing paddle (seconds) when the op is already built."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("paddle")
-    if spec is None or spec.origin is None:
+    package_dir = compat.paddle_package_dir()
+    if package_dir is None:
         raise OpUnavailable("paddle is not installed")
-    return Path(spec.origin).parent
+    return package_dir
 
 
 def _build_dir() -> Path:
-    paddle_dir = _paddle_dir()
-    version = (paddle_dir / "version" / "__init__.py").read_bytes() if (paddle_dir / "version").is_dir() else b""
+    version = compat.paddle_build_id(_paddle_dir())
     tag = hashlib.sha1(SOURCE.read_bytes() + version + sys.version.encode()).hexdigest()[:12]
     return cache_root() / f"onednn_conv-{tag}"
 
@@ -79,28 +78,27 @@ def _include_dir() -> Path:
     raise OpUnavailable(f"oneDNN 3 headers not found; pip install {HEADERS_DIST}==2023.2.0")
 
 
-def _paddle_libs() -> Path:
-    libs = _paddle_dir() / "libs"
-    if not (libs / "libdnnl.so.3").is_file():
-        raise OpUnavailable(f"this Paddle build has no libdnnl.so.3 in {libs}")
-    return libs
+def _paddle_onednn() -> Path:
+    library = compat.paddle_onednn_library(_paddle_dir())
+    if not library.is_file():
+        raise OpUnavailable(f"this Paddle build has no {library.name} in {library.parent}")
+    return library
 
 
 def _compile(build: Path) -> None:
     """Compile the op into ``build`` with Paddle's extension builder (about 20 s, once per machine)."""
     global _registered
-    libs, include = _paddle_libs(), _include_dir()   # their own clear reasons, before any compiler runs
-    from paddle.utils.cpp_extension import load
-
+    onednn, include = _paddle_onednn(), _include_dir()   # their own clear reasons, before any compiler runs
+    libs = onednn.parent
     log.info("building the oneDNN convolution op for CPU training (once per Paddle version) in %s", build)
     try:
         # the builder's own chatter (stdout, and "Compiling user custom op..." logged at INFO) stays out of logs
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             logging.disable(logging.INFO)
             try:
-                load(name="ppmulti_onednn_conv", sources=[str(SOURCE)], build_directory=str(build),
-                     extra_include_paths=[str(include)], extra_cxx_cflags=["-O2"],
-                     extra_ldflags=[f"-L{libs}", "-l:libdnnl.so.3", f"-Wl,-rpath,{libs}"], verbose=False)
+                compat.build_custom_op(LIBRARY_NAME, sources=[str(SOURCE)], build_dir=build,
+                                       include_dirs=[str(include)], cflags=["-O2"],
+                                       ldflags=[f"-L{libs}", f"-l:{onednn.name}", f"-Wl,-rpath,{libs}"])
             finally:
                 logging.disable(logging.NOTSET)
     except Exception as exc:   # a compiler error arrives as RuntimeError with the compiler's text
@@ -124,7 +122,7 @@ def build_op() -> Path:
         from filelock import FileLock
 
         build = _build_dir()
-        library = build / "ppmulti_onednn_conv" / "ppmulti_onednn_conv.so"
+        library = compat.custom_op_library(build, LIBRARY_NAME)
         build.mkdir(parents=True, exist_ok=True)
         with FileLock(str(build) + ".lock"):   # also while checking: the linker writes the .so in place
             if not library.is_file():
@@ -149,12 +147,9 @@ def load_op():
     if _op is not None:
         return _op
     library = build_op()
-    from paddle.base import core
-    from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
-
     if not _registered:
         try:
-            names = load_op_meta_info_and_register_op(str(library))
+            names = compat.register_custom_op_library(library)
         except Exception as exc:   # noqa: BLE001 - a library that does not load: Paddle raises its own types
             _failure = f"loading {library} failed: {exc}"
             raise OpUnavailable(_failure) from exc
@@ -163,9 +158,10 @@ def load_op():
             raise OpUnavailable(_failure)
         _registered = True
 
+    runner = compat.custom_op_runner(OP_NAME)
+
     def run(x, weight, strides, paddings):
-        # what Paddle's generated wrapper for a custom op calls in dygraph mode
-        return core.eager._run_custom_op(OP_NAME, x, weight, list(strides), list(paddings))[0]
+        return runner(x, weight, list(strides), list(paddings))[0]
 
     _op = run
     return _op
@@ -175,10 +171,12 @@ def eligible(layer) -> bool:
     """A plain NCHW Conv2D the op computes exactly: float32 weight, groups 1, dilation 1, no bias, zero padding."""
     import paddle
 
-    return (type(layer) is paddle.nn.Conv2D and layer.bias is None and layer._groups == 1
-            and list(layer._dilation) == [1, 1] and layer._data_format == "NCHW"
-            and layer._padding_mode == "zeros" and layer._padding_algorithm == "EXPLICIT"
-            and len(layer._updated_padding) == 2 and layer.weight.dtype == paddle.float32)
+    if type(layer) is not paddle.nn.Conv2D or layer.bias is not None:
+        return False
+    facts = compat.conv2d_facts(layer)
+    return (facts.groups == 1 and list(facts.dilation) == [1, 1] and facts.data_format == "NCHW"
+            and facts.padding_mode == "zeros" and facts.padding_algorithm == "EXPLICIT"
+            and len(facts.padding) == 2 and layer.weight.dtype == paddle.float32)
 
 
 def _onednn_forward(self, x):
@@ -188,7 +186,8 @@ def _onednn_forward(self, x):
         return paddle.nn.Conv2D.forward(self, x)
     if not x.is_contiguous():
         x = x.contiguous()
-    return _op(x, self.weight, self._stride, self._updated_padding)
+    facts = compat.conv2d_facts(self)
+    return _op(x, self.weight, facts.stride, facts.padding)
 
 
 def use_onednn_convs(model) -> int:
