@@ -83,11 +83,12 @@ def main() -> None:
     register_extensions()
     import paddle
 
+    from ppmulti.common import compat
     from ppmulti.common.atomic import atomic_write_text
     from ppmulti.rank.ops import conv as ops_conv
 
     paddle.set_device("cpu")
-    paddle.base.core.set_num_threads(args.threads)
+    compat.set_num_threads(args.threads)
     op = ops_conv.load_op()
     shapes = _layer_shapes(args.img, args.batch)
     rows = []
