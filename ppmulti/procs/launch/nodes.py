@@ -59,7 +59,7 @@ from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT
 
 DEFAULT_SSH_TIMEOUT = 10.0
 DEFAULT_LOG_DIR = "log"                  # Paddle's own default for --log_dir
-HANGUP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # no tty, but a closed terminal stops us too
+HANGUP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # Ctrl-C, kill, a closed terminal or session
 REMOTE_GRACE = 10.0                      # seconds the node supervisor gives the launch after SIGTERM
 FINGERPRINT_MARK = "PPMULTI-FINGERPRINT "
 FINGERPRINT_BUDGET = 120.0               # seconds a node may spend hashing its files, beyond the ssh connect
