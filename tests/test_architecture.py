@@ -136,3 +136,61 @@ def test_the_rules_catch_a_violation(rule, monkeypatch, tmp_path):
              else test_shared_leaves_import_neither_side)
     with pytest.raises(AssertionError, match="planted"):
         check()
+
+
+# --- one supervisor: every process start and every signal to another process goes through it ------------
+SUPERVISOR = "ppmulti.procs.supervisor"
+STARTS_OR_SIGNALS = {
+    "subprocess": {"Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"},
+    "os": {"fork", "forkpty", "kill", "killpg", "system", "popen", "posix_spawn", "posix_spawnp"},
+}
+# a rank re-raising SIGTERM on itself with the default action (so its parent sees "killed by SIGTERM"): it
+# signals no other process, and the rank side may not import the supervisor
+SELF_SIGNAL_ALLOWED = {"ppmulti.rank.worker"}
+
+
+def _is_getpid(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and not node.args and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "getpid" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os")
+
+
+def _starts_or_signals(name: str) -> list[str]:
+    """`subprocess.Popen`, `os.kill`, ... in a module (aliases and `from ... import` included)."""
+    tree = ast.parse(MODULES[name].read_text())
+    aliases: dict[str, str] = {}                # local name -> module, for `import os as o`
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name: a.name for a in node.names if a.name in STARTS_OR_SIGNALS})
+        elif isinstance(node, ast.ImportFrom) and node.module in STARTS_OR_SIGNALS and not node.level:
+            found += [f"from {node.module} import {a.name}" for a in node.names
+                      if a.name in STARTS_OR_SIGNALS[node.module] or a.name == "*"]
+    excused = set()
+    if name in SELF_SIGNAL_ALLOWED:
+        excused = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args and _is_getpid(n.args[0])}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr in STARTS_OR_SIGNALS[aliases[node.value.id]] and id(node) not in excused):
+            found.append(f"{aliases[node.value.id]}.{node.attr} (line {node.lineno})")
+    return found
+
+
+def test_only_the_supervisor_starts_or_signals_processes():
+    bad = {n: f for n in MODULES if n != SUPERVISOR for f in [_starts_or_signals(n)] if f}
+    assert not bad, f"process starts/signals outside {SUPERVISOR} (use its start/run/Child.signal/sweep): {bad}"
+
+
+def test_the_supervisor_rule_catches_a_violation(monkeypatch, tmp_path):
+    """A planted Popen, a liveness probe with os.kill, an aliased killpg and a self-signal outside the one
+    excused module are all found; the excused module's self-signal is not."""
+    fake = tmp_path / "bad.py"
+    fake.write_text('"""Planted."""\n\nimport os\nimport subprocess as sp\nfrom os import killpg\n\n\n'
+                    'def f(pid):\n    sp.Popen(["true"])\n    os.kill(pid, 0)\n    os.kill(os.getpid(), 15)\n')
+    monkeypatch.setitem(MODULES, "ppmulti.procs.planted", fake)
+    with pytest.raises(AssertionError, match="planted") as err:
+        test_only_the_supervisor_starts_or_signals_processes()
+    for needle in ("subprocess.Popen (line 9)", "os.kill (line 10)", "os.kill (line 11)", "from os import killpg"):
+        assert needle in str(err.value)
+    monkeypatch.setitem(MODULES, "ppmulti.procs.planted", MODULES["ppmulti.rank.worker"])
+    assert _starts_or_signals("ppmulti.procs.planted")       # the self-signal is excused in rank.worker only
+    assert not _starts_or_signals("ppmulti.rank.worker")

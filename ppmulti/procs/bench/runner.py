@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 from ppmulti.common.cpus import usable_cores
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import BENCH_PROBE, ROOT
-from ppmulti.procs.launch.runner import stop_group
+from ppmulti.procs import supervisor
 
 PROBE = BENCH_PROBE
 _PORT_RACE = "Connection refused"
@@ -113,14 +112,11 @@ def run_case(plan: BenchPlan, kind: str, model: str, ranks: int, data: Path, wor
     for attempt in range(2):
         case = Case(kind, model, ranks, started_at=time.time())
         with open(log, "wb") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=_env(plan),
-                                    start_new_session=True)
-            try:
-                proc.wait(timeout=plan.timeout)
-            except subprocess.TimeoutExpired:
+            proc = supervisor.start(cmd, stdout=f, stderr=supervisor.STDOUT, cwd=REPO, env=_env(plan))
+            if proc.wait(plan.timeout) is None:
                 # SIGTERM to the case's group reaches ppmulti launch, which stops Paddle's launcher and ranks
-                stop_group(proc)
-                raise RuntimeError(f"bench case {kind} {model} x{ranks} took over {plan.timeout:.0f} s; log {log}") from None
+                proc.stop()
+                raise RuntimeError(f"bench case {kind} {model} x{ranks} took over {plan.timeout:.0f} s; log {log}")
         case.wall_s = time.time() - case.started_at
         # gloo picks its ports at random: on a crowded machine two ranks sometimes miss each other at
         # start-up (connect ... refused). That is the launch, not the figure being measured: once more.

@@ -39,7 +39,6 @@ import os
 import posixpath
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -54,11 +53,13 @@ from ppmulti.common import envvars as E
 from ppmulti.common import procfs as procs
 from ppmulti.common.errors import UserError
 from ppmulti.common.yamlread import load_config_chain
+from ppmulti.procs import supervisor
 from ppmulti.procs.launch.flags import FLAGS, build_parser, split_argv
 from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT
 
 DEFAULT_SSH_TIMEOUT = 10.0
 DEFAULT_LOG_DIR = "log"                  # Paddle's own default for --log_dir
+HANGUP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # Ctrl-C, kill, a closed terminal or session
 REMOTE_GRACE = 10.0                      # seconds the node supervisor gives the launch after SIGTERM
 FINGERPRINT_MARK = "PPMULTI-FINGERPRINT "
 FINGERPRINT_BUDGET = 120.0               # seconds a node may spend hashing its files, beyond the ssh connect
@@ -469,13 +470,10 @@ def _ssh_run(plan: NodesPlan, i: int, words: list[str], timeout: float) -> tuple
     """Run ``python -m ppmulti.procs.launch.nodes WORDS`` on node i; (exit code or None on timeout, stdout, stderr)."""
     argv = ssh_argv(plan, i, remote_command(plan, words))
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-                              errors="replace")
-    except subprocess.TimeoutExpired as exc:
-        return None, str(exc.stdout or ""), str(exc.stderr or "")
+        ran = supervisor.run(argv, timeout)
     except FileNotFoundError:
         raise UserError("--nodes needs the ssh client (`ssh`) on this machine; install openssh-client") from None
-    return proc.returncode, proc.stdout, proc.stderr
+    return ran.code, ran.stdout, ran.stderr
 
 
 def _last_line(text: str) -> str:
@@ -521,8 +519,7 @@ class _Node:
         self.log = open(self.log_path, "w", encoding="utf-8")
         self.tail: collections.deque[str] = collections.deque(maxlen=15)
         # its own session: a Ctrl-C on the terminal reaches only ppmulti, which then stops the nodes in order
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = supervisor.start(argv, stdin=supervisor.PIPE, stdout=supervisor.PIPE, stderr=supervisor.STDOUT)
         self.thread = threading.Thread(target=self._pump, args=(console, lock), daemon=True)
         self.thread.start()
 
@@ -557,10 +554,7 @@ def _stop_nodes(plan: NodesPlan, nodes: list[_Node], out: TextIO) -> None:
         node.hang_up()
     deadline = time.monotonic() + REMOTE_GRACE + 5
     for node in nodes:
-        try:
-            node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+        node.proc.wait(max(0.1, deadline - time.monotonic()))
 
     def sweep(i: int) -> tuple[int | None, str, str]:
         return _ssh_run(plan, i, ["--kill", plan.tag(i)], plan.ssh.timeout + 15)
@@ -572,10 +566,7 @@ def _stop_nodes(plan: NodesPlan, nodes: list[_Node], out: TextIO) -> None:
                      f"look for processes with {E.PPMULTI_NODES_JOB}={plan.tag(node.i)} there", out)
     for node in nodes:
         if node.proc.poll() is None:
-            try:
-                os.killpg(node.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            node.proc.signal(signal.SIGKILL)
             node.proc.wait()
 
 
@@ -591,62 +582,55 @@ def run_nodes(plan: NodesPlan, console: TextIO | None = None, out: TextIO | None
         return 1
 
     stop = threading.Event()
-    caught: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        caught.append(signum)
-        stop.set()
-
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    lock = threading.Lock()
     nodes: list[_Node] = []
     try:
-        _log(f"job {plan.job}: starting {len(plan.nodes)} node(s), master {plan.master_addr}:{plan.master_port}", out)
-        for i, argv in enumerate(node_commands(plan)):
-            nodes.append(_Node(plan, i, argv, console if i == 0 else None, lock))
-            if i > 0:
-                _log(f"{plan.name(i)}: output in {plan.node_log(i)}", out)
-        failed: _Node | None = None
-        while not stop.is_set():
-            codes = [n.proc.poll() for n in nodes]
-            failed = next((n for n, c in zip(nodes, codes) if c not in (None, 0)), None)
-            if failed or all(c == 0 for c in codes):
-                break
-            stop.wait(0.2)
-        if failed is None and not caught:
-            for node in nodes:
-                node.finish()
-            _log(f"all {len(nodes)} node(s) finished", out)
-            return 0
-        if failed is not None:
-            code = failed.proc.returncode
-            what = "lost its ssh connection (ssh exit 255)" if code == 255 else f"exited with code {code}"
-            print(f"error: {failed.name} {what}; stopping the other nodes (its output: {failed.log_path})",
-                  file=out, flush=True)
-            if failed.i != 0:
-                failed.thread.join(timeout=2)
-                for line in failed.tail:
-                    print(line, file=out)
-        else:
-            _log(f"{signal.Signals(caught[0]).name}: stopping every node", out)
-        _stop_nodes(plan, nodes, out)
-        for node in nodes:
-            node.finish()
-        if failed is not None:
-            return failed.proc.returncode if 0 < failed.proc.returncode < 256 else 1
-        return 128 + caught[0]
+        with supervisor.forward_signals(lambda _signum: stop.set(), HANGUP_SIGNALS) as caught:
+            return _fan_out(plan, nodes, stop, caught, console, out)
     finally:
-        for sig, old in handlers.items():
-            signal.signal(sig, old)
         for node in nodes:
             if node.proc.poll() is None:  # only on an unexpected error above: do not leave sessions behind
                 node.hang_up()
-                try:
-                    os.killpg(node.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                node.proc.signal(signal.SIGKILL)
+
+
+def _fan_out(plan: NodesPlan, nodes: list[_Node], stop: threading.Event, caught: list[int], console: TextIO,
+             out: TextIO) -> int:
+    """Start every node (into ``nodes``), wait for all to finish, one to fail, or a signal; stop them all then."""
+    lock = threading.Lock()
+    _log(f"job {plan.job}: starting {len(plan.nodes)} node(s), master {plan.master_addr}:{plan.master_port}", out)
+    for i, argv in enumerate(node_commands(plan)):
+        nodes.append(_Node(plan, i, argv, console if i == 0 else None, lock))
+        if i > 0:
+            _log(f"{plan.name(i)}: output in {plan.node_log(i)}", out)
+    failed: _Node | None = None
+    while not stop.is_set():
+        codes = [n.proc.poll() for n in nodes]
+        failed = next((n for n, c in zip(nodes, codes) if c not in (None, 0)), None)
+        if failed or all(c == 0 for c in codes):
+            break
+        stop.wait(0.2)
+    if failed is None and not caught:
+        for node in nodes:
+            node.finish()
+        _log(f"all {len(nodes)} node(s) finished", out)
+        return 0
+    if failed is not None:
+        code = failed.proc.returncode
+        what = "lost its ssh connection (ssh exit 255)" if code == 255 else f"exited with code {code}"
+        print(f"error: {failed.name} {what}; stopping the other nodes (its output: {failed.log_path})",
+              file=out, flush=True)
+        if failed.i != 0:
+            failed.thread.join(timeout=2)
+            for line in failed.tail:
+                print(line, file=out)
+    else:
+        _log(f"{signal.Signals(caught[0]).name}: stopping every node", out)
+    _stop_nodes(plan, nodes, out)
+    for node in nodes:
+        node.finish()
+    if failed is not None:
+        return failed.proc.returncode if 0 < failed.proc.returncode < 256 else 1
+    return 128 + caught[0]
 
 
 def package_root() -> str | None:
@@ -674,27 +658,19 @@ def launch_nodes(argv: list[str]) -> int:
 
 
 # --- on each node: the supervisor and the sweep --------------------------------------------------------
+def _run_mark(tag: str) -> bytes:
+    """A supervisor's own command line holds ``--run TAG``: found by it even before its environment is readable."""
+    return b"--run\0" + tag.encode() + b"\0"
+
+
 def job_pids(tag: str) -> list[int]:
     """Processes of this user carrying the job tag: in their environment, or a supervisor's ``--run TAG``."""
-    return procs.tagged(E.PPMULTI_NODES_JOB, tag, cmdline_mark=b"--run\0" + tag.encode() + b"\0")
+    return procs.tagged(E.PPMULTI_NODES_JOB, tag, cmdline_mark=_run_mark(tag))
 
 
 def kill_job(tag: str, grace: float = 3.0) -> int:
-    """SIGTERM every process with the tag, SIGKILL what is left after ``grace``; the number found."""
-    pids = job_pids(tag)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 0)
-        while time.monotonic() < deadline and job_pids(tag):
-            time.sleep(0.1)
-        pids = job_pids(tag)
-        if not pids:
-            break
-    return len(pids)
+    """SIGTERM every process with the tag, SIGKILL what is left after ``grace``; the number left alive."""
+    return len(supervisor.sweep(E.PPMULTI_NODES_JOB, tag, grace=grace, cmdline_mark=_run_mark(tag)).left)
 
 
 def supervise(tag: str, launch_argv: list[str], grace: float = REMOTE_GRACE) -> int:
@@ -702,8 +678,6 @@ def supervise(tag: str, launch_argv: list[str], grace: float = REMOTE_GRACE) -> 
     env = dict(os.environ)
     env[E.PPMULTI_NODES_JOB] = tag
     env[E.PYTHONUNBUFFERED] = "1"
-    child = subprocess.Popen([sys.executable, "-m", "ppmulti.procs.launch.command", *launch_argv], env=env,
-                             stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     stop = threading.Event()
 
     def watch_stdin() -> None:
@@ -714,32 +688,20 @@ def supervise(tag: str, launch_argv: list[str], grace: float = REMOTE_GRACE) -> 
             pass
         stop.set()
 
-    def on_signal(_signum: int, _frame: Any) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    while child.poll() is None and not stop.is_set():
-        stop.wait(0.2)
-    code = child.poll()
-    if code is None:
-        print(f"ppmulti launch: node stopping ({tag})", file=sys.stderr, flush=True)
-        try:
-            os.killpg(child.pid, signal.SIGTERM)  # the runner forwards it to Paddle's launcher, which stops the ranks
-        except ProcessLookupError:
-            pass
-        try:
-            code = child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            code = None
-    left = kill_job(tag)
-    if child.poll() is None:
-        child.kill()
-    code = child.wait() if code is None else code
+    with supervisor.forward_signals(lambda _signum: stop.set(), HANGUP_SIGNALS):
+        child = supervisor.start([sys.executable, "-m", "ppmulti.procs.launch.command", *launch_argv], env=env,
+                                 stdin=supervisor.DEVNULL, stderr=supervisor.STDOUT)
+        threading.Thread(target=watch_stdin, daemon=True).start()
+        while child.poll() is None and not stop.is_set():
+            stop.wait(0.2)
+        if child.poll() is None:
+            print(f"ppmulti launch: node stopping ({tag})", file=sys.stderr, flush=True)
+        # SIGTERM reaches the runner, which forwards it to Paddle's launcher, which stops the ranks; the sweep
+        # then finds what ran in sessions of its own
+        left = supervisor.stop_tree(child, grace, E.PPMULTI_NODES_JOB, tag, cmdline_mark=_run_mark(tag)).left
     if left:
-        print(f"ppmulti launch: {left} process(es) tagged {tag} survived SIGKILL", file=sys.stderr, flush=True)
-    return procs.exit_code(code)
+        print(f"ppmulti launch: {len(left)} process(es) tagged {tag} survived SIGKILL", file=sys.stderr, flush=True)
+    return procs.exit_code(child.returncode)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The only place that starts processes: port preflight, ppmulti's node rendezvous, then Paddle's launcher.
+"""A launch on this node: port preflight, ppmulti's node rendezvous, then Paddle's launcher under the supervisor.
 
 Missing nodes. Paddle 2.6's HTTP master waits forever for a node that never joins, and under ``--ips``
 the workers block 900 s in the TCP store. So before Paddle starts, ppmulti runs its own rendezvous:
@@ -23,7 +23,8 @@ them in advance (``--master_port`` defaults to 29500, ``--start_port`` to 6070).
 
 Signals. Paddle's launcher runs in its own process group and each of its workers in its own session;
 SIGINT/SIGTERM to ppmulti are forwarded to the launcher's group (Paddle then stops its workers), and
-``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG).
+``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG). Starting, forwarding
+and stopping go through ``ppmulti.procs.supervisor``.
 """
 
 from __future__ import annotations
@@ -32,20 +33,18 @@ import errno
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Mapping, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common.errors import UserError
+from ppmulti.common.procfs import alive, exit_code
+from ppmulti.procs import supervisor
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
 from ppmulti.procs.launch.plan import LaunchPlan
-from ppmulti.common.procfs import alive, exit_code
 
 PROTOCOL = "ppmulti-rdzv-1"
 
@@ -318,21 +317,6 @@ def console_tty() -> str | None:
         return None
 
 
-def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the launcher's group (Paddle stops its workers), then SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-
-
 class _RankWatch:
     """Which rank of this node went first when a launch fails, and why.
 
@@ -450,38 +434,30 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     if tty is not None:   # rank 0 draws its bars there (ppmulti.rank.engine.progress); absent: plain lines
         child_env[E.PPMULTI_CONSOLE_TTY] = tty
     # its own process group, so that one signal reaches the launcher and nothing else of ours
-    proc = subprocess.Popen(argv, env=child_env, start_new_session=True)
+    child = supervisor.start(argv, env=child_env)
 
-    def forward(signum, _frame):
+    def forward(signum: int) -> None:
         interrupted.append(signum)
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        child.signal(signum)
 
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        deadline = time.monotonic() + plan.rdzv_timeout if plan.nnodes > 1 else None
-        while True:
-            try:
-                return exit_code(proc.wait(timeout=0.1))   # short: see the first rank that dies
-            except subprocess.TimeoutExpired:
-                pass
-            watch.poll()
-            if deadline is not None:
-                if os.path.exists(ready):
-                    deadline = None
-                elif time.monotonic() > deadline:
-                    _log(f"no rank started on node {plan.node_rank} within {plan.rdzv_timeout:g}s after all "
-                         f"nodes joined: Paddle's own rendezvous is stuck (did a node stop?); stopping", out)
-                    stop_group(proc)
-                    return 1
+        with supervisor.forward_signals(forward):
+            deadline = time.monotonic() + plan.rdzv_timeout if plan.nnodes > 1 else None
+            while True:
+                code = child.wait(0.1)   # short: see the first rank that dies
+                if code is not None:
+                    return exit_code(code)
+                watch.poll()
+                if deadline is not None:
+                    if os.path.exists(ready):
+                        deadline = None
+                    elif time.monotonic() > deadline:
+                        _log(f"no rank started on node {plan.node_rank} within {plan.rdzv_timeout:g}s after all "
+                             f"nodes joined: Paddle's own rendezvous is stuck (did a node stop?); stopping", out)
+                        child.stop()
+                        return 1
     finally:
-        for sig, old in handlers.items():
-            signal.signal(sig, old)
-        if proc.poll() is None:
-            stop_group(proc)
+        if child.poll() is None:
+            child.stop()
         if os.path.exists(ready):
             os.unlink(ready)

@@ -28,7 +28,6 @@ import math
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -40,6 +39,7 @@ from ppmulti.common import envvars as E
 from ppmulti.common import procfs as procs
 from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.rundir import RUN_DIR_MARKER
+from ppmulti.procs import supervisor
 
 RUNS = "runs"
 STOP_TIMEOUT = 60.0
@@ -178,9 +178,8 @@ def start(kind: str, argv: list[str], run_dir: Path | None = None, log_path: Pat
     env[E.PPMULTI_RUN_ID] = token
     env[E.PYTHONUNBUFFERED] = "1"   # `ppmulti logs -f` shows lines as they come
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ppmulti.procs.runs.detach", str(record)], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                close_fds=True)
+        proc = supervisor.start([sys.executable, "-m", "ppmulti.procs.runs.detach", str(record)],
+                                stdin=supervisor.DEVNULL, stdout=out, stderr=supervisor.STDOUT, env=env)
     info = {"id": run_id, "token": token, "kind": kind, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
             "pid_start": procs.start_time(proc.pid), "command": "ppmulti " + shlex.join([kind, *argv]), "argv": command,
             "cwd": os.getcwd(), "started": time.time(), "log": str(log.resolve()),
@@ -240,27 +239,24 @@ def wrap(record: Path) -> int:
         return 2
     token = os.environ.get(E.PPMULTI_RUN_ID, "")
     try:
-        proc = subprocess.Popen(command["argv"], cwd=command["cwd"], stdin=subprocess.DEVNULL)
+        # in the wrapper's session, where `ppmulti stop` also looks; the wrapper passes stop signals on itself
+        proc = supervisor.start(command["argv"], cwd=command["cwd"], stdin=supervisor.DEVNULL, new_session=False)
     except OSError as exc:
         print(f"ppmulti detach: cannot start {command['argv'][:4]} in {command['cwd']}: {exc}", file=sys.stderr)
         _write_json(record / "exit.json", {"code": 127, "ended": time.time()})
         return 127
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # no terminal, but a stray hangup must not end the run
+    with supervisor.forward_signals([proc]):
+        _watch(proc, record, token, command.get("kind") == "launch")
+        code = proc.exit_code
+        _write_json(record / "exit.json", {"code": code, "ended": time.time()})
+    return code
 
-    def forward(signum, _frame):
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    need_dir = command.get("kind") == "launch"
+def _watch(proc: supervisor.Child, record: Path, token: str, need_dir: bool) -> None:
+    """Wait for the command to end; meanwhile, find and record a launch's run directory."""
     next_look = 0.0
-    while True:
-        try:
-            code = proc.wait(timeout=0.5)
-            break
-        except subprocess.TimeoutExpired:
-            pass
+    while proc.wait(0.5) is None:
         if need_dir and time.monotonic() >= next_look:
             next_look = time.monotonic() + 2.0
             try:
@@ -276,9 +272,6 @@ def wrap(record: Path) -> int:
         found = _run_dir_from_log(Path(info.get("log") or record / LOG_NAME))
         if found:
             _record_run_dir(record, found)
-    code = procs.exit_code(code)
-    _write_json(record / "exit.json", {"code": code, "ended": time.time()})
-    return code
 
 
 def _record_run_dir(record: Path, run_dir: str) -> None:
@@ -398,12 +391,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- stop
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 def stop(run: Run, timeout: float = STOP_TIMEOUT, out=None) -> int:
     """Stop a run gracefully (checkpoint first), then make sure none of its processes is left."""
     out = out or sys.stdout
@@ -414,23 +401,11 @@ def stop(run: Run, timeout: float = STOP_TIMEOUT, out=None) -> int:
     _write_json(run.record / "stop.json", {"requested": time.time(), "by": os.getpid()})
     print(f"stopping run {run.id}: SIGTERM, waiting up to {timeout:g}s for the checkpoint and exit", file=out,
           flush=True)
-    if run.alive():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(run.pid, signal.SIGTERM)   # the wrapper forwards it; the ranks agree on a step and save
-    else:
-        _signal_all(tagged(token), signal.SIGTERM)   # the wrapper is gone but something of the run is not
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (run.alive() or tagged(token, sid)):
-        time.sleep(0.3)
-    killed = 0
-    for _ in range(20):
-        left = tagged(token, sid)
-        if not left:
-            break
-        killed += len(left)
-        _signal_all(left, signal.SIGKILL)
-        time.sleep(0.25)
-    left = tagged(token, sid)
+    # SIGTERM to the wrapper, which forwards it: the ranks agree on a step and save. With the wrapper gone but
+    # something of the run not, SIGTERM to every process of the run.
+    swept = supervisor.sweep(E.PPMULTI_RUN_ID, token, grace=timeout, sid=sid,
+                             first=[run.pid] if run.alive() else None, poll=0.3)
+    killed, left = swept.killed, swept.left
     if run.exit is None:   # the wrapper was killed before it could record the end
         _write_json(run.record / "exit.json", {"code": 128 + signal.SIGKILL, "ended": time.time(),
                                                "note": "killed by ppmulti stop"})

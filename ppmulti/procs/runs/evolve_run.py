@@ -23,7 +23,6 @@ import os
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ from ppmulti.common.cpus import usable_cores
 from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.paths import CONFIGS
 from ppmulti.common.rundir import STATE
+from ppmulti.procs import supervisor
 
 HELP = "evolve hyperparameters (YOLOv5's --evolve) with one worker per device, sharing one evolve.csv"
 DEFAULT_HYP = CONFIGS / "hyps" / "hyp.scratch-low.yaml"
@@ -233,7 +233,7 @@ class Evolution:
         self.stop = threading.Event()
         self.failed: list[str] = []
         self.signum: int | None = None
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, supervisor.Child] = {}
         self._print_lock = threading.Lock()
         self._procs_lock = threading.Lock()
         self.bounds = mutated_bounds()
@@ -352,8 +352,7 @@ class Evolution:
                 if self.stop.is_set():
                     return 128 + (self.signum or signal.SIGTERM)
                 # its own session: a signal to the evolution reaches a candidate only as forwarded here
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+                proc = supervisor.start(cmd, stdin=supervisor.DEVNULL, stdout=log, stderr=supervisor.STDOUT, env=env)
                 self.procs[slot.label] = proc
             try:
                 return proc.wait()
@@ -422,17 +421,14 @@ class Evolution:
             pass   # no row yet
 
     # --- signals
-    def _on_signal(self, signum, _frame) -> None:
+    def _on_signal(self, signum: int) -> None:
         first = not self.stop.is_set()
         self.signum = self.signum or signum
         self.stop.set()
         with self._procs_lock:
             procs = list(self.procs.values())
-        for proc in procs:
-            try:   # the first signal: each candidate checkpoints and exits; a second one kills them
-                os.killpg(proc.pid, signum if first else signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for proc in procs:   # the first signal: each candidate checkpoints and exits; a second one kills them
+            proc.signal(signum if first else signal.SIGKILL)
         if first:
             self.say(f"{signal.Signals(signum).name}: stopping {len(procs)} candidate(s) after their checkpoint; "
                      f"run the same command again to continue", err=True)
@@ -445,9 +441,6 @@ class Evolution:
         rows = len(self.store.rows())
         self.say(f"{rows}/{self.spec.generations} generations recorded in {self.spec.csv}; "
                  f"{len(self.spec.slots)} worker(s): {', '.join(s.label for s in self.spec.slots)}")
-        handlers = {}
-        if threading.current_thread() is threading.main_thread():
-            handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         errors: list[BaseException] = []
 
         def guarded(slot: Slot) -> None:
@@ -459,7 +452,7 @@ class Evolution:
 
         threads = [threading.Thread(target=guarded, args=(s,), name=f"evolve-{s.label}", daemon=True)
                    for s in self.spec.slots]
-        try:
+        with supervisor.forward_signals(self._on_signal):
             for t in threads:
                 t.start()
             beat = time.monotonic()
@@ -469,9 +462,6 @@ class Evolution:
                 if time.monotonic() - beat > HEARTBEAT_SECONDS:
                     self.heartbeat()
                     beat = time.monotonic()
-        finally:
-            for s, old in handlers.items():
-                signal.signal(s, old)
         for exc in errors:
             if isinstance(exc, UserError):
                 raise exc

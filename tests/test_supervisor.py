@@ -1,0 +1,154 @@
+"""The supervisor with real processes: stopping trees, SIGKILL after the grace, the tag sweep, forwarding, causes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from ppmulti.common import procfs
+from ppmulti.procs import supervisor as S
+
+pytestmark = pytest.mark.multiproc
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def _ready(child: S.Child, n: int = 1, timeout: float = 4.0) -> list[str]:
+    """The first ``n`` lines the child prints (it prints once it is set up)."""
+    lines = []
+    deadline = time.monotonic() + timeout
+    while len(lines) < n:
+        assert time.monotonic() < deadline, f"child printed {lines} within {timeout}s"
+        line = child.stdout.readline()
+        assert line, f"child ended ({child.poll()}) after printing {lines}"
+        lines.append(line.decode().strip())
+    return lines
+
+
+def _gone(pid: int, timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while procfs.alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+SPAWN = """
+    import subprocess, sys, time
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]{extra})
+    print(grandchild.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_stop_ends_child_and_grandchild_of_its_group():
+    child = S.start(_py(SPAWN.format(extra="")), stdout=S.PIPE)
+    grandchild = int(_ready(child)[0])
+    assert os.getpgid(grandchild) == child.pid     # the grandchild stayed in the child's own group
+    t0 = time.monotonic()
+    assert child.stop(grace=3.0) == -signal.SIGTERM
+    assert time.monotonic() - t0 < 2.0
+    assert _gone(grandchild), "the grandchild outlived stop()"
+    assert child.cause() == "killed by signal SIGTERM" and child.exit_code == 128 + signal.SIGTERM
+
+
+def test_a_child_ignoring_sigterm_gets_sigkill_after_the_grace():
+    child = S.start(_py("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(60)
+    """), stdout=S.PIPE)
+    _ready(child)
+    t0 = time.monotonic()
+    assert child.stop(grace=0.5) == -signal.SIGKILL
+    assert 0.5 <= time.monotonic() - t0 < 3.0
+    assert child.cause() == "killed by signal SIGKILL" and child.exit_code == 137
+
+
+def test_sweep_finds_a_tagged_process_that_left_the_group():
+    tag = f"t{uuid.uuid4().hex}"
+    child = S.start(_py(SPAWN.format(extra=", start_new_session=True")), stdout=S.PIPE,
+                    env={**os.environ, "PPMULTI_TEST_TAG": tag})
+    escaped = int(_ready(child)[0])
+    assert os.getsid(escaped) == escaped != os.getsid(child.pid)
+    child.stop(grace=2.0)
+    assert procfs.alive(escaped), "a process in a session of its own does not get the group's signal"
+    assert procfs.tagged("PPMULTI_TEST_TAG", tag) == [escaped]
+    swept = S.sweep("PPMULTI_TEST_TAG", tag, grace=2.0)
+    assert swept.left == [] and swept.killed == 0     # it went on SIGTERM, within the grace
+    assert _gone(escaped)
+
+
+def test_stop_tree_stops_the_group_then_sweeps_what_ignored_sigterm_elsewhere():
+    tag = f"t{uuid.uuid4().hex}"
+    stubborn = """
+        import signal, subprocess, sys, time
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+        g = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
+        g.stdout.readline()
+        print(g.pid, flush=True)
+        time.sleep(60)
+    """
+    child = S.start(_py(stubborn), stdout=S.PIPE, env={**os.environ, "PPMULTI_TEST_TAG": tag})
+    escaped = int(_ready(child)[0])
+    swept = S.stop_tree(child, 2.0, "PPMULTI_TEST_TAG", tag, sweep_grace=0.3)
+    assert child.returncode == -signal.SIGTERM
+    assert swept.left == [] and swept.killed == 1     # the escaped one ignored SIGTERM: SIGKILL
+    assert _gone(escaped)
+
+
+@pytest.mark.parametrize("form", ["children", "callback"])
+def test_forward_signals_reaches_the_child_and_restores_the_handler(form):
+    child = S.start(_py("""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda s, f: (print("got", s, flush=True), sys.exit(5)))
+        print("ready", flush=True)
+        time.sleep(60)
+    """), stdout=S.PIPE)
+    _ready(child)
+    before = signal.getsignal(signal.SIGTERM)
+    seen: list[int] = []
+
+    def callback(signum: int) -> None:
+        seen.append(signum)
+        child.signal(signum)
+
+    with S.forward_signals([child] if form == "children" else callback) as caught:
+        signal.raise_signal(signal.SIGTERM)
+        assert child.wait(4.0) == 5
+    assert caught == [signal.SIGTERM] and seen == ([signal.SIGTERM] if form == "callback" else [])
+    assert _ready(child) == [f"got {int(signal.SIGTERM)}"]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert child.cause() == "exit code 5"
+
+
+def test_exit_causes_are_named():
+    three = S.start(_py("import sys; sys.exit(3)"))
+    assert three.wait(4.0) == 3 and three.cause() == "exit code 3" and three.exit_code == 3
+    killed = S.start(_py("import time; time.sleep(60)"))
+    assert killed.cause() == "running"
+    assert killed.signal(signal.SIGKILL)
+    assert killed.wait(4.0) == -signal.SIGKILL
+    assert killed.cause() == "killed by signal SIGKILL" and killed.exit_code == 137
+    assert not killed.signal(signal.SIGTERM)   # reaped: nothing is signalled (its pid may be someone else's)
+    assert S.cause(-99) == "killed by signal 99"
+
+
+def test_run_captures_output_and_stops_at_the_timeout():
+    ran = S.run(_py("import sys; print('out'); print('err', file=sys.stderr); sys.exit(2)"), timeout=4.0)
+    assert (ran.code, ran.stdout, ran.stderr) == (2, "out\n", "err\n")
+    t0 = time.monotonic()
+    slow = S.run(_py("import time; print('early', flush=True); time.sleep(60)"), timeout=0.5)
+    assert slow.code is None and slow.stdout == "early\n" and time.monotonic() - t0 < 3.0
+    with pytest.raises(FileNotFoundError):
+        S.run(["/nonexistent/ppmulti-no-such-program"], timeout=1.0)
