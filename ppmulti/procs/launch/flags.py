@@ -1,4 +1,4 @@
-"""Pure flag mapping: torchrun's and fleetrun's launch flags -> LaunchPlan -> Paddle 2.6 launcher argv + env."""
+"""Pure flag mapping: torchrun's and fleetrun's launch flags -> LaunchPlan -> Paddle launcher argv + env."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Mapping
 
 from ppmulti.common import envvars as E
+from ppmulti.common.compat import LauncherSpec, launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import WORKER_SCRIPT
-from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, DEFAULT_START_PORT, LaunchPlan
+from ppmulti.procs.launch.plan import (DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, DEFAULT_START_PORT, LaunchPlan,
+                                       check_device, check_gpu_count, check_host_in_ips, check_ips,
+                                       check_master_addr, check_no_gpus_on_cpu, check_node_rank_in_ips, check_nproc,
+                                       check_port, check_script)
 
-# Paddle's launcher runs a training script as `python -u SCRIPT ARGS` only when SCRIPT ends in .py
-# (controllers/controller.py _get_entrypoint), so the worker shim is passed by its file path.
+# The launcher runs a training script with Python only when its name ends in LauncherSpec.script_suffix
+# (.py), so the worker shim is passed by its file path.
 WORKER_PATH = str(WORKER_SCRIPT)
 
 
@@ -196,6 +200,9 @@ def parse_launch_args(argv: list[str]) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Flags -> plan, one concern per builder. Each returns a small frozen piece with its values checked by plan.py's
+# check_* functions (the one home of each rule and its message); build_plan composes them into a LaunchPlan.
+
 def _int(value: str | None, flag: str, example: str) -> int | None:
     if value is None:
         return None
@@ -206,17 +213,7 @@ def _int(value: str | None, flag: str, example: str) -> int | None:
 
 
 def _port(value: str | None, flag: str) -> int | None:
-    port = _int(value, flag, "29500")
-    if port is not None and not 1 <= port <= 65535:
-        raise UserError(f"{flag} {value}: not a TCP port (1..65535), e.g. {flag} 29500")
-    return port
-
-
-def _ids(value: str, flag: str) -> tuple[str, ...]:
-    ids = tuple(x.strip() for x in value.split(",") if x.strip())
-    if not ids or not all(x.isdigit() for x in ids) or len(set(ids)) != len(ids):
-        raise UserError(f"{flag} {value!r}: expected distinct GPU ids like 0,1,2,3")
-    return ids
+    return None if value is None else check_port(value, flag)
 
 
 def _is_loopback(addr: str) -> bool:
@@ -224,173 +221,6 @@ def _is_loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
         return addr == "localhost"
-
-
-def _visible_gpu_labels(environ: Mapping[str, str]) -> list[str] | None:
-    value = environ.get(E.CUDA_VISIBLE_DEVICES)
-    if value is None or value.strip() in ("", "all"):
-        return None
-    return [x.strip() for x in value.split(",") if x.strip()]
-
-
-def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
-               device_count: int | None) -> LaunchPlan:
-    """Turn parsed flags into a checked LaunchPlan; ``local_addrs`` and ``device_count`` come from the caller."""
-    notes: list[str] = []
-    if not ns.script:
-        raise UserError("no training script given: ppmulti launch [FLAGS] SCRIPT.py [SCRIPT ARGS], "
-                        "e.g. ppmulti launch --nproc_per_node 2 tools/train.py -c configs/yolo.yml")
-    if not ns.script.endswith(".py"):
-        raise UserError(f"{ns.script}: ppmulti launch runs Python scripts; pass the path of a .py file")
-
-    # --- nodes -------------------------------------------------------------------------------------
-    nnodes_text = ns.nnodes
-    if nnodes_text is not None and ":" in str(nnodes_text):
-        raise UserError(f"--nnodes {nnodes_text}: elastic MIN:MAX node ranges need an etcd master; give one number")
-    nnodes = _int(nnodes_text, "--nnodes", "2")
-    node_rank = _int(ns.node_rank, "--node_rank", "1")
-    master_addr, master_port = ns.master_addr, _port(ns.master_port, "--master_port")
-    master_port_flag = "--master_port" if master_port is not None else None
-    if ns.master:
-        if master_addr or master_port is not None:
-            raise UserError(f"--master {ns.master} together with --master_addr/--master_port: give one of them")
-        addr, _, port = str(ns.master).replace("http://", "").rpartition(":")
-        if not addr:
-            raise UserError(f"--master {ns.master!r}: expected ADDR:PORT, e.g. --master 10.0.0.1:29500")
-        master_addr, master_port, master_port_flag = addr, _port(port, "--master"), "--master"
-    if ns.standalone and ((nnodes or 1) > 1 or ns.ips or master_addr):
-        raise UserError("--standalone means one node; drop --nnodes/--ips/--master_addr or drop --standalone")
-    if ns.standalone:
-        nnodes = 1
-
-    host = ns.host or environ.get(E.POD_IP) or None
-    if ns.host is None and host:
-        notes.append(f"--host {host} from {E.POD_IP}")
-    ips: tuple[str, ...] = ()
-    if ns.ips:
-        ips = tuple(x.strip() for x in str(ns.ips).split(",") if x.strip())
-        if not ips:
-            raise UserError(f"--ips {ns.ips!r}: expected addresses like 10.0.0.1,10.0.0.2")
-        if master_addr or master_port_flag:
-            raise UserError(f"--ips {ns.ips} together with --master_addr/--master_port: use one way to name "
-                            f"the nodes (--ips, or --master_addr with --nnodes and --node_rank)")
-        if nnodes is not None and nnodes != len(ips):
-            raise UserError(f"--nnodes {nnodes} disagrees with --ips {ns.ips} ({len(ips)} nodes); drop --nnodes")
-        if len(ips) > 1 and "127.0.0.1" in ips:
-            raise UserError(f"--ips {ns.ips}: 127.0.0.1 cannot be one node of several (Paddle refuses it); "
-                            f"to run several nodes on one machine use other loopback addresses, "
-                            f"e.g. --ips 127.0.0.2,127.0.0.3 --host 127.0.0.2")
-        nnodes = len(ips)
-        host = _host_in_ips(ips, host, local_addrs, explicit=ns.host is not None)
-        if node_rank is not None and node_rank != ips.index(host):
-            raise UserError(f"--node_rank {node_rank} disagrees with --host {host}, which is node "
-                            f"{ips.index(host)} of --ips {ns.ips}; drop --node_rank")
-        node_rank = ips.index(host)
-    nnodes = nnodes or 1
-    if nnodes > 1 and not ips:
-        if node_rank is None:
-            raise UserError(f"--nnodes {nnodes} needs --node_rank on every node: 0 on the machine at "
-                            f"--master_addr, 1 .. {nnodes - 1} on the others")
-        if not master_addr:
-            raise UserError(f"--nnodes {nnodes} needs --master_addr (the address of the node started with "
-                            f"--node_rank 0), e.g. --master_addr 10.0.0.1")
-        if node_rank == 0 and local_addrs and _is_ip(master_addr) and not _is_loopback(master_addr) \
-                and master_addr not in local_addrs and master_addr != "0.0.0.0":
-            raise UserError(f"--node_rank 0 runs the rendezvous at --master_addr {master_addr}, which is not an "
-                            f"address of this machine ({', '.join(sorted(local_addrs))}); start node 0 on "
-                            f"{master_addr} or fix --master_addr")
-        if master_port is None:
-            master_port = DEFAULT_MASTER_PORT
-            notes.append(f"--master_port {DEFAULT_MASTER_PORT} (torchrun's default)")
-    node_rank = node_rank or 0
-
-    # --- devices -----------------------------------------------------------------------------------
-    given = [(flag, getattr(ns, dest)) for flag, dest in
-             (("--gpus", "gpus"), ("--selected_gpus", "selected_gpus"), ("--devices", "devices"))
-             if getattr(ns, dest)]
-    if len({_ids(v, f) for f, v in given}) > 1:
-        raise UserError(" and ".join(f"{f} {v}" for f, v in given) + " disagree; give one of them")
-    dev_flag, dev_value = given[0] if given else (None, None)
-    gpu_ids = _ids(dev_value, dev_flag) if dev_value else ()
-    device = (ns.device or "").strip().lower() or None
-    if device not in (None, "cpu", "gpu"):
-        raise UserError(f"--device {ns.device!r}: expected cpu or gpu")
-    if device is None:
-        device = "gpu" if gpu_ids or (device_count or 0) > 0 else "cpu"
-    nproc_text = ns.nproc_per_node
-    if device == "cpu":
-        if gpu_ids:
-            raise UserError(f"--device cpu with {dev_flag} {dev_value}: drop one of them")
-        if nproc_text in ("auto", "gpu"):
-            raise UserError(f"--nproc_per_node {nproc_text}: no GPU is visible; give a number, e.g. "
-                            f"--nproc_per_node 2 for 2 CPU ranks (gloo)")
-        nproc = _int(nproc_text, "--nproc_per_node", "2")
-        nproc = 1 if nproc is None else nproc
-        if device_count and nproc > device_count:
-            # Paddle's launcher binds rank i to GPU i whenever it sees GPUs, even for gloo ranks
-            raise UserError(f"--device cpu --nproc_per_node {nproc}: Paddle 2.6's launcher gives every rank one "
-                            f"of this machine's {device_count} GPU(s), so at most {device_count} CPU ranks here")
-    else:
-        labels = _visible_gpu_labels(environ)
-        if gpu_ids and labels is not None:
-            missing = [g for g in gpu_ids if g not in labels]
-            if missing:
-                raise UserError(f"{dev_flag} {dev_value}: GPU {missing[0]} is not in {E.CUDA_VISIBLE_DEVICES}="
-                                f"{','.join(labels)}; Paddle's launcher takes ids as listed there")
-        available = labels if labels is not None else [str(i) for i in range(device_count or 0)]
-        if nproc_text in ("auto", "gpu"):
-            nproc_text = None
-        nproc = _int(nproc_text, "--nproc_per_node", "2")
-        if nproc is not None and nproc < 1:
-            raise UserError(f"--nproc_per_node {nproc}: need at least 1 process per node")
-        if gpu_ids:
-            if nproc is not None and nproc != len(gpu_ids):
-                raise UserError(f"--nproc_per_node {nproc} disagrees with {dev_flag} {dev_value} "
-                                f"({len(gpu_ids)} GPUs); give one of them")
-        else:
-            if device_count is not None and not available:
-                raise UserError("--device gpu: no GPU is visible on this machine; use --device cpu")
-            if nproc is not None and device_count is not None and nproc > len(available):
-                raise UserError(f"--nproc_per_node {nproc}: only {len(available)} GPU(s) are visible; use at most "
-                                f"{len(available)}, or --device cpu")
-            count = nproc if nproc is not None else len(available)
-            if count < 1:
-                raise UserError("--device gpu: cannot tell how many GPUs there are; pass --gpus 0,1,...")
-            gpu_ids = tuple(available[:count]) if available else tuple(str(i) for i in range(count))
-        nproc = len(gpu_ids)
-
-    # --- ports and the rest --------------------------------------------------------------------------
-    start_port, start_flag = DEFAULT_START_PORT, None
-    for flag, value in ((E.FLAGS_START_PORT, environ.get(E.FLAGS_START_PORT)),
-                        (E.PADDLE_START_PORT, environ.get(E.PADDLE_START_PORT)),
-                        ("--start_port", ns.start_port)):
-        if value in (None, ""):
-            continue
-        if flag.startswith("--"):
-            start_port = _port(value, flag) or 0
-        elif not str(value).strip().isdigit() or not 1 <= int(value) <= 65535:
-            raise UserError(f"{flag}={value} in the environment is not a TCP port (1..65535); fix or unset it, "
-                            f"or pass --start_port")
-        else:
-            start_port = int(value)
-        start_flag = flag
-    if start_flag and not start_flag.startswith("--"):
-        notes.append(f"--start_port {start_port} from {start_flag} (Paddle 2.6's launcher ignores that variable)")
-    timeout = DEFAULT_RDZV_TIMEOUT
-    if ns.rdzv_timeout is not None:
-        try:
-            timeout = float(ns.rdzv_timeout)
-        except ValueError:
-            raise UserError(f"--rdzv-timeout {ns.rdzv_timeout!r}: expected seconds, e.g. --rdzv-timeout 60") from None
-    if ips and host and not ns.host and not environ.get(E.POD_IP):
-        notes.append(f"--host {host}: the one address of --ips that belongs to this machine")
-
-    return LaunchPlan(
-        script=ns.script, script_args=tuple(ns.script_args), nproc_per_node=nproc, nnodes=nnodes,
-        node_rank=node_rank, master_addr=master_addr, master_port=master_port, master_port_flag=master_port_flag,
-        ips=ips, host=host, device=device, devices=gpu_ids if device == "gpu" else (), start_port=start_port,
-        start_port_flag=start_flag, log_dir=ns.log_dir, max_restarts=_int(ns.max_restarts, "--max_restarts", "3"),
-        job_id=ns.job_id, rdzv_timeout=timeout, notes=tuple(notes))
 
 
 def _is_ip(addr: str) -> bool:
@@ -401,15 +231,100 @@ def _is_ip(addr: str) -> bool:
         return False
 
 
-def _host_in_ips(ips: tuple[str, ...], host: str | None, local_addrs: set[str], explicit: bool) -> str:
+def _visible_gpu_labels(environ: Mapping[str, str]) -> list[str] | None:
+    value = environ.get(E.CUDA_VISIBLE_DEVICES)
+    if value is None or value.strip() in ("", "all"):
+        return None
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+# --- script ------------------------------------------------------------------------------------------------
+def script_of(ns: argparse.Namespace, spec: LauncherSpec) -> tuple[str, tuple[str, ...]]:
+    """(script, its arguments): a file the launcher runs with Python, arguments untouched."""
+    return check_script(ns.script, spec.script_suffix), tuple(ns.script_args)
+
+
+# --- nodes: --nnodes/--node_rank/--master*/--standalone/--ips/--host --------------------------------------
+@dataclass(frozen=True)
+class Master:
+    """Node 0's address and port as the user named them: --master_addr/--master_port or --master ADDR:PORT."""
+
+    addr: str | None = None
+    port: int | None = None
+    port_flag: str | None = None      # the flag that named the port; None = not named
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Which node this is among how many, and how the nodes find each other (LaunchPlan's node fields)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    master_port_flag: str | None = None
+    ips: tuple[str, ...] = ()
+    host: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def master_of(ns: argparse.Namespace) -> Master:
+    """--master_addr/--master_port, or Paddle's --master ADDR:PORT, never both."""
+    port = _port(ns.master_port, "--master_port")
+    if not ns.master:
+        return Master(ns.master_addr, port, "--master_port" if port is not None else None)
+    if ns.master_addr or port is not None:
+        raise UserError(f"--master {ns.master} together with --master_addr/--master_port: give one of them")
+    addr, _, port_text = str(ns.master).replace("http://", "").rpartition(":")
+    if not addr:
+        raise UserError(f"--master {ns.master!r}: expected ADDR:PORT, e.g. --master 10.0.0.1:29500")
+    return Master(addr, check_port(port_text, "--master", "10.0.0.1:29500"), "--master")
+
+
+def _nnodes(ns: argparse.Namespace) -> int | None:
+    if ns.nnodes is not None and ":" in str(ns.nnodes):
+        raise UserError(f"--nnodes {ns.nnodes}: elastic MIN:MAX node ranges need an etcd master; give one number")
+    return _int(ns.nnodes, "--nnodes", "2")
+
+
+def nodes_of(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str]) -> Nodes:
+    """The node flags as one Nodes: fleetrun's --ips, torchrun's --master_addr with --nnodes, or one node."""
+    nnodes = _nnodes(ns)
+    node_rank = _int(ns.node_rank, "--node_rank", "1")
+    master = master_of(ns)
+    if ns.standalone and ((nnodes or 1) > 1 or ns.ips or master.addr):
+        raise UserError("--standalone means one node; drop --nnodes/--ips/--master_addr or drop --standalone")
+    if ns.standalone:
+        nnodes = 1
+    host = ns.host or environ.get(E.POD_IP) or None
+    notes = (f"--host {host} from {E.POD_IP}",) if ns.host is None and host else ()
+    if ns.ips:
+        return _ips_nodes(ns, nnodes, node_rank, master, host, notes, local_addrs)
+    return _master_nodes(nnodes or 1, node_rank, master, host, notes, local_addrs)
+
+
+def _ips_nodes(ns: argparse.Namespace, nnodes: int | None, node_rank: int | None, master: Master,
+               host: str | None, notes: tuple[str, ...], local_addrs: set[str]) -> Nodes:
+    """fleetrun's --ips: node rank = position of this node's address in the list."""
+    ips = tuple(x.strip() for x in str(ns.ips).split(",") if x.strip())
+    if not ips:
+        raise UserError(f"--ips {ns.ips!r}: expected addresses like 10.0.0.1,10.0.0.2")
+    check_ips(ips, len(ips) if nnodes is None else nnodes, master.addr, master.port_flag)
+    # an address listed twice is left to LaunchPlan: that check comes after this node's address is found
+    found = host is None
+    host = _host_in_ips(ips, host, local_addrs, origin="--host" if ns.host is not None else E.POD_IP)
+    if node_rank is not None:
+        check_node_rank_in_ips(ips, host, node_rank)
+    if found:
+        notes += (f"--host {host}: the one address of --ips that belongs to this machine",)
+    return Nodes(len(ips), ips.index(host), master.addr, master.port, master.port_flag, ips, host, notes)
+
+
+def _host_in_ips(ips: tuple[str, ...], host: str | None, local_addrs: set[str], origin: str) -> str:
     """This node's entry in --ips. Paddle would silently act as node 0 when it is not in the list."""
-    listed = ",".join(ips)
     if host:
-        if host not in ips:
-            origin = "--host" if explicit else E.POD_IP
-            raise UserError(f"{origin} {host} is not one of --ips {listed}; pass --host with this node's address "
-                            f"from the list")
-        return host
+        return check_host_in_ips(ips, host, origin)
+    listed = ",".join(ips)
     mine = [ip for ip in ips if ip in local_addrs or _is_loopback(ip)]
     if len(mine) == 1:
         return mine[0]
@@ -421,33 +336,205 @@ def _host_in_ips(ips: tuple[str, ...], host: str | None, local_addrs: set[str], 
                     f"say which node this is, e.g. --host {mine[0]}")
 
 
-# ---------------------------------------------------------------------------------------------------------
-def to_paddle(plan: LaunchPlan) -> tuple[list[str], dict[str, str]]:
-    """The ``python -m paddle.distributed.launch`` argv (new launcher only) and the environment to add."""
-    argv = [sys.executable, "-m", "paddle.distributed.launch"]
-    if plan.device == "gpu":
-        argv += ["--devices", ",".join(plan.devices)]
+def _master_nodes(nnodes: int, node_rank: int | None, master: Master, host: str | None, notes: tuple[str, ...],
+                  local_addrs: set[str]) -> Nodes:
+    """torchrun's --nnodes/--node_rank/--master_addr, or one node."""
+    port = master.port
+    if nnodes > 1:
+        if node_rank is None:
+            raise UserError(f"--nnodes {nnodes} needs --node_rank on every node: 0 on the machine at "
+                            f"--master_addr, 1 .. {nnodes - 1} on the others")
+        check_master_addr(nnodes, master.addr)
+        addr = str(master.addr)
+        if node_rank == 0 and local_addrs and _is_ip(addr) and not _is_loopback(addr) \
+                and addr not in local_addrs and addr != "0.0.0.0":
+            raise UserError(f"--node_rank 0 runs the rendezvous at --master_addr {addr}, which is not an "
+                            f"address of this machine ({', '.join(sorted(local_addrs))}); start node 0 on "
+                            f"{addr} or fix --master_addr")
+        if port is None:
+            port = DEFAULT_MASTER_PORT
+            notes += (f"--master_port {DEFAULT_MASTER_PORT} (torchrun's default)",)
+    return Nodes(nnodes, node_rank or 0, master.addr, port, master.port_flag, (), host, notes)
+
+
+# --- devices: --device/--nproc_per_node/--gpus/--selected_gpus/--devices --------------------------------
+@dataclass(frozen=True)
+class Devices:
+    """What the ranks of this node run on: ``cpu`` (gloo) or ``gpu`` with one GPU id per rank."""
+
+    device: str
+    nproc_per_node: int
+    devices: tuple[str, ...] = ()       # GPU ids as the launcher takes them; () on the CPU
+
+
+def gpu_ids_of(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
+    """(the flag that listed GPUs, their ids); ("", ()) when none did. The three spellings must agree."""
+    given = [(flag, getattr(ns, dest)) for flag, dest in
+             (("--gpus", "gpus"), ("--selected_gpus", "selected_gpus"), ("--devices", "devices"))
+             if getattr(ns, dest)]
+    if len({_ids(v, f) for f, v in given}) > 1:
+        raise UserError(" and ".join(f"{f} {v}" for f, v in given) + " disagree; give one of them")
+    return (given[0][0], _ids(given[0][1], given[0][0])) if given else ("", ())
+
+
+def _ids(value: str, flag: str) -> tuple[str, ...]:
+    ids = tuple(x.strip() for x in value.split(",") if x.strip())
+    if not ids or not all(x.isdigit() for x in ids) or len(set(ids)) != len(ids):
+        raise UserError(f"{flag} {value!r}: expected distinct GPU ids like 0,1,2,3")
+    return ids
+
+
+def devices_of(ns: argparse.Namespace, environ: Mapping[str, str], device_count: int | None,
+               spec: LauncherSpec) -> Devices:
+    """The device flags as one Devices; ``device_count`` is the GPUs this machine shows (None = cannot tell)."""
+    flag, gpu_ids = gpu_ids_of(ns)
+    device = (ns.device or "").strip().lower() or None
+    if device is not None:
+        check_device(device, shown=ns.device)
     else:
-        argv += ["--nproc_per_node", str(plan.nproc_per_node)]
+        device = "gpu" if gpu_ids or (device_count or 0) > 0 else "cpu"
+    if device == "cpu":
+        return _cpu_ranks(ns.nproc_per_node, flag, gpu_ids, device_count, spec)
+    return _gpu_ranks(ns.nproc_per_node, flag, gpu_ids, environ, device_count)
+
+
+def _cpu_ranks(nproc_text: str | None, flag: str, gpu_ids: tuple[str, ...], device_count: int | None,
+               spec: LauncherSpec) -> Devices:
+    check_no_gpus_on_cpu(gpu_ids, flag)
+    if nproc_text in ("auto", "gpu"):
+        raise UserError(f"--nproc_per_node {nproc_text}: no GPU is visible; give a number, e.g. "
+                        f"--nproc_per_node 2 for 2 CPU ranks (gloo)")
+    nproc = _int(nproc_text, "--nproc_per_node", "2")
+    nproc = 1 if nproc is None else nproc
+    if spec.cpu_ranks_take_gpus and device_count and nproc > device_count:
+        raise UserError(f"--device cpu --nproc_per_node {nproc}: {spec.name} gives every rank one "
+                        f"of this machine's {device_count} GPU(s), so at most {device_count} CPU ranks here")
+    return Devices("cpu", nproc)
+
+
+def _gpu_ranks(nproc_text: str | None, flag: str, gpu_ids: tuple[str, ...], environ: Mapping[str, str],
+               device_count: int | None) -> Devices:
+    labels = _visible_gpu_labels(environ)
+    if gpu_ids and labels is not None:
+        missing = [g for g in gpu_ids if g not in labels]
+        if missing:
+            raise UserError(f"{flag} {','.join(gpu_ids)}: GPU {missing[0]} is not in {E.CUDA_VISIBLE_DEVICES}="
+                            f"{','.join(labels)}; Paddle's launcher takes ids as listed there")
+    available = labels if labels is not None else [str(i) for i in range(device_count or 0)]
+    nproc = _int(None if nproc_text in ("auto", "gpu") else nproc_text, "--nproc_per_node", "2")
+    if nproc is not None:
+        check_nproc(nproc)
+    if gpu_ids:
+        if nproc is not None:
+            check_gpu_count(nproc, gpu_ids, flag)
+        return Devices("gpu", len(gpu_ids), gpu_ids)
+    if device_count is not None and not available:
+        raise UserError("--device gpu: no GPU is visible on this machine; use --device cpu")
+    if nproc is not None and device_count is not None and nproc > len(available):
+        raise UserError(f"--nproc_per_node {nproc}: only {len(available)} GPU(s) are visible; use at most "
+                        f"{len(available)}, or --device cpu")
+    count = nproc if nproc is not None else len(available)
+    if count < 1:
+        raise UserError("--device gpu: cannot tell how many GPUs there are; pass --gpus 0,1,...")
+    gpu_ids = tuple(available[:count]) if available else tuple(str(i) for i in range(count))
+    return Devices("gpu", len(gpu_ids), gpu_ids)
+
+
+# --- ports: --start_port and the variables fleetrun users set for it ------------------------------------
+@dataclass(frozen=True)
+class StartPort:
+    """The first worker port under --ips, and who chose it."""
+
+    port: int
+    flag: str | None = None       # "--start_port" or the variable it came from; None = the launcher's default
+    notes: tuple[str, ...] = ()
+
+
+def start_port_of(ns: argparse.Namespace, environ: Mapping[str, str], spec: LauncherSpec) -> StartPort:
+    """--start_port, else the last of the launcher's start-port variables that is set, else its default."""
+    chosen = StartPort(spec.default_start_port)
+    for name in spec.start_port_vars:
+        value = environ.get(name)
+        if value not in (None, ""):
+            port = check_port(str(value), name, env_fix="--start_port")
+            chosen = StartPort(port, name, (f"--start_port {port} from {name} ({spec.name} ignores that variable)",))
+    if ns.start_port not in (None, ""):
+        chosen = StartPort(check_port(ns.start_port, "--start_port"), "--start_port")
+    return chosen
+
+
+# --- restarts and patience: --rdzv-timeout/--max_restarts ------------------------------------------------
+@dataclass(frozen=True)
+class Restarts:
+    """How long node 0 waits for the others, and how often ppmulti restarts the launch after a failure."""
+
+    rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    max_restarts: int | None = None   # None = never; the launcher's own restarts need an etcd master
+
+
+def restarts_of(ns: argparse.Namespace) -> Restarts:
+    """--rdzv-timeout and --max_restarts read as numbers; their ranges are LaunchPlan's to check, after the
+    node and device rules, so that of several mistakes the same one is reported first as before."""
+    seconds = DEFAULT_RDZV_TIMEOUT
+    if ns.rdzv_timeout is not None:
+        try:
+            seconds = float(ns.rdzv_timeout)
+        except ValueError:
+            raise UserError(f"--rdzv-timeout {ns.rdzv_timeout!r}: expected seconds, e.g. --rdzv-timeout 60") from None
+    return Restarts(seconds, _int(ns.max_restarts, "--max_restarts", "3"))
+
+
+def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
+               device_count: int | None, spec: LauncherSpec | None = None) -> LaunchPlan:
+    """Turn parsed flags into a checked LaunchPlan; ``local_addrs`` and ``device_count`` come from the caller,
+    ``spec`` (default: the installed Paddle's) says how its launcher behaves."""
+    spec = spec or launcher_spec()
+    script, script_args = script_of(ns, spec)
+    nodes = nodes_of(ns, environ, local_addrs)
+    devices = devices_of(ns, environ, device_count, spec)
+    start = start_port_of(ns, environ, spec)
+    restarts = restarts_of(ns)
+    return LaunchPlan(
+        script=script, script_args=script_args, nproc_per_node=devices.nproc_per_node, nnodes=nodes.nnodes,
+        node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port,
+        master_port_flag=nodes.master_port_flag, ips=nodes.ips, host=nodes.host, device=devices.device,
+        devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
+        max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
+        notes=(*nodes.notes, *start.notes))
+
+
+# ---------------------------------------------------------------------------------------------------------
+def to_paddle(plan: LaunchPlan, spec: LauncherSpec | None = None) -> tuple[list[str], dict[str, str]]:
+    """The ``python -m paddle.distributed.launch`` argv (new launcher only) and the environment to add,
+    spelled as ``spec`` (default: the installed Paddle's launcher) takes them."""
+    spec = spec or launcher_spec()
+    argv = [sys.executable, "-m", spec.module]
+    if plan.device == "gpu":
+        argv += [spec.devices_flag, ",".join(plan.devices)]
+    else:
+        argv += [spec.nproc_flag, str(plan.nproc_per_node)]
     if plan.mode == "master":
         addr, port = plan.rdzv_endpoint  # type: ignore[misc]
-        argv += ["--master", f"{addr}:{port + 1}", "--nnodes", str(plan.nnodes), "--rank", str(plan.node_rank)]
+        # ppmulti's rendezvous holds the master port; the launcher's HTTP rendezvous takes the next one
+        argv += [spec.master_flag, f"{addr}:{port + 1}", spec.nnodes_flag, str(plan.nnodes),
+                 spec.rank_flag, str(plan.node_rank)]
         if plan.host:
-            argv += ["--host", plan.host]
+            argv += [spec.host_flag, plan.host]
     elif plan.mode == "ips":
-        argv += ["--ips", ",".join(plan.ips), "--host", str(plan.host), "--start_port", str(plan.start_port)]
+        argv += [spec.ips_flag, ",".join(plan.ips), spec.host_flag, str(plan.host),
+                 spec.start_port_flag, str(plan.start_port)]
     elif plan.host:
-        argv += ["--host", plan.host]
+        argv += [spec.host_flag, plan.host]
     if plan.log_dir:
-        argv += ["--log_dir", plan.log_dir]
+        argv += [spec.log_dir_flag, plan.log_dir]
     if plan.job_id:
-        argv += ["--job_id", plan.job_id]
-    # --max_restarts stays with ppmulti (runner.run): Paddle's own restarts loop only under an etcd master
+        argv += [spec.job_id_flag, plan.job_id]
+    # --max_restarts stays with ppmulti (runner.run): the launcher's own restarts need an etcd master
     argv += [WORKER_PATH, plan.script, *plan.script_args]
 
     env = {E.PPMULTI_NODE_RANK: str(plan.node_rank)}
     if plan.device == "cpu":
-        env[E.PADDLE_DISTRI_BACKEND] = "gloo"
+        env.update(spec.cpu_env)
     return argv, env
 
 

@@ -55,7 +55,7 @@ from ppmulti.common.errors import UserError
 from ppmulti.common.yamlread import load_config_chain
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.flags import FLAGS, build_parser, split_argv
-from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT
+from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT, check_master_port, check_port
 
 DEFAULT_SSH_TIMEOUT = 10.0
 DEFAULT_LOG_DIR = "log"                  # Paddle's own default for --log_dir
@@ -194,12 +194,8 @@ def plan_nodes(argv: list[str], cwd: str, python: str, package_root: str | None,
             raise UserError(f"{flag} cannot be combined with --nodes ({why}); drop {flag}")
     if ns.nnodes is not None and str(ns.nnodes).strip() != str(len(nodes)):
         raise UserError(f"--nnodes {ns.nnodes} disagrees with --nodes {ns.nodes} ({len(nodes)} nodes); drop --nnodes")
-    port_text = ns.master_port or str(DEFAULT_MASTER_PORT)
-    if not port_text.isdigit() or not 1 <= int(port_text) < 65535:
-        raise UserError(f"--master_port {port_text}: expected a TCP port below 65535, e.g. --master_port 29500")
-    ssh_port = ns.ssh_port
-    if ssh_port is not None and (not ssh_port.isdigit() or not 1 <= int(ssh_port) <= 65535):
-        raise UserError(f"--ssh-port {ssh_port}: not a TCP port (1..65535), e.g. --ssh-port 22")
+    master_port = check_master_port(ns.master_port or DEFAULT_MASTER_PORT)
+    ssh_port = None if ns.ssh_port is None else check_port(ns.ssh_port, "--ssh-port", "22")
     for option in ns.ssh_option or []:
         if "=" not in option and " " not in option:
             raise UserError(f"--ssh-option {option!r}: expected KEY=VALUE as for ssh -o, "
@@ -208,13 +204,13 @@ def plan_nodes(argv: list[str], cwd: str, python: str, package_root: str | None,
 
     kept = [tok for dest, tokens in _flag_items(flags) if dest not in CONSUMED for tok in tokens]
     log_dir = ns.log_dir or DEFAULT_LOG_DIR
-    argvs = tuple(tuple(node_argv(kept, script, script_args, nodes, i, int(port_text),
+    argvs = tuple(tuple(node_argv(kept, script, script_args, nodes, i, master_port,
                                   posixpath.join(log_dir, f"node{i}")))
                   for i in range(len(nodes)))
     remote_cwd = ns.remote_cwd or cwd
     return NodesPlan(
-        nodes=nodes, launch_argvs=argvs, master_addr=_host_of(nodes[0]), master_port=int(port_text),
-        ssh=SshOptions(port=int(ssh_port) if ssh_port else None, identity=ns.ssh_identity, config=ns.ssh_config,
+        nodes=nodes, launch_argvs=argvs, master_addr=_host_of(nodes[0]), master_port=master_port,
+        ssh=SshOptions(port=ssh_port, identity=ns.ssh_identity, config=ns.ssh_config,
                        options=tuple(ns.ssh_option or ()), timeout=timeout),
         remote_cwd=remote_cwd, remote_python=ns.remote_python or python,
         remote_pythonpath=remote_pythonpath(package_root, cwd, remote_cwd), log_dir=log_dir, job=job,

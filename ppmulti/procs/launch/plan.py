@@ -1,14 +1,156 @@
-"""LaunchPlan: one launch on one node, frozen and self-checking (flags -> plan -> Paddle argv)."""
+"""LaunchPlan: one launch on one node, frozen and self-checking, and the one home of every check it makes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ppmulti.common.compat import launcher_spec
 from ppmulti.common.errors import UserError
 
 DEFAULT_MASTER_PORT = 29500      # torchrun's default, used when --nnodes > 1 and no --master_port is given
-DEFAULT_START_PORT = 6070        # Paddle 2.6's --start_port default (worker endpoints under --ips)
+DEFAULT_START_PORT = launcher_spec().default_start_port   # the installed Paddle launcher's --start_port default
 DEFAULT_RDZV_TIMEOUT = 300.0
+PORTS = range(1, 65536)          # what a TCP port number may be
+
+# Each check_* below owns one rule about a launch and its one-line message. The flag builders (flags.py) call
+# them as soon as their values exist, so the first problem in the user's flags is the one reported;
+# LaunchPlan.__post_init__ calls them all, so a plan made any other way is held to the same rules.
+
+
+def check_port(value: int | str, flag: str, example: str = "29500", *, span: tuple[int, int] = (0, 0),
+               why: str = "", env_fix: str | None = None) -> int:
+    """The TCP port that ``value`` (a flag's text or a number) names, for every caller that takes a port.
+
+    ``span`` = (low, high): the launch also uses the ports ``port + low .. port + high`` (said by ``why``),
+    which must be ports too. ``env_fix``: ``flag`` is an environment variable, and ``env_fix`` the flag to
+    pass instead of it.
+    """
+    text = str(value).strip()
+    try:
+        port: int | None = int(text)
+    except ValueError:
+        port = None
+    if env_fix is not None:
+        # a variable set long ago in a shell profile: say where it is, not only what is wrong
+        if port is None or not text.isdigit() or port not in PORTS:
+            raise UserError(f"{flag}={value} in the environment is not a TCP port (1..65535); fix or unset it, "
+                            f"or pass {env_fix}")
+    e_g = f", e.g. {flag} {example}" if flag.startswith("-") else ""
+    if port is None or port not in PORTS:
+        raise UserError(f"{flag} {text}: not a TCP port (1..65535){e_g}")
+    low, high = span
+    if port + low not in PORTS or port + high not in PORTS:
+        raise UserError(f"{flag} {port}: {why}, so use {PORTS.start - low}..{PORTS.stop - 1 - high}{e_g}")
+    return port
+
+
+def check_script(script: str | None, suffix: str) -> str:
+    """The training script: given, and a file Paddle's launcher runs with Python (its name ends in ``suffix``)."""
+    if not script:
+        raise UserError("no training script given: ppmulti launch [FLAGS] SCRIPT.py [SCRIPT ARGS], "
+                        "e.g. ppmulti launch --nproc_per_node 2 tools/train.py -c configs/yolo.yml")
+    if not script.endswith(suffix):
+        raise UserError(f"{script}: ppmulti launch runs Python scripts; pass the path of a {suffix} file")
+    return script
+
+
+def check_nproc(nproc: int) -> int:
+    if nproc < 1:
+        raise UserError(f"--nproc_per_node {nproc}: need at least 1 process per node")
+    return nproc
+
+
+def check_device(device: str, shown: str | None = None) -> str:
+    """``cpu`` or ``gpu``; ``shown`` is the text the user typed, when it was normalised first."""
+    if device not in ("cpu", "gpu"):
+        raise UserError(f"--device {shown if shown is not None else device!r}: expected cpu or gpu")
+    return device
+
+
+def check_gpu_count(nproc: int, gpus: tuple[str, ...], flag: str = "--gpus") -> None:
+    """One rank per listed GPU: ``--nproc_per_node`` and the GPU list (given with ``flag``) must agree."""
+    if nproc != len(gpus):
+        raise UserError(f"--nproc_per_node {nproc} disagrees with {flag} {','.join(gpus)} ({len(gpus)} GPUs); "
+                        f"give one of them")
+
+
+def check_no_gpus_on_cpu(gpus: tuple[str, ...], flag: str = "--gpus") -> None:
+    if gpus:
+        raise UserError(f"--device cpu with {flag} {','.join(gpus)}: drop one of them")
+
+
+def check_node_rank(nnodes: int, node_rank: int) -> None:
+    if nnodes < 1:
+        raise UserError(f"--nnodes {nnodes}: need at least 1 node")
+    if not 0 <= node_rank < nnodes:
+        raise UserError(f"--node_rank {node_rank} is out of range for --nnodes {nnodes}: use 0 .. {nnodes - 1}")
+
+
+def check_master_addr(nnodes: int, master_addr: str | None) -> None:
+    """Several nodes without --ips meet at node 0's address."""
+    if nnodes > 1 and not master_addr:
+        raise UserError(f"--nnodes {nnodes} needs --master_addr (the address of the node started with "
+                        f"--node_rank 0), e.g. --master_addr 10.0.0.1")
+
+
+def check_ips_once(ips: tuple[str, ...]) -> None:
+    if len(set(ips)) != len(ips):
+        raise UserError(f"--ips {','.join(ips)}: an address is listed twice")
+
+
+def check_ips(ips: tuple[str, ...], nnodes: int, master_addr: str | None, master_port_flag: str | None) -> None:
+    """fleetrun's --ips: the only way the nodes are named, as many as --nnodes says, 127.0.0.1 only alone."""
+    listed = ",".join(ips)
+    if master_addr or master_port_flag:
+        raise UserError(f"--ips {listed} together with --master_addr/--master_port: use one way to name the "
+                        f"nodes (--ips, or --master_addr with --nnodes and --node_rank)")
+    if nnodes != len(ips):
+        raise UserError(f"--nnodes {nnodes} disagrees with --ips {listed} ({len(ips)} nodes); drop --nnodes")
+    if len(ips) > 1 and "127.0.0.1" in ips:
+        # Paddle's launcher refuses it ("127.0.0.1 in ips is not allowed in multi-nodes")
+        raise UserError(f"--ips {listed}: 127.0.0.1 cannot be one node of several (Paddle refuses it); "
+                        f"to run several nodes on one machine use other loopback addresses, "
+                        f"e.g. --ips 127.0.0.2,127.0.0.3 --host 127.0.0.2")
+
+
+def check_host_in_ips(ips: tuple[str, ...], host: str | None, origin: str = "--host") -> str:
+    """This node's address is one of --ips (Paddle's launcher would silently act as node 0 otherwise);
+    ``origin`` names where ``host`` came from: ``--host`` or the variable that set it."""
+    if host not in ips:
+        raise UserError(f"{origin} {host} is not one of --ips {','.join(ips)}; pass --host with this node's "
+                        f"address from the list")
+    return str(host)
+
+
+def check_node_rank_in_ips(ips: tuple[str, ...], host: str, node_rank: int) -> None:
+    """Under --ips the node rank is the position of --host; a --node_rank given as well must agree."""
+    if ips.index(host) != node_rank:
+        raise UserError(f"--node_rank {node_rank} disagrees with --host {host}, which is node "
+                        f"{ips.index(host)} of --ips {','.join(ips)}; drop --node_rank")
+
+
+def check_max_restarts(max_restarts: int | None) -> None:
+    if max_restarts is not None and max_restarts < 0:
+        raise UserError(f"--max_restarts {max_restarts}: need 0 or more")
+
+
+def check_rdzv_timeout(seconds: float) -> None:
+    if seconds <= 0:
+        raise UserError(f"--rdzv-timeout {seconds:g}: need a positive number of seconds, e.g. 300")
+
+
+def check_master_port(value: int | str, flag: str = "--master_port", mode: str = "master") -> int:
+    """Node 0's port; in master mode Paddle's HTTP rendezvous takes the next port as well."""
+    example = "10.0.0.1:29500" if flag == "--master" else "29500"
+    if mode != "master":
+        return check_port(value, flag, example)
+    return check_port(value, flag, example, span=(0, 1), why="Paddle's rendezvous takes the next port")
+
+
+def check_start_port(value: int | str, flag: str, nproc: int) -> int:
+    """The first worker port under --ips: ppmulti's rendezvous takes the port below, the ranks the ones from it."""
+    return check_port(value, flag, "17000", span=(-1, nproc - 1),
+                      why=f"ppmulti's rendezvous takes the port below and the {nproc} local rank(s) the ports from it")
 
 
 @dataclass(frozen=True)
@@ -43,62 +185,25 @@ class LaunchPlan:
     notes: tuple[str, ...] = field(default=(), compare=False)   # things build_plan decided, shown by --dry-run
 
     def __post_init__(self) -> None:
-        if not self.script:
-            raise UserError("no training script given: ppmulti launch [FLAGS] SCRIPT.py [SCRIPT ARGS], "
-                            "e.g. ppmulti launch --nproc_per_node 2 tools/train.py -c configs/yolo.yml")
-        if self.nproc_per_node < 1:
-            raise UserError(f"--nproc_per_node {self.nproc_per_node}: need at least 1 process per node")
-        if self.nnodes < 1:
-            raise UserError(f"--nnodes {self.nnodes}: need at least 1 node")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise UserError(f"--node_rank {self.node_rank} is out of range for --nnodes {self.nnodes}: "
-                            f"use 0 .. {self.nnodes - 1}")
-        if self.device not in ("cpu", "gpu"):
-            raise UserError(f"--device {self.device!r}: expected cpu or gpu")
-        if self.device == "gpu" and len(self.devices) != self.nproc_per_node:
-            raise UserError(f"--nproc_per_node {self.nproc_per_node} disagrees with --gpus {','.join(self.devices)} "
-                            f"({len(self.devices)} GPUs); give one of them")
-        if self.device == "cpu" and self.devices:
-            raise UserError(f"--device cpu with --gpus {','.join(self.devices)}: drop one of them")
-        if self.rdzv_timeout <= 0:
-            raise UserError(f"--rdzv-timeout {self.rdzv_timeout:g}: need a positive number of seconds, e.g. 300")
-        if self.max_restarts is not None and self.max_restarts < 0:
-            raise UserError(f"--max_restarts {self.max_restarts}: need 0 or more")
+        check_script(self.script, launcher_spec().script_suffix)
+        check_nproc(self.nproc_per_node)
+        check_node_rank(self.nnodes, self.node_rank)
+        check_device(self.device)
+        if self.device == "gpu":
+            check_gpu_count(self.nproc_per_node, self.devices)
+        else:
+            check_no_gpus_on_cpu(self.devices)
+        check_rdzv_timeout(self.rdzv_timeout)
+        check_max_restarts(self.max_restarts)
         if self.master_port is not None:
-            _check_port(self.master_port, self.master_port_flag or "--master_port")
-            if self.mode == "master" and self.master_port >= 65535:
-                raise UserError(f"--master_port {self.master_port}: Paddle's rendezvous takes the next port, "
-                                f"so use at most 65534")
-        _check_port(self.start_port, self.start_port_flag or "--start_port")
-        if self.start_port - 1 < 1 or self.start_port + self.nproc_per_node - 1 > 65535:
-            raise UserError(f"{self.start_port_flag or '--start_port'} {self.start_port}: the ports "
-                            f"{self.start_port - 1}..{self.start_port + self.nproc_per_node - 1} must all be "
-                            f"valid ports (1..65535)")
+            check_master_port(self.master_port, self.master_port_flag or "--master_port", self.mode)
+        check_start_port(self.start_port, self.start_port_flag or "--start_port", self.nproc_per_node)
         if self.ips:
-            self._check_ips()
-        elif self.nnodes > 1 and not self.master_addr:
-            raise UserError(f"--nnodes {self.nnodes} needs --master_addr (the address of the node started with "
-                            f"--node_rank 0) or --ips")
-
-    def _check_ips(self) -> None:
-        ips = ",".join(self.ips)
-        if len(set(self.ips)) != len(self.ips):
-            raise UserError(f"--ips {ips}: an address is listed twice")
-        if len(self.ips) != self.nnodes:
-            raise UserError(f"--nnodes {self.nnodes} disagrees with --ips {ips} ({len(self.ips)} nodes); drop --nnodes")
-        if self.master_addr or self.master_port_flag:
-            raise UserError(f"--ips {ips} together with --master_addr/--master_port: use one way to name the "
-                            f"nodes (--ips, or --master_addr with --nnodes and --node_rank)")
-        if len(self.ips) > 1 and "127.0.0.1" in self.ips:
-            raise UserError(f"--ips {ips}: 127.0.0.1 cannot be one node of several (Paddle refuses it); "
-                            f"to run several nodes on one machine use other loopback addresses, "
-                            f"e.g. --ips 127.0.0.2,127.0.0.3 --host 127.0.0.2")
-        if self.host not in self.ips:
-            raise UserError(f"--host {self.host} is not one of --ips {ips}; pass --host with this node's "
-                            f"address from the list")
-        if self.ips.index(self.host) != self.node_rank:
-            raise UserError(f"--node_rank {self.node_rank} disagrees with --host {self.host}, which is node "
-                            f"{self.ips.index(self.host)} of --ips {ips}; drop --node_rank")
+            check_ips_once(self.ips)
+            check_ips(self.ips, self.nnodes, self.master_addr, self.master_port_flag)
+            check_node_rank_in_ips(self.ips, check_host_in_ips(self.ips, self.host), self.node_rank)
+        else:
+            check_master_addr(self.nnodes, self.master_addr)
 
     @property
     def mode(self) -> str:
@@ -118,9 +223,3 @@ class LaunchPlan:
         if self.mode == "ips" and len(self.ips) > 1:
             return self.ips[0], self.start_port - 1
         return None
-
-
-
-def _check_port(port: int, flag: str) -> None:
-    if not 1 <= port <= 65535:
-        raise UserError(f"{flag} {port}: not a TCP port (1..65535)")
