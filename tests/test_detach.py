@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ppmulti.common import envvars as E
-from ppmulti.procs.runs.detach import pop_detach
+from ppmulti.procs.launch.command import pop_detach
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,17 +13,13 @@ import io
 import logging
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ppmulti.common.envvars import PADDLE_SOT_SWITCH
+from ppmulti.common.envvars import FLAGS_START_PORT, PADDLE_DISTRI_BACKEND, PADDLE_SOT_SWITCH, PADDLE_START_PORT
 
 # ------------------------------------------------------------------ the launcher's half (no paddle import)
-from dataclasses import dataclass  # noqa: E402  (imported in this half: each half keeps its own imports)
-from functools import lru_cache  # noqa: E402
-
-from ppmulti.common.envvars import FLAGS_START_PORT, PADDLE_DISTRI_BACKEND, PADDLE_START_PORT  # noqa: E402
-
 
 def installed_version(dist: str = "paddle") -> tuple[int, ...] | None:
     """The installed Paddle's (or another distribution's) version as numbers, read from package metadata

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ppmulti.common.errors import UserError
+
 WEIGHTS = ".pdparams"   # model weights (EMA applied when EMA is on): what eval/infer/export load
 STATE = ".pdstate"      # everything resume needs
 RUN_DIR_MARKER = "run_dir"   # in a launch's directory: the run that a restarted launch continues

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ppmulti.common.errors import UserError
-from ppmulti.common.hyp import HYP_MAPPED, HYP_NEUTRAL, HYP_NO_EQUIVALENT, load_hyp  # noqa: F401  (load_hyp: config_edit)
+from ppmulti.common.hyp import HYP_NEUTRAL, HYP_NO_EQUIVALENT, load_hyp
 from ppmulti.common.train_flags import OPTIMIZERS, yolo_style
 from ppmulti.common.paths import CONFIGS
 

@@ -24,13 +24,25 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=lambda args: main(args.launch_argv))
 
 
+def pop_detach(argv: list[str]) -> tuple[bool, list[str]]:
+    """``--detach`` among ``ppmulti launch``'s own flags (before the script) -> (True, argv without it)."""
+    from ppmulti.procs.launch.flags import split_argv
+
+    for i, item in enumerate(argv):
+        if item == "--detach":
+            rest = argv[:i] + argv[i + 1:]
+            flags, _, _ = split_argv(rest)
+            return (True, rest) if i <= len(flags) else (False, argv)
+    return False, argv
+
+
 def _launch(argv: list[str]) -> int:
     from ppmulti.procs.launch.flags import build_parser, build_plan, parse_launch_args, split_argv
     from ppmulti.procs.launch.runner import local_addresses, run, visible_gpu_count
 
     # --- --detach (ppmulti/procs/runs/detach.py): the same launch, started again in a new session ---
     from ppmulti.common.errors import UserError
-    from ppmulti.procs.runs.detach import pop_detach, start
+    from ppmulti.procs.runs.detach import start
 
     detach, argv = pop_detach(list(argv))
     if detach:

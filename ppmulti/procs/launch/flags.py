@@ -7,7 +7,6 @@ import ipaddress
 import shlex
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from ppmulti.common import envvars as E

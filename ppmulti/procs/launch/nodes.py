@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
-from ppmulti import __version__
 from ppmulti.common import envvars as E
 from ppmulti.common import procfs as procs
 from ppmulti.common.errors import UserError

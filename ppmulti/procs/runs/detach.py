@@ -153,18 +153,6 @@ def _new_record() -> tuple[str, Path]:
 
 
 # ----------------------------------------------------------------------------- starting
-def pop_detach(argv: list[str]) -> tuple[bool, list[str]]:
-    """``--detach`` among ``ppmulti launch``'s own flags (before the script) -> (True, argv without it)."""
-    from ppmulti.procs.launch.flags import split_argv
-
-    for i, item in enumerate(argv):
-        if item == "--detach":
-            rest = argv[:i] + argv[i + 1:]
-            flags, _, _ = split_argv(rest)
-            return (True, rest) if i <= len(flags) else (False, argv)
-    return False, argv
-
-
 def start(kind: str, argv: list[str], run_dir: Path | None = None, log_path: Path | None = None,
           meta: dict | None = None) -> int:
     """Start ``ppmulti KIND ARGV`` detached; print its id and where its output goes; return 0 at once."""

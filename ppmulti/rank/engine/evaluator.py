@@ -7,7 +7,6 @@ import io
 import time
 from dataclasses import dataclass, field
 
-from ppmulti.common.metrics import FITNESS_WEIGHTS, fitness  # noqa: F401  (re-exported for the trainer)
 from ppmulti.rank import dist
 
 
