@@ -400,17 +400,18 @@ def test_bars_are_taken_down_when_training_raises(rank_log):
     trainer = Trainer.__new__(Trainer)   # only what train() touches before its first epoch
     fake = _trainer()
     trainer.hooks, trainer.cfg, trainer.steps_per_epoch = [hook], fake.cfg, 4
+    trainer._hooks_chosen, trainer.stop_training = True, False
     trainer.batch = SimpleNamespace(global_batch=8, per_rank=8)
     trainer.world, trainer.conv_kernel = 1, None
     trainer.lr_plan = SimpleNamespace(describe=lambda: "lr")
     trainer.state = SimpleNamespace(epoch=0)
 
-    def crash(epoch, epochs, snapshot):
+    def crash(epoch):
         hook.after_step(trainer, epoch, 0, {"loss": LossStub(1.0)}, 0.001, 0.0)   # a bar is open now
         assert hook.bar is not None
         raise KeyboardInterrupt
 
-    trainer._run_epoch = crash
+    trainer.run_epoch = crash
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     assert hook.bar is None and hook.bars is None

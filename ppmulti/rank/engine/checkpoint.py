@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +16,29 @@ from ppmulti.common.rundir import STATE, WEIGHTS  # noqa: F401  (file kinds, sha
 
 @dataclass
 class TrainState:
+    """The loop's own counters (a checkpoint's ``train``); the hooks keep theirs under ``hooks``."""
+
     epoch: int            # epochs completed
     global_step: int
-    best_map: float
     world_size: int
     global_batch: int
     step_in_epoch: int = 0   # >0 only in a checkpoint saved on an interrupt: steps of ``epoch`` already done
-    best_fitness: float = -1.0   # 0.1 mAP50 + 0.9 mAP50-95 of the best validated epoch (for --patience)
-    best_epoch: int = 0          # that epoch (1-based; 0 = none yet)
+
+    @classmethod
+    def from_dict(cls, train: dict[str, Any]) -> "TrainState":
+        """Read a checkpoint's ``train``; older files also hold the hooks' fields there (see ``hook_states``)."""
+        return cls(**{f.name: train[f.name] for f in fields(cls) if f.name in train})
+
+
+def hook_states(payload: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """Each hook's state in a checkpoint, by hook name. Checkpoints written before the hooks kept their own
+    state hold EMA at the top level and the best mAP / fitness in ``train``: read those as the hooks' own."""
+    if "hooks" in payload:
+        return payload["hooks"]
+    train = payload.get("train") or {}
+    return {"ema": {"weights": payload["ema"], "step": payload.get("ema_step", 0)} if payload.get("ema") else None,
+            "early_stop": {"best_fitness": train.get("best_fitness", -1.0), "best_epoch": train.get("best_epoch", 0)},
+            "checkpoint": {"best_map": train.get("best_map", -1.0)}}
 
 
 def rng_state() -> dict[str, Any]:
@@ -48,9 +63,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         pass
 
 
-def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_scheduler, ema,
-         state: TrainState) -> None:
-    """Write ``stem.pdparams`` (weights to use) and ``stem.pdstate`` (resume) atomically."""
+def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_scheduler, state: TrainState,
+         hooks: dict[str, dict[str, Any]]) -> None:
+    """Write ``stem.pdparams`` (weights to use) and ``stem.pdstate`` (resume: the loop's state and each
+    hook's, by hook name) atomically."""
     import paddle
 
     stem = str(stem)
@@ -59,10 +75,9 @@ def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "lr": lr_scheduler.state_dict() if hasattr(lr_scheduler, "state_dict") else None,
-        "ema": dict(ema.state_dict) if ema is not None else None,
-        "ema_step": ema.step if ema is not None else 0,
         "train": vars(state),
         "rng": rng_state(),
+        "hooks": hooks,
     }
     atomic_save(stem + STATE, lambda tmp: paddle.save(payload, tmp))
 

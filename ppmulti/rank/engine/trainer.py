@@ -1,24 +1,25 @@
-"""The training loop around ppdet's model, data pipeline, optimizer and EMA, with hooks."""
+"""The Trainer: builds the run from a config, then one short loop; every other task is a hook (engine.hooks)."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ppmulti.common import compat
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
 from ppmulti.rank.engine import checkpoint as ckpt
-from ppmulti.rank.engine.hooks import (CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook, StepOutputs,
-                                  VisualDLHook)
+from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
+                                       EvaluationHook, Hook, PlotsHook, ResultsHook, ResumeHook,
+                                       StepOutputs, StopOnSignalHook, VisualDLHook)
+from ppmulti.rank.engine.hooks.signals import Interrupted  # noqa: F401  (raised through train(); its old home)
+from ppmulti.rank.engine.hooks.resume import record_run_dir
 from ppmulti.rank.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
-from ppmulti.common.rundir import RUN_DIR_MARKER, new_run_dir
+from ppmulti.common.rundir import new_run_dir
 from ppmulti.common.errors import UserError
 
 log = logging.getLogger("ppmulti")
@@ -55,8 +56,31 @@ class EpochStats:
     lr: float
     images_per_s: float
     seconds: float
-    metrics: dict | None = None
+    metrics: dict | None = None   # filled by EvaluationHook on evaluated epochs
     per_rank_images_per_s: list[float] = field(default_factory=list)   # [hooks: VisualDL per-rank figure]
+    pr_curve: object | None = None   # rank 0, evaluated epochs: engine.plots.PRCurve (PlotsHook)
+
+
+@dataclass
+class EpochMeter:
+    """An epoch's running figures: loss sums stay on the device (read once, at the end), data wait, steps."""
+
+    sums: dict = field(default_factory=dict)
+    steps: int = 0
+    data_time: float = 0.0
+    started: float = field(default_factory=time.time)
+
+    def add(self, outputs: dict) -> None:
+        import paddle
+
+        for key, value in outputs.items():
+            if key.startswith("loss") and isinstance(value, paddle.Tensor):
+                v = value.detach()
+                self.sums[key] = v if key not in self.sums else self.sums[key] + v
+        self.steps += 1
+
+    def losses(self) -> dict[str, float]:
+        return {k: float(v.numpy().reshape(-1)[0]) / max(self.steps, 1) for k, v in self.sums.items()}
 
 
 class Trainer:
@@ -65,6 +89,11 @@ class Trainer:
     def __init__(self, opts: TrainOptions):
         self.opts = opts
         self.hooks: list[Hook] = []
+        self._hooks_chosen = False   # register()/default_hooks() called: train() adds no reporting hooks
+        self.stop_training = False   # set by hooks (early stop, a signal); the loop ends at the next step
+        self.interrupted = None      # StopOnSignalHook's Interruption when a signal stopped the run
+        self.last_metrics: dict | None = None   # the last evaluation's (EvaluationHook)
+        self.ema = None              # EMAHook's ModelEMA when the config uses EMA
         self.world = dist.init()
         self.rank = dist.rank()
         self.cfg = config_mod.load(opts.config, opts.overrides)
@@ -82,24 +111,24 @@ class Trainer:
             self.cfg["worker_num"] = int(opts.workers)
         config_mod.check_dataset(self.cfg, "TrainDataset")
         config_mod.check_dataset(self.cfg, "EvalDataset")
-        restarted = self._continue_after_restart()
-        self._resume_from = ckpt.resolve_resume(opts.resume) if opts.resume else None
-        # read once, before the batch plan: a resumed run keeps the global batch it was trained with
-        self._resume_payload = ckpt.load_state(self._resume_from) if self._resume_from else None
+        # read before the batch plan and the run directory: a resumed run keeps both
+        self.resume = ResumeHook(opts)
         self.batch = self._batch_plan()
         self.cfg.TrainReader["batch_size"] = self.batch.per_rank
         self.run_dir = self._make_run_dir()
-        self._record_run_dir()
+        record_run_dir(self.run_dir)
         self._setup_logging()
-        if restarted:
-            log.warning("%s", restarted)
+        if self.resume.restart_note:
+            log.warning("%s", self.resume.restart_note)
         for note in notes:
             log.warning("%s", note)
         if dist.is_main():
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
-        self.state = ckpt.TrainState(epoch=0, global_step=0, best_map=-1.0, world_size=self.world,
+        self.state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world,
                                      global_batch=self.batch.global_batch)
         self._build()
+        self._add(EMAHook(), self.resume, EvaluationHook(), EarlyStopHook(opts.patience), CheckpointHook(),
+                  StopOnSignalHook())
 
     # ----------------------------------------------------------------- setup
     def _seed(self, seed: int) -> None:
@@ -114,11 +143,11 @@ class Trainer:
     def _batch_plan(self) -> BatchPlan:
         if self.opts.batch is not None:
             return split_batch(int(self.opts.batch), self.world)
-        if self._resume_payload is not None:
-            trained = int(self._resume_payload["train"]["global_batch"])
+        trained = self.resume.trained_global_batch
+        if trained is not None:
             if trained % self.world == 0:
                 return split_batch(trained, self.world)
-            # not divisible: the config's per-rank batch on this world; _resume rescales the LR and says so
+            # not divisible: the config's per-rank batch on this world; ResumeHook rescales the LR and says so
         per_rank = int(self.cfg.TrainReader["batch_size"])
         return split_batch(per_rank * self.world, self.world)
 
@@ -126,8 +155,8 @@ class Trainer:
 
         path = None
         if dist.is_main():
-            if self._resume_from is not None:
-                path = str(self._resume_from.parent.parent)
+            if self.resume.run_dir is not None:
+                path = str(self.resume.run_dir)
             elif self.opts.output:
                 path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
                                        exist_ok=True if self.opts.exist_ok else False))
@@ -139,30 +168,6 @@ class Trainer:
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         return run_dir
 
-    def _continue_after_restart(self) -> str | None:
-        """In a launch restarted by ``--max_restarts``, carry on the run the first start began: resume from
-        its last checkpoint (or start it again in the same directory if none was written yet)."""
-        from ppmulti.common.envvars import launch_record
-
-        record = launch_record()
-        marker = Path(record.directory or "", RUN_DIR_MARKER)
-        if record.directory is None or record.restart == 0 or not marker.is_file():
-            return None
-        run_dir = Path(marker.read_text().strip())
-        if (run_dir / "weights" / ("last" + ckpt.STATE)).is_file():
-            self.opts.resume = str(run_dir)
-            return f"launch restart {record.restart}: resuming {run_dir} from its last checkpoint"
-        self.opts.output, self.opts.exist_ok, self.opts.resume = str(run_dir), True, None
-        return f"launch restart {record.restart}: no checkpoint in {run_dir} yet, starting it again"
-
-    def _record_run_dir(self) -> None:
-        from ppmulti.common.envvars import launch_record
-        from ppmulti.common.atomic import atomic_write_text
-
-        record = launch_record()
-        if record.directory and record.restart == 0 and dist.is_main():
-            atomic_write_text(Path(record.directory, RUN_DIR_MARKER), str(self.run_dir.resolve()) + "\n")
-
     def _setup_logging(self) -> None:
         from ppmulti.rank.ranklog import setup_rank_logging
 
@@ -172,7 +177,6 @@ class Trainer:
         import paddle
         from paddle.distributed import fleet
         from ppdet.core.workspace import create
-        from ppdet.optimizer import ModelEMA
 
         cfg = self.cfg
         self.dataset = create("TrainDataset")()
@@ -198,21 +202,10 @@ class Trainer:
 
         self.lr = create("LearningRate")(self.steps_per_epoch)
         self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
-        self.ema = None
-        if cfg.get("use_ema", False):
-            self.ema = ModelEMA(self.model, decay=cfg.get("ema_decay", 0.9998),
-                                ema_decay_type=cfg.get("ema_decay_type", "threshold"),
-                                cycle_epoch=cfg.get("cycle_epoch", -1),
-                                ema_black_list=cfg.get("ema_black_list", None),
-                                ema_filter_no_grad=cfg.get("ema_filter_no_grad", False))
-        if self._resume_payload is not None:
-            self._resume(self._resume_from, self._resume_payload)
-            self._resume_payload = None   # the weights now live in the model; free the copy
         self.train_model = self.model
         if self.world > 1:
             self.train_model = fleet.distributed_model(self.model)
             self.optimizer = fleet.distributed_optimizer(self.optimizer)
-        self.evaluator = None
 
     def _scale_lr(self, dataset_size: int) -> LRPlan:
         lr_cfg = self.cfg["LearningRate"]
@@ -235,7 +228,7 @@ class Trainer:
     def _load_initial_weights(self) -> None:
         from ppdet.utils.checkpoint import load_pretrain_weight
 
-        if self.opts.resume:
+        if self.resume.path is not None:
             return
         if self.opts.weights:
             missing, unexpected = ckpt.load_weights(self.model, self.opts.weights)
@@ -273,159 +266,106 @@ class Trainer:
         self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         log.info("BatchNorm layers converted to SyncBatchNorm across %d ranks", self.world)
 
-    def _resume(self, path: Path, payload: dict) -> None:
-        missing, unexpected = ckpt.check_shapes(self.model, payload["model"], str(path))
-        self.model.set_state_dict(payload["model"])
-        self.optimizer.set_state_dict(payload["optimizer"])
-        if payload.get("lr") is not None and hasattr(self.lr, "set_state_dict"):
-            self.lr.set_state_dict(payload["lr"])
-        if self.ema is not None and payload.get("ema"):
-            self.ema.resume(payload["ema"], payload.get("ema_step", 0))
-        train = payload["train"]
-        self.state = ckpt.TrainState(**train)
-        ckpt.set_rng_state(payload.get("rng"))
-        if train["world_size"] != self.world and train["global_batch"] == self.batch.global_batch:
-            log.warning("resuming a run of %d ranks on %d ranks: the global batch stays %d (%d per rank)",
-                        train["world_size"], self.world, self.batch.global_batch, self.batch.per_rank)
-        elif train["world_size"] != self.world:
-            log.warning("resuming a run of %d ranks on %d ranks", train["world_size"], self.world)
-        if train["global_batch"] != self.batch.global_batch:
-            log.warning("resuming with global batch %d instead of %d: lr rescaled to %.6g",
-                        self.batch.global_batch, train["global_batch"], self.lr_plan.lr)
-        self.state.world_size, self.state.global_batch = self.world, self.batch.global_batch
-        log.info("resumed from %s at epoch %d (step %d)", path, self.state.epoch, self.state.global_step)
-
-    # ----------------------------------------------------------------- loop
+    # ----------------------------------------------------------------- hooks
     def register(self, *hooks: Hook) -> None:
-        self.hooks.extend(hooks)
+        """Add hooks; they run by ``priority`` among the others. Registering any hook means the reporting
+        hooks are yours to choose (``default_hooks()`` adds the usual ones)."""
+        self._hooks_chosen = True
+        self._add(*hooks)
 
-    def _call(self, name: str, *args) -> None:
-        for hook in self.hooks:
-            getattr(hook, name)(self, *args)
+    def _add(self, *hooks: Hook) -> None:
+        self.hooks = sorted([*self.hooks, *hooks], key=lambda h: h.priority)   # stable: ties keep their order
 
     def default_hooks(self) -> None:
-        self.register(ConsoleLogHook(), CheckpointHook(), ResultsHook())
+        """The reporting hooks: console and train.log, results.csv/metrics.json, plots, VisualDL."""
+        self._hooks_chosen = True
+        self._add(ConsoleLogHook(), ResultsHook(), VisualDLHook())
         if not self.opts.noplots:
-            self.register(PlotsHook())   # after ResultsHook: it draws from the results.csv just written
-        self.register(VisualDLHook())
+            self._add(PlotsHook())
 
+    def call(self, point: str, *args) -> None:
+        """Call ``point`` (one of HOOK_POINTS) on every hook, in priority order."""
+        assert point in HOOK_POINTS, point
+        for hook in self.hooks:
+            getattr(hook, point)(self, *args)
+
+    # ----------------------------------------------------------------- loop
     def train(self) -> dict:
         """Run every remaining epoch; return the final metrics (as written to metrics.json)."""
-        if not self.hooks:
+        if not self._hooks_chosen:
             self.default_hooks()
-        log.info("world size %d, global batch %d (%d per rank), %d steps per epoch; %s",
-                 self.world, self.batch.global_batch, self.batch.per_rank, self.steps_per_epoch,
-                 self.lr_plan.describe())
-        if self.conv_kernel:
-            log.info("CPU convolutions: %s", self.conv_kernel)
+        self._log_plan()
         try:
-            self._call("before_train")
-            epochs = int(self.cfg["epoch"])
-            snapshot = max(1, int(self.cfg.get("snapshot_epoch", 1)))
-            self.last_metrics = None
-            self.stopping_early = False
-            with _StopRequests() as self.stop_requests:
-                for epoch in range(self.state.epoch, epochs):
-                    self._run_epoch(epoch, epochs, snapshot)
-                    if self.stopping_early:
-                        break
-                    # ranks agree every log_iter steps inside an epoch; an epoch shorter than that ends here
-                    if epoch + 1 < epochs and self.stop_requests.agreed():
-                        self._stop_on_request(epoch, None)
-            self._call("after_train")
+            self.call("before_train")
+            for epoch in range(self.state.epoch, int(self.cfg["epoch"])):
+                self.call("before_epoch", epoch)
+                stats = self.run_epoch(epoch)
+                if stats is not None:   # None: a hook stopped the epoch part-way
+                    self.call("after_epoch", stats)
+                if self.stop_training:
+                    break
+            self.call("after_train")
         finally:
-            self._call("close")
+            self.call("close")
         return self.final_metrics
 
-    def _run_epoch(self, epoch: int, epochs: int, snapshot: int) -> None:
-        stats = self.train_one_epoch(epoch)
-        last = epoch + 1 == epochs
-        if (self.opts.validate and (epoch + 1) % snapshot == 0) or last:
-            stats.metrics = self.evaluate().as_dict()
-            self.last_metrics = stats.metrics
-            self._check_patience(epoch, stats.metrics)
-        self.state.epoch = epoch + 1
-        self.state.step_in_epoch = 0
-        self._call("after_epoch", stats)
+    def run_epoch(self, epoch: int) -> EpochStats | None:
+        """The epoch's steps (a resumed epoch skips those done); None if a hook stopped it part-way."""
+        meter = EpochMeter()
+        for step, data in self._batches(epoch, meter):
+            self.call("before_step", epoch, step)
+            outputs, lr = self.run_step(data, epoch)
+            meter.add(outputs)
+            self.state.global_step += 1
+            self.state.step_in_epoch = step + 1
+            self.call("after_step", epoch, step, StepOutputs(outputs), lr, meter.data_time)
+            if self.stop_training:
+                return None
+        self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
+        return self._epoch_stats(epoch, meter)
 
-    def train_one_epoch(self, epoch: int) -> EpochStats:
-        import paddle
+    def run_step(self, data: dict, epoch: int) -> tuple[dict, float]:
+        """Forward, backward, optimizer and lr step: (the model's outputs, the lr the step used)."""
+        data["epoch_id"] = epoch
+        outputs = self.train_model(data)
+        outputs["loss"].backward()
+        self.optimizer.step()
+        lr = self.optimizer.get_lr()
+        self.lr.step()
+        self.optimizer.clear_grad()
+        return outputs, lr
 
+    def _batches(self, epoch: int, meter: EpochMeter) -> Iterator[tuple[int, dict]]:
+        """(step, batch) of this epoch's shuffle after the steps already done; the wait counts as data time."""
         self.dataset.set_epoch(epoch)
         sampler = compat.batch_sampler(self.loader)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)   # a new shuffle every epoch, identical across ranks
         self.train_model.train()
-        sums: dict[str, object] = {}
-        n = 0
-        tic = time.time()
-        data_time = 0.0
-        t_data = time.time()
         skip = self.state.step_in_epoch   # resuming an interrupted epoch: the same shuffle, minus its done steps
-        check_every = 1 if self.world == 1 else max(1, int(self.cfg.get("log_iter", 20)))
+        t_data = time.time()
         for step, data in enumerate(self.loader):
-            if step < skip:
-                t_data = time.time()
-                continue
-            data_time += time.time() - t_data
-            data["epoch_id"] = epoch
-            outputs = self.train_model(data)
-            loss = outputs["loss"]
-            loss.backward()
-            self.optimizer.step()
-            lr = self.optimizer.get_lr()
-            self.lr.step()
-            self.optimizer.clear_grad()
-            if self.ema is not None:
-                self.ema.update()
-            self.state.global_step += 1
-            # accumulate on the device; values are read only at log time and epoch end
-            for key, value in outputs.items():
-                if key.startswith("loss") and isinstance(value, paddle.Tensor):
-                    v = value.detach()
-                    sums[key] = v if key not in sums else sums[key] + v
-            n += 1
-            self.state.step_in_epoch = step + 1
-            self._call("after_step", epoch, step, StepOutputs(outputs), lr, data_time)
-            if (step + 1) % check_every == 0 and self.stop_requests.agreed():
-                self._stop_on_request(epoch, step)
+            if step >= skip:
+                meter.data_time += time.time() - t_data
+                yield step, data
             t_data = time.time()
-        seconds = time.time() - tic
-        losses = {k: float(v.numpy().reshape(-1)[0]) / max(n, 1) for k, v in sums.items()}
+
+    def _epoch_stats(self, epoch: int, meter: EpochMeter) -> EpochStats:
+        seconds = time.time() - meter.started
         # one gather per epoch: every rank's (images, seconds) -> the total, the slowest and per-rank figures
-        done = dist.all_gather_object((n * self.batch.per_rank, seconds))
+        done = dist.all_gather_object((meter.steps * self.batch.per_rank, seconds))
         images = sum(i for i, _ in done)
         slowest = max(s for _, s in done)
-        return EpochStats(epoch=epoch, losses=losses, lr=float(self.optimizer.get_lr()),
+        return EpochStats(epoch=epoch, losses=meter.losses(), lr=float(self.optimizer.get_lr()),
                           images_per_s=images / slowest if slowest > 0 else 0.0, seconds=slowest,
                           per_rank_images_per_s=[i / s if s > 0 else 0.0 for i, s in done])
 
-    def _check_patience(self, epoch: int, metrics: dict) -> None:
-        """Track the best fitness; with ``--patience N``, stop when N epochs passed without a better one."""
-        from ppmulti.common.metrics import fitness
-
-        score = fitness(metrics)
-        if score > self.state.best_fitness:
-            self.state.best_fitness, self.state.best_epoch = score, epoch + 1
-        patience = self.opts.patience
-        if patience and epoch + 1 - self.state.best_epoch >= patience and epoch + 1 < int(self.cfg["epoch"]):
-            self.stopping_early = True
-            log.warning("stopping early after epoch %d: no better fitness for %d epochs (best %.4f at epoch %d; "
-                        "--patience %d)", epoch + 1, epoch + 1 - self.state.best_epoch, self.state.best_fitness,
-                        self.state.best_epoch, patience)
-
-    def _stop_on_request(self, epoch: int, step: int | None) -> None:
-        """Ctrl-C / SIGTERM reached the ranks: save the interrupted epoch (rank 0) and leave.
-        ``step`` None: the signal was agreed on at the end of ``epoch``, which is complete."""
-        signum = self.stop_requests.signum or signal.SIGTERM
-        name = signal.Signals(signum).name
-        if dist.is_main():
-            stem = self.save_checkpoint("last")
-            where = (f"after epoch {epoch + 1}" if step is None
-                     else f"in epoch {epoch + 1} after step {step + 1}/{self.steps_per_epoch}")
-            log.warning("%s: stopped %s; checkpoint %s saved, continue with --resume %s",
-                        name, where, stem, self.run_dir)
-        raise Interrupted(name, 128 + int(signum))
+    def _log_plan(self) -> None:
+        log.info("world size %d, global batch %d (%d per rank), %d steps per epoch; %s",
+                 self.world, self.batch.global_batch, self.batch.per_rank, self.steps_per_epoch,
+                 self.lr_plan.describe())
+        if self.conv_kernel:
+            log.info("CPU convolutions: %s", self.conv_kernel)
 
     # ----------------------------------------------------------------- weights
     def inference_weights(self) -> dict:
@@ -434,26 +374,17 @@ class Trainer:
             return self.model.state_dict()
         return self.ema.apply()
 
-    def evaluate(self):
-        from ppmulti.rank.engine.evaluator import CocoEvaluator
-
-        if self.evaluator is None:
-            self.evaluator = CocoEvaluator(self.cfg, worker_num=self.cfg.get("worker_num", 0))
-        raw = None
-        if self.ema is not None:
-            raw = copy.deepcopy(self.model.state_dict())
-            self.model.set_dict(self.ema.apply())
-        try:
-            return self.evaluator.evaluate(self.model)
-        finally:
-            if raw is not None:
-                self.model.set_dict(raw)
-            self.model.train()
-
     def save_checkpoint(self, name: str = "last") -> Path:
+        """Write ``weights/<name>``: the inference weights, and the loop's and every hook's state for resume."""
         stem = self.run_dir / "weights" / name
-        ckpt.save(stem, self.model, self.inference_weights(), self.optimizer, self.lr, self.ema, self.state)
+        hooks = {h.name: state for h in self.hooks if h.name and (state := h.state_dict()) is not None}
+        ckpt.save(stem, self.model, self.inference_weights(), self.optimizer, self.lr, self.state, hooks)
         return stem
+
+    @property
+    def best_map(self) -> float:
+        """mAP50-95 of ``weights/best`` (-1: none yet), as the checkpoint hook keeps it."""
+        return max((h.best_map for h in self.hooks if isinstance(h, CheckpointHook)), default=-1.0)
 
     @property
     def final_metrics(self) -> dict:
@@ -461,48 +392,6 @@ class Trainer:
         out.update({"epochs": self.state.epoch, "world_size": self.world,
                     "global_batch": self.batch.global_batch, "run_dir": str(self.run_dir)})
         return out
-
-
-class Interrupted(SystemExit):
-    """Training stopped on a signal after saving; exits with 128 + the signal number, as a shell would."""
-
-    def __init__(self, signal_name: str, code: int):
-        super().__init__(code)
-        self.signal_name = signal_name
-
-
-class _StopRequests:
-    """SIGINT/SIGTERM handlers that only take note; the ranks agree on stopping at a step boundary.
-
-    Stopping where the signal lands would leave a rank inside an all-reduce its peers never join, so every
-    ``log_iter`` steps (every step with one rank) the ranks sum their flags and all stop at the same step.
-    """
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._old: dict = {}
-
-    def __enter__(self) -> "_StopRequests":
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._note)
-        return self
-
-    def _note(self, signum, _frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt   # a second Ctrl-C: stop now, without a checkpoint
-        self.signum = signum
-
-    def agreed(self) -> bool:
-        if dist.world_size() <= 1:
-            return self.signum is not None
-        return dist.all_reduce_sum([1.0 if self.signum is not None else 0.0])[0] > 0
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _stretch_decay(cfg, epochs: int) -> None:

@@ -1,0 +1,39 @@
+"""The training hooks, one concern per module; the Trainer's loop only calls them (points: ``base.HOOK_POINTS``).
+
+Built-in hooks in the order they run at every point (ascending ``priority``); "core" ones come with every
+Trainer, the reporting ones with ``Trainer.default_hooks()`` (or when no hook was chosen):
+
+prio hook              module       does                                                    state in a checkpoint
+10   EMAHook           ema          builds ModelEMA; updates it right after each optimizer  ema: averaged weights,
+                                    step (core)                                             update count
+20   ResumeHook        resume       restart marker + --resume at build; restores the model, -
+                                    optimizer, lr, counters, rng, every hook (core)
+30   EvaluationHook    evaluation   COCO mAP with the EMA weights on snapshot/last epochs   -
+                                    -> stats.metrics (core)
+40   EarlyStopHook     early_stop   best fitness; --patience sets trainer.stop_training     early_stop: best
+                                    (core)                                                  fitness and epoch
+50   ConsoleLogHook    console      step lines, "epoch N done" line, terminal bars          -
+60   CheckpointHook    checkpoint   weights/last|best|epochN; the save on a signal (core)   checkpoint: best mAP
+70   ResultsHook       results      results.csv rows, metrics.json                          -
+80   PlotsHook         plots        results.png, PR_curve.png                               -
+90   VisualDLHook      visualdl     run_dir/vdl                                             -
+95   (your Hook)                    the default priority of a hook you register
+100  StopOnSignalHook  signals      SIGINT/SIGTERM: ranks agree, trainer.stop_training,     -
+                                    raises Interrupted after the save (core)
+"""
+
+from ppmulti.rank.engine.hooks.base import HOOK_POINTS, Hook, StepOutputs, host_losses
+from ppmulti.rank.engine.hooks.checkpoint import CheckpointHook
+from ppmulti.rank.engine.hooks.console import ConsoleLogHook
+from ppmulti.rank.engine.hooks.early_stop import EarlyStopHook
+from ppmulti.rank.engine.hooks.ema import EMAHook
+from ppmulti.rank.engine.hooks.evaluation import EvaluationHook
+from ppmulti.rank.engine.hooks.plots import PlotsHook
+from ppmulti.rank.engine.hooks.results import RESULT_FIELDS, ResultsHook
+from ppmulti.rank.engine.hooks.resume import ResumeHook
+from ppmulti.rank.engine.hooks.signals import Interrupted, Interruption, StopOnSignalHook
+from ppmulti.rank.engine.hooks.visualdl import HPARAM_METRICS, VisualDLHook, run_hparams
+
+__all__ = ["HOOK_POINTS", "Hook", "StepOutputs", "host_losses", "CheckpointHook", "ConsoleLogHook", "EarlyStopHook",
+           "EMAHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook", "Interrupted",
+           "Interruption", "StopOnSignalHook", "HPARAM_METRICS", "VisualDLHook", "run_hparams"]

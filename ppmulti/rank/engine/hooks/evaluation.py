@@ -1,0 +1,46 @@
+"""Evaluation on the val split (with the EMA weights when EMA is on) every snapshot epoch and after the last."""
+
+from __future__ import annotations
+
+import copy
+
+from ppmulti.rank.engine.hooks.base import Hook
+
+
+class EvaluationHook(Hook):
+    """Scores the model with COCO mAP when ``--eval`` asks for it every ``snapshot_epoch`` epochs, and always
+    after the last epoch; fills ``stats.metrics`` (and rank 0's ``stats.pr_curve``) for the hooks after it
+    and keeps ``trainer.last_metrics`` for metrics.json. No state of its own to resume."""
+
+    priority = 30   # after the EMA update, before early stop and the checkpoint that keeps the best weights
+
+    def __init__(self) -> None:
+        self.evaluator = None   # built on first use: a run without --eval builds its loader once, at the end
+
+    def after_epoch(self, trainer, stats) -> None:
+        epochs = int(trainer.cfg["epoch"])
+        snapshot = max(1, int(trainer.cfg.get("snapshot_epoch", 1)))
+        last = stats.epoch + 1 == epochs
+        if not ((trainer.opts.validate and (stats.epoch + 1) % snapshot == 0) or last):
+            return
+        stats.metrics = self.evaluate(trainer).as_dict()
+        stats.pr_curve = self.evaluator.last_pr
+        trainer.last_metrics = stats.metrics
+
+    def evaluate(self, trainer):
+        """Score the inference weights (EMA's when on) and put the trained weights back."""
+        from ppmulti.rank.engine.evaluator import CocoEvaluator
+
+        if self.evaluator is None:
+            self.evaluator = CocoEvaluator(trainer.cfg, worker_num=trainer.cfg.get("worker_num", 0))
+        model = trainer.model
+        raw = None
+        if getattr(trainer, "ema", None) is not None:
+            raw = copy.deepcopy(model.state_dict())
+            model.set_dict(trainer.inference_weights())
+        try:
+            return self.evaluator.evaluate(model)
+        finally:
+            if raw is not None:
+                model.set_dict(raw)
+            model.train()

@@ -1,0 +1,61 @@
+"""results.csv (a row per epoch) and metrics.json (the finished run), written by rank 0."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from pathlib import Path
+
+from ppmulti.common.atomic import atomic_write_text
+from ppmulti.rank import dist
+from ppmulti.rank.engine.hooks.base import Hook
+
+RESULT_FIELDS = ["epoch", "loss", "lr", "mAP50", "mAP50_95", "images_per_s", "epoch_seconds"]
+
+
+class ResultsHook(Hook):
+    """Rank 0 keeps ``results.csv`` (a row per epoch) and writes ``metrics.json`` at the end."""
+
+    priority = 70   # after the checkpoint (metrics.json names its best mAP); plots draw from this csv next
+
+    def before_train(self, trainer) -> None:
+        self.path = Path(trainer.run_dir) / "results.csv"
+        self.rows: list[dict] = []
+        self.started = time.time()
+        if self.path.exists():  # resume: keep the rows of the epochs already done
+            with open(self.path, newline="") as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= trainer.state.epoch]
+
+    def after_epoch(self, trainer, stats) -> None:
+        if not dist.is_main():
+            return
+        row = {"epoch": stats.epoch + 1, "lr": f"{stats.lr:.6g}",
+               "images_per_s": f"{stats.images_per_s:.3f}", "epoch_seconds": f"{stats.seconds:.2f}",
+               "mAP50": "", "mAP50_95": ""}
+        for key, value in stats.losses.items():
+            row[key] = f"{value:.5f}"
+        if stats.metrics:
+            row["mAP50"] = f"{stats.metrics['mAP50']:.5f}"
+            row["mAP50_95"] = f"{stats.metrics['mAP50_95']:.5f}"
+        self.rows.append(row)
+        fields = list(RESULT_FIELDS)
+        for r in self.rows:
+            fields.extend(k for k in r if k not in fields)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fields, restval="")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(self.path, buf.getvalue())
+
+    def after_train(self, trainer) -> None:
+        if not dist.is_main() or getattr(trainer, "interrupted", None):   # metrics.json is a finished run's
+            return
+        metrics = trainer.final_metrics
+        metrics["train_seconds"] = round(time.time() - self.started, 2)
+        metrics["weights"] = {"last": "weights/last.pdparams", "best": "weights/best.pdparams"}
+        best_map = getattr(trainer, "best_map", -1.0)
+        if best_map >= 0:
+            metrics["best_mAP50_95"] = best_map
+        atomic_write_text(Path(trainer.run_dir) / "metrics.json", json.dumps(metrics, indent=2) + "\n")

@@ -1,0 +1,104 @@
+"""Stop on a signal: Ctrl-C / SIGTERM finish the current step on every rank, save, and exit 128 + signum."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ppmulti.rank import dist
+from ppmulti.rank.engine.hooks.base import Hook
+
+log = logging.getLogger("ppmulti")
+
+
+class Interrupted(SystemExit):
+    """Training stopped on a signal after saving; exits with 128 + the signal number, as a shell would."""
+
+    def __init__(self, signal_name: str, code: int):
+        super().__init__(code)
+        self.signal_name = signal_name
+
+
+@dataclass
+class Interruption:
+    """Where a signal stopped the run; ``trainer.interrupted`` while the run winds down."""
+
+    signum: int
+    epoch: int                    # 0-based epoch it stopped in (or after)
+    step: int | None              # 0-based last step done; None: stopped after the whole epoch
+    checkpoint: Path | None = None   # the checkpoint hook's save, for the message
+
+
+class StopOnSignalHook(Hook):
+    """SIGINT/SIGTERM handlers that only take note; the ranks agree on stopping at a step boundary.
+
+    Stopping where the signal lands would leave a rank inside an all-reduce its peers never join, so every
+    ``log_iter`` steps (every step with one rank), and at the end of an epoch shorter than that, the ranks
+    sum their flags and all stop at the same step: ``trainer.stop_training`` and ``trainer.interrupted`` are
+    set, the loop ends, the checkpoint hook saves, and ``after_train`` here raises ``Interrupted``.
+    A second Ctrl-C stops at once, without a checkpoint. The old handlers come back at the end."""
+
+    priority = 100   # last: the vote comes after every other hook finished its step or epoch
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def before_train(self, trainer) -> None:
+        self.signum = None
+        trainer.interrupted = None
+        self.check_every = 1 if trainer.world == 1 else max(1, int(trainer.cfg.get("log_iter", 20)))
+        if threading.current_thread() is threading.main_thread():   # signal.signal works only there
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._note)
+
+    def _note(self, signum, _frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def agreed(self) -> bool:
+        """Whether any rank got a signal (a collective with more than one rank: every rank must ask)."""
+        if dist.world_size() <= 1:
+            return self.signum is not None
+        return dist.all_reduce_sum([1.0 if self.signum is not None else 0.0])[0] > 0
+
+    def after_step(self, trainer, epoch, step, outputs, lr, data_time) -> None:
+        if (step + 1) % self.check_every == 0 and self.agreed():
+            self._stop(trainer, Interruption(self.signum or signal.SIGTERM, epoch, step))
+
+    def after_epoch(self, trainer, stats) -> None:
+        # an early stop ends the run anyway, and the last epoch needs no vote
+        if trainer.stop_training or stats.epoch + 1 >= int(trainer.cfg["epoch"]):
+            return
+        if self.agreed():
+            self._stop(trainer, Interruption(self.signum or signal.SIGTERM, stats.epoch, None))
+
+    @staticmethod
+    def _stop(trainer, interruption: Interruption) -> None:
+        trainer.interrupted = interruption
+        trainer.stop_training = True
+
+    def after_train(self, trainer) -> None:
+        self._restore()
+        stop = getattr(trainer, "interrupted", None)
+        if stop is None:
+            return
+        name = signal.Signals(stop.signum).name
+        if dist.is_main():
+            where = (f"after epoch {stop.epoch + 1}" if stop.step is None
+                     else f"in epoch {stop.epoch + 1} after step {stop.step + 1}/{trainer.steps_per_epoch}")
+            log.warning("%s: stopped %s; checkpoint %s saved, continue with --resume %s",
+                        name, where, stop.checkpoint, trainer.run_dir)
+        raise Interrupted(name, 128 + int(stop.signum))
+
+    def close(self, trainer) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
