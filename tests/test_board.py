@@ -158,13 +158,13 @@ def test_board_port_in_use_is_one_line_exit_2(tmp_path):
     assert f"port {port}" in line and "--port" in line
 
 
-def _write_run_with_hook(run: Path) -> Path:
-    """Two epochs of a 2-rank run's log, written by the real VisualDLHook from made-up figures."""
+def _write_run_with_hook(run: Path, log_iter: int = 2) -> Path:
+    """Two epochs of 4 steps of a 2-rank run's log, written by the real VisualDLHook from made-up figures."""
     from types import SimpleNamespace
 
     from ppmulti.rank.engine.hooks import VisualDLHook
 
-    cfg = {"log_iter": 2, "epoch": 2, "architecture": "YOLOv3", "use_ema": True, "eval_height": 160,
+    cfg = {"log_iter": log_iter, "epoch": 2, "architecture": "YOLOv3", "use_ema": True, "eval_height": 160,
            "OptimizerBuilder": {"optimizer": {"type": "AdamW", "weight_decay": 0.0005}}}
     trainer = SimpleNamespace(
         run_dir=run, cfg=cfg, world=2, state=SimpleNamespace(global_step=0),
@@ -181,7 +181,7 @@ def _write_run_with_hook(run: Path) -> Path:
             hook.after_step(trainer, epoch, step, {"loss": LossStub(2.0 - epoch), "loss_cls": LossStub(0.5)},
                             0.002, data_time)
         hook.after_epoch(trainer, SimpleNamespace(
-            epoch=epoch, images_per_s=22.5, per_rank_images_per_s=RANK_IPS[epoch + 1],
+            epoch=epoch, images_per_s=22.5, losses=EPOCH_LOSS[epoch + 1], lr=EPOCH_LR[epoch + 1], per_rank_images_per_s=RANK_IPS[epoch + 1],
             metrics={"mAP50": MAP50[2 * epoch + 1], "mAP50_95": MAP50[2 * epoch + 1] / 2,
                      "per_rank_images_per_s": [40.0, 36.0]}))
     hook.after_train(trainer)
@@ -190,6 +190,29 @@ def _write_run_with_hook(run: Path) -> Path:
 
 DATA_WAIT = [0.25, 0.75, 0.5, 1.5]        # per step; the log keeps the mean over each interval of 2 steps
 RANK_IPS = {1: [12.5, 10.0], 2: [13.0, 11.5]}
+EPOCH_LOSS = {1: {"loss": 1.75, "loss_cls": 0.5}, 2: {"loss": 0.875, "loss_cls": 0.25}}
+EPOCH_LR = {1: 0.5, 2: 0.25}
+
+
+def _scalars(logdir: Path) -> dict[str, dict[int, float]]:
+    """Every scalar of a VisualDL log directory as {tag: {step: value}}, read with VisualDL's own reader."""
+    from visualdl import LogReader
+
+    out: dict[str, dict[int, float]] = {}
+    for name in os.listdir(logdir):
+        reader = LogReader(file_path=str(logdir / name))
+        for tag in reader.get_tags().get("scalar", []):
+            out.setdefault(tag, {}).update({r.id: r.value for r in reader.get_data("scalar", tag)})
+    return out
+
+
+def test_epochs_shorter_than_the_log_interval_still_have_loss_curves(tmp_path):
+    """An evolution candidate's epochs can be shorter than log_iter: no step scalar, but epoch means are there."""
+    scalars = _scalars(_write_run_with_hook(tmp_path / "run", log_iter=10))
+    assert "train/loss" not in scalars
+    assert scalars["epoch/loss"] == {1: 1.75, 2: 0.875}
+    assert scalars["epoch/loss_cls"] == {1: 0.5, 2: 0.25}
+    assert scalars["epoch/lr"] == {1: 0.5, 2: 0.25}
 
 
 @pytest.mark.multiproc
@@ -199,7 +222,7 @@ def test_board_serves_data_time_per_rank_throughput_and_hparams(tmp_path):
         assert runs == [str(logdir)]
         tags = set(_api(port, "scalar/tags")["tags"][0])
         assert {"train/loss", "train/loss_cls", "train/lr", "train/images_per_s", "train/data_time",
-                "epoch/images_per_s", "epoch/images_per_s_rank0", "epoch/images_per_s_rank1",
+                "epoch/loss", "epoch/loss_cls", "epoch/lr", "epoch/images_per_s", "epoch/images_per_s_rank0", "epoch/images_per_s_rank1",
                 "eval/mAP50", "eval/mAP50_95", "eval/images_per_s_rank0", "eval/images_per_s_rank1"} <= tags
 
         def scalars(tag):

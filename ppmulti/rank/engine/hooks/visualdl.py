@@ -39,8 +39,8 @@ def run_hparams(trainer) -> dict:
 
 class VisualDLHook(Hook):
     """Rank 0 writes a VisualDL log under ``run_dir/vdl``: the run's hyperparameters; per logging step the
-    losses, lr, global images/s and seconds of data wait per step; per epoch the global and per-rank
-    images/s; per evaluated epoch mAP50 and mAP50-95. ``ppmulti board RUN_DIR`` shows it."""
+    losses, lr, global images/s and seconds of data wait per step; per epoch the mean losses, the lr and
+    the global and per-rank images/s; per evaluated epoch mAP50 and mAP50-95. ``ppmulti board RUN_DIR`` shows it."""
 
     priority = 90
 
@@ -79,6 +79,10 @@ class VisualDLHook(Hook):
         if self.writer is None:
             return
         e = stats.epoch + 1
+        # per-epoch means too: an epoch shorter than log_iter (an evolution candidate) logs no step scalar
+        for key, value in (getattr(stats, "losses", None) or {}).items():
+            self.writer.add_scalar(f"epoch/{key}", float(value), e)
+        self.writer.add_scalar("epoch/lr", float(stats.lr), e)
         self.writer.add_scalar("epoch/images_per_s", stats.images_per_s, e)
         for r, ips in enumerate(getattr(stats, "per_rank_images_per_s", None) or []):
             self.writer.add_scalar(f"epoch/images_per_s_rank{r}", float(ips), e)
