@@ -1,5 +1,4 @@
-"""The Paddle-3 fixes in the version seam: each test shows the failure unfixed on Paddle 3 and the right result fixed,
-and on Paddle 2.6 that the unpatched call works and ppdet is left untouched."""
+"""The Paddle-3 fixes in the version seam: failing unfixed and right fixed on Paddle 3; on 2.6 not needed and not applied."""
 
 from __future__ import annotations
 
@@ -250,6 +249,16 @@ def test_paddle_import_notice_is_filtered_before_paddle_loads(tmp_path):
     assert (_CCACHE in plain) == PADDLE3           # Paddle 3 warns in every process; 2.6 never did
     quiet = _import_paddle_stderr("import ppmulti.rank, paddle", tmp_path)
     assert _CCACHE not in quiet
+
+
+def test_a_launched_script_that_imports_paddle_first_stays_quiet(tmp_path):
+    """Every rank of ``ppmulti launch`` runs through worker.py (by path, so ppmulti/rank/__init__.py never runs)."""
+    script = tmp_path / "user_script.py"
+    script.write_text("import paddle\n")
+    stderr = _import_paddle_stderr(
+        f"import runpy, sys; sys.argv = ['worker.py', {str(script)!r}]; "
+        f"runpy.run_path({str(REPO / 'ppmulti' / 'rank' / 'worker.py')!r}, run_name='__main__')", tmp_path)
+    assert _CCACHE not in stderr
 
 
 def test_paddle_import_filter_is_narrow():
