@@ -26,7 +26,7 @@ NUMPY2 = int(np.__version__.split(".")[0]) >= 2
 
 def _original(func):
     """ppdet's own callable behind our fix's wrapper (ppdet's registry refuses a module reload)."""
-    while compat._is_fixed(func):
+    while compat.is_ppdet_fix(func):
         func = func.__wrapped__
     return func
 
@@ -40,7 +40,7 @@ def unfixed(monkeypatch):
 
 
 def test_fixes_are_applied_on_paddle3_only():
-    fixed = [compat._is_fixed(f) for f in (TaskAlignedAssigner.forward, ATSSAssigner.forward, ops.multiclass_nms)]
+    fixed = [compat.is_ppdet_fix(f) for f in (TaskAlignedAssigner.forward, ATSSAssigner.forward, ops.multiclass_nms)]
     assert fixed == [PADDLE3] * 3
     assert compat.apply_ppdet_fixes() == []   # idempotent: import_ppdet applied them already (or none are due)
 

@@ -175,7 +175,8 @@ def import_ppdet() -> None:
 _FIX_MARK = "_ppmulti_paddle3_fix"
 
 
-def _is_fixed(func: Any) -> bool:
+def is_ppdet_fix(func: Any) -> bool:
+    """True for a wrapper one of the ``fix_*`` functions below put in place of a ppdet callable."""
     return bool(getattr(func, _FIX_MARK, False))
 
 
@@ -194,7 +195,7 @@ def _int64_labels_forward(forward: Callable) -> Callable:
 
     import paddle
 
-    if _is_fixed(forward):
+    if is_ppdet_fix(forward):
         return forward
     signature = inspect.signature(forward)
 
@@ -227,7 +228,7 @@ def fix_assigner_int32_labels() -> list[str]:
 
     patched = []
     for cls in (TaskAlignedAssigner, ATSSAssigner):
-        if not _is_fixed(cls.forward):
+        if not is_ppdet_fix(cls.forward):
             cls.forward = _int64_labels_forward(cls.forward)
             patched.append(f"{cls.__name__}.forward")
     return patched
@@ -259,7 +260,7 @@ def fix_multiclass_nms_under_pir() -> list[str]:
     from ppdet.modeling import ops
 
     original = ops.multiclass_nms
-    if _is_fixed(original):
+    if is_ppdet_fix(original):
         return []
     signature = inspect.signature(original)
 

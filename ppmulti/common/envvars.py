@@ -188,7 +188,8 @@ def in_paddle_worker(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def master_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
-    """Rank 0's TCP store as Paddle 2.6 picks it: PADDLE_MASTER, else the first trainer endpoint.
+    """Rank 0's TCP store as Paddle 2.6 and 3.x pick it: PADDLE_MASTER, else the first trainer endpoint
+    (the same address: 3.x also sets PADDLE_MASTER under --ips, 2.6 only in master mode).
 
     (``init_parallel_env`` reads MASTER_ADDR/MASTER_PORT but its C++ store takes PADDLE_MASTER.)
     """
