@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ppmulti.common import envvars as E
+from ppmulti.common.compat import launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.procs.launch.flags import (UNSUPPORTED, WORKER_PATH, build_plan, describe, launch_env, parse_launch_args,
                                   to_paddle)
@@ -20,12 +21,16 @@ LAUNCH = [sys.executable, "-m", "paddle.distributed.launch"]
 CPU = {E.PADDLE_DISTRI_BACKEND: "gloo", E.PPMULTI_NODE_RANK: "0"}
 
 
-def plan_of(argv, environ=None, local_addrs=(), gpus=0) -> LaunchPlan:
-    return build_plan(parse_launch_args(argv), dict(environ or {}), set(local_addrs), gpus)
+def plan_of(argv, environ=None, local_addrs=(), gpus=0, spec=None) -> LaunchPlan:
+    return build_plan(parse_launch_args(argv), dict(environ or {}), set(local_addrs), gpus, spec)
 
 
-def paddle_of(argv, environ=None, local_addrs=(), gpus=0):
-    return to_paddle(plan_of(argv, environ, local_addrs, gpus))
+def paddle_of(argv, environ=None, local_addrs=(), gpus=0, spec=None):
+    return to_paddle(plan_of(argv, environ, local_addrs, gpus, spec), spec)
+
+
+# The Paddle versions whose launchers ppmulti drives; each golden case runs against every one of them.
+PADDLE_VERSIONS = [(2, 6, 2), (3, 3, 1)]
 
 
 # id, ppmulti launch argv, environ, local addresses, visible GPUs -> Paddle flags (before the worker), env added
@@ -96,9 +101,11 @@ GOLDEN = [
 ]
 
 
+@pytest.mark.parametrize("version", PADDLE_VERSIONS, ids=lambda v: "paddle" + ".".join(map(str, v)))
 @pytest.mark.parametrize("argv, environ, addrs, gpus, flags, env", [g[1:] for g in GOLDEN], ids=[g[0] for g in GOLDEN])
-def test_golden(argv, environ, addrs, gpus, flags, env):
-    paddle_argv, paddle_env = paddle_of(argv, environ, addrs, gpus)
+def test_golden(argv, environ, addrs, gpus, flags, env, version):
+    """Paddle 3.3.1's launcher takes 2.6.2's argv unchanged (every flag, default and legacy fallback kept)."""
+    paddle_argv, paddle_env = paddle_of(argv, environ, addrs, gpus, launcher_spec(version))
     script_at = argv.index("train.py")
     assert paddle_argv == [*LAUNCH, *flags, WORKER_PATH, "train.py", *argv[script_at + 1:]]
     assert paddle_env == env
@@ -242,12 +249,26 @@ INHERITED = {
     E.PADDLE_CURRENT_ENDPOINT: "b:2", E.PADDLE_MASTER: "a:3", E.PADDLE_NNODES: "1", E.PADDLE_LOCAL_RANK: "1",
     E.PADDLE_GLOBAL_RANK: "1", E.PADDLE_LOCAL_SIZE: "2", E.FLAGS_SELECTED_GPUS: "1", E.POD_IP: "10.0.0.2",
     E.RANK: "1", E.WORLD_SIZE: "2", E.MASTER_ADDR: "a", E.MASTER_PORT: "3", "PADDLE_SOMETHING_NEW": "x",
+    # what Paddle 3.x's launcher adds to its workers; FLAGS_FIXED_PORT is the user's knob, not launch state
+    E.PADDLE_AUTO_CLUSTER: "0", E.HTTP_PROXY_ORIGINAL: "http://proxy:3128", E.HTTPS_PROXY_ORIGINAL: "http://proxy:3128",
+    E.FLAGS_FIXED_PORT: "36000",
 }
 
 
 def test_clean_launcher_env_drops_launch_state_and_keeps_user_settings():
     clean = E.clean_launcher_env(INHERITED)
-    assert clean == {"PATH": "/usr/bin", "PADDLE_PG_TIMEOUT": "60000", E.FLAGS_START_PORT: "17000"}
+    assert clean == {"PATH": "/usr/bin", "PADDLE_PG_TIMEOUT": "60000", E.FLAGS_START_PORT: "17000",
+                     E.FLAGS_FIXED_PORT: "36000"}
+
+
+@pytest.mark.parametrize("version", PADDLE_VERSIONS, ids=lambda v: "paddle" + ".".join(map(str, v)))
+def test_every_variable_a_launcher_adds_to_its_workers_is_launch_state(version):
+    """A launch started from inside a worker must not inherit what either launcher gave that worker."""
+    spec = launcher_spec(version)
+    assert set(spec.extra_worker_env) <= E._LAUNCH_STATE
+    assert not E.clean_launcher_env({name: "x" for name in spec.extra_worker_env})
+    if spec.fixed_port_var:
+        assert E.clean_launcher_env({spec.fixed_port_var: "36000"}) == {spec.fixed_port_var: "36000"}
 
 
 def test_inherited_trainer_id_is_cleared_for_the_launcher():
@@ -268,7 +289,7 @@ def test_dry_run_output_is_the_command_then_key_value_lines():
         "PADDLE_DISTRI_BACKEND=gloo",
         "PPMULTI_NODE_RANK=1",
         "unset PADDLE_TRAINER_ID",
-        "# --start_port 17000 from FLAGS_START_PORT (Paddle 2.6's launcher ignores that variable)",
+        f"# --start_port 17000 from FLAGS_START_PORT ({launcher_spec().name} ignores that variable)",
     ]
 
 
@@ -334,6 +355,17 @@ def test_cli_dry_run_keeps_script_args_and_clears_inherited_rank():
     lines = proc.stdout.splitlines()
     assert lines[0].endswith(f"-m paddle.distributed.launch --nproc_per_node 2 {WORKER_PATH} train.py --lr 0.1 -- --x")
     assert "PADDLE_DISTRI_BACKEND=gloo" in lines and "unset PADDLE_TRAINER_ID" in lines
+
+
+def test_cli_dry_run_drives_the_installed_paddles_launcher():
+    """``ppmulti launch`` picks the LauncherSpec of the Paddle installed beside it (read from package metadata)."""
+    from ppmulti.common.compat import installed_version
+
+    proc = _cli("--ips", "127.0.0.2,127.0.0.3", "--host", "127.0.0.3", "--dry-run", "train.py",
+                env={E.FLAGS_START_PORT: "17000"})
+    assert proc.returncode == 0, proc.stderr
+    want = "Paddle 3.x's launcher" if (installed_version() or ()) >= (3,) else "Paddle 2.6's launcher"
+    assert f"# --start_port 17000 from FLAGS_START_PORT ({want} ignores that variable)" in proc.stdout.splitlines()
 
 
 def test_cli_bad_flag_is_one_line_and_exit_2():

@@ -11,7 +11,7 @@ import pytest
 
 from ppmulti.common import compat
 from ppmulti.common import envvars as E
-from ppmulti.common.compat import PADDLE_2_6, LauncherSpec, installed_version, launcher_spec
+from ppmulti.common.compat import PADDLE_2_6, PADDLE_3, LauncherSpec, installed_version, launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.procs.launch import plan as P
 from ppmulti.procs.launch.flags import (WORKER_PATH, Devices, Master, Nodes, Restarts, StartPort, build_plan,
@@ -256,8 +256,34 @@ def test_launcher_spec_is_chosen_by_the_installed_paddle():
     assert launcher_spec((2, 6, 2)) is PADDLE_2_6
     assert launcher_spec(()) is PADDLE_2_6          # no Paddle here (a dry run on a laptop): the oldest entry
     assert launcher_spec((2, 5)) is PADDLE_2_6
+    assert launcher_spec((3,)) is PADDLE_3
+    assert launcher_spec((3, 3, 1)) is PADDLE_3
+    assert launcher_spec((4, 0)) is PADDLE_3        # newer than every entry: the newest one
     assert launcher_spec() is launcher_spec(installed_version() or ())
-    assert compat.LAUNCHERS[-1].since <= (3,)       # until a Paddle 3 entry exists, 3.x is driven as 2.6
+    assert launcher_spec() is (PADDLE_3 if (installed_version() or ()) >= (3,) else PADDLE_2_6)
+    assert [s.since for s in compat.LAUNCHERS] == sorted(s.since for s in compat.LAUNCHERS)
+
+
+def test_paddle3_launcher_differs_from_2_6_only_in_what_it_gives_workers():
+    """Same argv (every flag spelling, default, legacy fallback); Paddle 3.x's differences are modelled as data."""
+    changed = {f.name for f in dataclasses.fields(LauncherSpec)
+               if getattr(PADDLE_2_6, f.name) != getattr(PADDLE_3, f.name)}
+    assert changed == {"name", "since", "master_in_ips_mode", "fixed_port_var", "extra_worker_env", "env_dump_var"}
+    assert not PADDLE_2_6.master_in_ips_mode and PADDLE_3.master_in_ips_mode
+    assert PADDLE_3.fixed_port_var == E.FLAGS_FIXED_PORT and PADDLE_2_6.fixed_port_var is None
+    assert set(PADDLE_3.extra_worker_env) == {E.PADDLE_AUTO_CLUSTER, E.HTTP_PROXY_ORIGINAL, E.HTTPS_PROXY_ORIGINAL}
+    assert PADDLE_3.env_dump_var == E.FLAGS_PRINT_LAUNCHER_ENV and PADDLE_2_6.env_dump_var is None
+
+
+@pytest.mark.parametrize("spec", [PADDLE_2_6, PADDLE_3], ids=["paddle2.6", "paddle3"])
+def test_ips_store_is_the_same_with_or_without_paddle_master(spec):
+    """Under --ips only Paddle 3.x gives PADDLE_MASTER; both name the first trainer endpoint as rank 0's store."""
+    worker = {E.PADDLE_TRAINER_ID: "1", E.PADDLE_TRAINERS_NUM: "2",
+              E.PADDLE_TRAINER_ENDPOINTS: "127.0.0.2:17300,127.0.0.3:17300"}
+    if spec.master_in_ips_mode:
+        worker[E.PADDLE_MASTER] = "127.0.0.2:17300"
+    assert E.master_endpoint(worker) == ("127.0.0.2", 17300)
+    assert E.torch_worker_env(worker)[E.MASTER_PORT] == "17300"
 
 
 def test_to_paddle_spells_every_flag_from_the_spec():

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import DEMO_CONFIG, demo_overrides, run_tool
 
+from ppmulti.common import compat
+
 pytestmark = pytest.mark.slow
 
 
@@ -91,8 +93,24 @@ def test_export_inference_model(trained, small_demo, tmp_path):
     proc = run_tool(["tools/export.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
                      "--weights", str(trained / "weights/best.pdparams"), "--output_dir", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("model.pdmodel", "model.pdiparams", "infer_cfg.yml"):
-        assert (tmp_path / "ppyoloe_demo" / name).is_file()
+    exported = tmp_path / "ppyoloe_demo"
+    # the program file is named by the Paddle version: model.pdmodel on 2.6, model.json (PIR) on 3.x
+    for name in (compat.exported_program_name(), "model.pdiparams", "infer_cfg.yml"):
+        assert (exported / name).is_file()
+    assert not (exported / ("model.pdmodel" if compat.paddle3() else "model.json")).exists()
+    # and Paddle's own predictor runs it (on Paddle 3.3's CPU only with oneDNN off: compat.cpu_predictor_config)
+    import numpy as np
+    import paddle.inference
+
+    predictor = paddle.inference.create_predictor(compat.cpu_predictor_config(exported))
+    size = 128
+    feeds = {"image": np.zeros((1, 3, size, size), "float32"), "im_shape": np.array([[size, size]], "float32"),
+             "scale_factor": np.ones((1, 2), "float32")}
+    for name in predictor.get_input_names():
+        predictor.get_input_handle(name).copy_from_cpu(feeds[name])
+    predictor.run()
+    boxes = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+    assert boxes.ndim == 2 and boxes.shape[1] == 6   # class, score, x1, y1, x2, y2
 
 
 def test_resume_continues_where_it_stopped(small_demo, tmp_path):

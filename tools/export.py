@@ -1,4 +1,4 @@
-"""Export trained weights as a Paddle inference model (model.pdmodel, model.pdiparams, infer_cfg.yml)."""
+"""Export trained weights as a Paddle inference model (model.pdmodel on Paddle 2.6 / model.json on 3.x, model.pdiparams, infer_cfg.yml)."""
 
 import argparse
 import sys

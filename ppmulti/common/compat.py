@@ -17,7 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ppmulti.common.envvars import FLAGS_START_PORT, PADDLE_DISTRI_BACKEND, PADDLE_SOT_SWITCH, PADDLE_START_PORT
+from ppmulti.common.envvars import (FLAGS_FIXED_PORT, FLAGS_PRINT_LAUNCHER_ENV, FLAGS_START_PORT, HTTP_PROXY_ORIGINAL,
+                                    HTTPS_PROXY_ORIGINAL, PADDLE_AUTO_CLUSTER, PADDLE_DISTRI_BACKEND,
+                                    PADDLE_SOT_SWITCH, PADDLE_START_PORT)
 
 # ------------------------------------------------------------------ the launcher's half (no paddle import)
 
@@ -34,6 +36,12 @@ def installed_version(dist: str = "paddle") -> tuple[int, ...] | None:
             continue
         return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
     return None
+
+
+def paddle3(version: tuple[int, ...] | None = None) -> bool:
+    """True for Paddle 3 or newer: ``version``, default the installed Paddle (False when none is installed)."""
+    version = installed_version() if version is None else version
+    return bool(version) and tuple(version) >= (3,)
 
 
 @dataclass(frozen=True)
@@ -73,12 +81,28 @@ class LauncherSpec:
     script_suffix: str = ".py"
     # --max_restart/--elastic_level restart only under an etcd master; ppmulti restarts the launch itself.
     restarts_need_etcd: bool = True
+    # Its workers get PADDLE_MASTER under --ips too, not only in master mode (the store is the same one:
+    # the first trainer endpoint, which envvars.master_endpoint falls back to), and it logs
+    # "master is set by args, it will be overwritten by ..." on every --ips launch.
+    master_in_ips_mode: bool = False
+    # The variable that pins its master-mode worker ports to VALUE + node_rank + i (None: random free ports).
+    fixed_port_var: str | None = None
+    # Variables it adds to every worker beyond 2.6's set; envvars._LAUNCH_STATE clears them before a nested launch.
+    extra_worker_env: tuple[str, ...] = ()
+    # The variable without which it no longer prints a failed worker's environment (None: it always does).
+    env_dump_var: str | None = None
 
 
 PADDLE_2_6 = LauncherSpec(name="Paddle 2.6's launcher", since=(2, 6))
+# Same argv as 2.6 (every flag ppmulti passes kept its spelling, default and legacy fallback; checked against
+# Paddle 3.3.1's paddle/distributed/launch); what changed is what it gives its workers and reads from the env.
+PADDLE_3 = LauncherSpec(name="Paddle 3.x's launcher", since=(3,), master_in_ips_mode=True,
+                        fixed_port_var=FLAGS_FIXED_PORT,
+                        extra_worker_env=(PADDLE_AUTO_CLUSTER, HTTP_PROXY_ORIGINAL, HTTPS_PROXY_ORIGINAL),
+                        env_dump_var=FLAGS_PRINT_LAUNCHER_ENV)
 
 # Newest last; launcher_spec() takes the newest entry not newer than the installed Paddle.
-LAUNCHERS: tuple[LauncherSpec, ...] = (PADDLE_2_6,)
+LAUNCHERS: tuple[LauncherSpec, ...] = (PADDLE_2_6, PADDLE_3)
 
 
 def launcher_spec(version: tuple[int, ...] | None = None) -> LauncherSpec:
@@ -97,6 +121,24 @@ def launcher_spec(version: tuple[int, ...] | None = None) -> LauncherSpec:
 def _installed_spec() -> LauncherSpec:
     # package metadata is read once per process: the installed Paddle does not change under a launch
     return launcher_spec(installed_version() or ())
+
+
+# Paddle 3.x's ``import paddle`` warns "No ccache found ..." in every process (find_ccache_home in
+# paddle/utils/cpp_extension/extension_utils.py, run at import): noise in every rank's log and tool's stderr.
+_CCACHE_MESSAGE = r"No ccache found"
+_CCACHE_MODULE = r"paddle\.utils\.cpp_extension\.extension_utils"
+
+
+def quiet_paddle_import() -> None:
+    """Hide Paddle 3.x's "No ccache found" UserWarning, and nothing else, in this process.
+
+    Must run before ``import paddle`` (the warning fires once, at import). Matched on its message and on the
+    module that warns, so any other warning, from there or elsewhere, still shows. Imports nothing heavy, so
+    the rank side's package and its worker entry call it first thing. Harmless on Paddle 2.6, which never warns so.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=_CCACHE_MESSAGE, category=UserWarning, module=_CCACHE_MODULE)
 
 
 # ------------------------------------------------------------------ the rank's half (paddle/ppdet inside)
@@ -124,7 +166,131 @@ def import_ppdet() -> None:
             print(line)
     # ppdet's logger writes every debug line twice through the root logger otherwise.
     logging.getLogger("ppdet").propagate = False
+    apply_ppdet_fixes()
     _IMPORTED = True
+
+
+# ppdet 2.6.0 on Paddle 3: narrow runtime fixes, one per broken ppdet callable. ppdet's files are never edited:
+# each fix wraps the callable where ppdet looks it up, marks the wrapper, and a second application is a no-op.
+_FIX_MARK = "_ppmulti_paddle3_fix"
+
+
+def is_ppdet_fix(func: Any) -> bool:
+    """True for a wrapper one of the ``fix_*`` functions below put in place of a ppdet callable."""
+    return bool(getattr(func, _FIX_MARK, False))
+
+
+def _mark_fixed(wrapper: Callable, original: Callable) -> Callable:
+    import functools
+
+    functools.update_wrapper(wrapper, original)   # __wrapped__ lets a test reach ppdet's original
+    setattr(wrapper, _FIX_MARK, True)
+    return wrapper
+
+
+def _int64_labels_forward(forward: Callable) -> Callable:
+    """Wrap an assigner's ``forward(self, ..., gt_labels, ...)`` so ``gt_labels`` reaches it as int64 and the
+    assigned labels (its first result) come back in the caller's dtype; other dtypes pass through."""
+    import inspect
+
+    import paddle
+
+    if is_ppdet_fix(forward):
+        return forward
+    signature = inspect.signature(forward)
+
+    def forward_int64_labels(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        labels = bound.arguments.get("gt_labels")
+        if labels is None or getattr(labels, "dtype", None) != paddle.int32:
+            return forward(*args, **kwargs)
+        bound.arguments["gt_labels"] = labels.astype("int64")
+        result = forward(*bound.args, **bound.kwargs)
+        # int32 labels in, int32 assigned labels out: what the heads got on Paddle 2.6
+        return (result[0].astype(labels.dtype), *result[1:])
+
+    return _mark_fixed(forward_int64_labels, forward)
+
+
+def fix_assigner_int32_labels() -> list[str]:
+    """F1, F2: ppdet 2.6.0's TaskAlignedAssigner (ppdet/modeling/assigners/task_aligned_assigner.py:166) and
+    ATSSAssigner (ppdet/modeling/assigners/atss_assigner.py:194) add ``batch_ind``, built with the labels'
+    dtype (int32 from ppdet's data pipeline), to an ``argmax`` result (int64). Paddle 2.x promoted silently;
+    Paddle 3 raises ``TypeError: (InvalidType) Type promotion only support calculations between
+    floating-point numbers and between complex and real numbers. But got different data type x: int64,
+    y: int32.`` in every PP-YOLOE training (ATSS while epoch < static_assigner_epoch). PaddleDetection fixed
+    the expression itself in 352fa27 (#8857; cherry-picked as 3139f55 and ecc9e6d onto release_2_7_npu).
+    Here both classes' ``forward`` get int64 labels, so every integer inside is int64, and hand back int32
+    assigned labels. Patched on the classes: ppdet's registry builds every head's assigner from them.
+    Returns the names it patched now (empty when already patched)."""
+    from ppdet.modeling.assigners.atss_assigner import ATSSAssigner
+    from ppdet.modeling.assigners.task_aligned_assigner import TaskAlignedAssigner
+
+    patched = []
+    for cls in (TaskAlignedAssigner, ATSSAssigner):
+        if not is_ppdet_fix(cls.forward):
+            cls.forward = _int64_labels_forward(cls.forward)
+            patched.append(f"{cls.__name__}.forward")
+    return patched
+
+
+def in_pir_static_mode() -> bool:
+    """True while Paddle builds a PIR program (Paddle 3's to_static / export); False in dygraph, under the old
+    static IR, and on a Paddle without PIR (2.6.2's ``paddle.framework.in_pir_mode`` exists but is off)."""
+    import paddle
+
+    probe = getattr(paddle.framework, "in_pir_mode", None)
+    return bool(probe is not None and probe())
+
+
+def fix_multiclass_nms_under_pir() -> list[str]:
+    """F3: ppdet 2.6.0's ``ppdet.modeling.ops.multiclass_nms`` builds its static-graph op with the old program
+    API (``helper.append_op(type="multiclass_nms3", ...)``, ppdet/modeling/ops.py:612), which Paddle 3's PIR
+    programs reject during export: ``TypeError: The type of '%BBoxes' in operator multiclass_nms3 should be
+    one of [str, bytes, Variable]. but received : Value(...)``. PaddleDetection switched that function to
+    ``paddle._C_ops.multiclass_nms3`` under PIR in 60b1dff (#9071) and kept the old path for Paddles without
+    PIR in e9786ca (#9160). Here the module attribute is replaced (``MultiClassNMS.__call__``,
+    ppdet/modeling/layers.py:558/564, looks it up as ``ops.multiclass_nms`` at call time): in PIR static mode
+    the phi op is called with its positional order (bboxes, scores, rois_num, score_threshold, nms_top_k,
+    keep_top_k, nms_threshold, normalized, nms_eta, background_label); everywhere else ppdet's original runs.
+    Returns the names it patched now (empty when already patched)."""
+    import inspect
+
+    import paddle
+    from ppdet.modeling import ops
+
+    original = ops.multiclass_nms
+    if is_ppdet_fix(original):
+        return []
+    signature = inspect.signature(original)
+
+    def multiclass_nms(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+        if not in_pir_static_mode():
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        out, index, rois_num = paddle._C_ops.multiclass_nms3(
+            a["bboxes"], a["scores"], a["rois_num"], a["score_threshold"], a["nms_top_k"], a["keep_top_k"],
+            a["nms_threshold"], a["normalized"], a["nms_eta"], a["background_label"])
+        # ppdet's return convention: (out, rois_num or None, index or None)
+        return out, (rois_num if a["return_rois_num"] else None), (index if a["return_index"] else None)
+
+    # like ppdet's own: dy2static must call it as a whole, not convert its Python branches
+    ops.multiclass_nms = paddle.jit.not_to_static(_mark_fixed(multiclass_nms, original))
+    return ["ops.multiclass_nms"]
+
+
+_PPDET_FIXES: tuple[Callable[[], list[str]], ...] = (fix_assigner_int32_labels, fix_multiclass_nms_under_pir)
+
+
+def apply_ppdet_fixes() -> list[str]:
+    """Apply every Paddle-3 fix for ppdet 2.6.0 (see ``fix_*`` above) when the installed Paddle is 3 or newer;
+    on Paddle 2.x ppdet is left untouched. Idempotent. Returns what it patched now."""
+    # ppdet 2.6.0 was written for Paddle 2.x, where every one of these calls works unpatched
+    if not paddle3():
+        return []
+    return [name for fix in _PPDET_FIXES for name in fix()]
 
 
 @contextlib.contextmanager
@@ -144,11 +310,28 @@ def full_graph_to_static() -> Iterator[None]:
             os.environ[PADDLE_SOT_SWITCH] = old
 
 
-def exported_program_name() -> str:
+def exported_program_name(version: tuple[int, ...] | None = None) -> str:
     """The file holding the program that ppdet's exporter writes with ``paddle.jit.save`` (beside
-    ``model.pdiparams`` and ppdet's ``infer_cfg.yml``): Paddle 2.6.2 saves the ProgramDesc as
-    ``model.pdmodel``; Paddle 3 with PIR programs saves ``model.json`` instead."""
-    return "model.pdmodel"
+    ``model.pdiparams`` and ppdet's ``infer_cfg.yml``) on Paddle ``version`` (default: the installed one):
+    Paddle 2.6.2 saves the ProgramDesc as ``model.pdmodel``; Paddle 3, whose to_static builds PIR programs
+    (its default, FLAGS_enable_pir_api), saves ``model.json`` instead."""
+    return "model.json" if paddle3(version) else "model.pdmodel"
+
+
+def cpu_predictor_config(model_dir: Path | str, threads: int = 1) -> Any:
+    """A ``paddle.inference.Config`` that runs an exported model (``exported_program_name()`` and
+    ``model.pdiparams`` in ``model_dir``) on the CPU. Paddle 3.3.1's oneDNN executor cannot run the necks'
+    ``nearest_interp`` ("ConvertPirAttribute2RuntimeAttribute not support [pir::ArrayAttribute<pir::DoubleAttribute>]",
+    Paddle issue #79749, open), so oneDNN is switched off on Paddle 3; Paddle 2.6.2 keeps its default."""
+    import paddle.inference
+
+    model_dir = Path(model_dir)
+    config = paddle.inference.Config(str(model_dir / exported_program_name()), str(model_dir / "model.pdiparams"))
+    config.disable_gpu()
+    config.set_cpu_math_library_num_threads(threads)
+    if paddle3():
+        config.disable_mkldnn()
+    return config
 
 
 def set_num_threads(threads: int) -> None:

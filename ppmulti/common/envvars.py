@@ -17,7 +17,9 @@ PADDLE_LOCAL_RANK = "PADDLE_LOCAL_RANK"
 PADDLE_LOCAL_SIZE = "PADDLE_LOCAL_SIZE"
 PADDLE_RANK_IN_NODE = "PADDLE_RANK_IN_NODE"
 PADDLE_NNODES = "PADDLE_NNODES"
-PADDLE_MASTER = "PADDLE_MASTER"                        # the TCP store of rank 0 (master mode only)
+# The TCP store of rank 0: Paddle 2.6 gives it in master mode only, Paddle 3.x under --ips too (the first
+# trainer endpoint, the same store master_endpoint() derives without it).
+PADDLE_MASTER = "PADDLE_MASTER"
 PADDLE_LOG_DIR = "PADDLE_LOG_DIR"
 PADDLE_DISTRI_BACKEND = "PADDLE_DISTRI_BACKEND"        # "gloo" on CPU
 PADDLE_BACKUP_ENV_PATH = "PADDLE_BACKUP_ENV_PATH"
@@ -25,6 +27,13 @@ FLAGS_SELECTED_GPUS = "FLAGS_selected_gpus"
 FLAGS_SELECTED_CPUS = "FLAGS_selected_cpus"
 COLLECTIVE_MASTER_IP = "COLLECTIVE_MASTER_IP"          # the launcher writes it into its own os.environ
 POD_NAME = "POD_NAME"
+# Paddle 3.x only: its --auto_cluster_config ("0"/"1"), given to every worker and read back as an override
+# of that flag by a launcher that inherits it (context/args_envs.py), so it is launch state.
+PADDLE_AUTO_CLUSTER = "PADDLE_AUTO_CLUSTER"
+# Paddle 3.x's launcher moves the proxies out of its workers' way (context/args_envs.py fetch_envs) and keeps
+# them here; Paddle 2.6 silently dropped them. Launch state: a nested launch must not treat them as the user's.
+HTTP_PROXY_ORIGINAL = "http_proxy_original"
+HTTPS_PROXY_ORIGINAL = "https_proxy_original"
 
 # --- What Paddle's launcher reads as overrides of its flags (context/args_envs.py: env_args_mapping) ---
 POD_IP = "POD_IP"                                      # overrides --host
@@ -58,6 +67,12 @@ PADDLE_SOT_SWITCH = "ENABLE_FALL_BACK"                  # Paddle 2.6's to_static
 # --- Read by older launchers / users, ignored by Paddle 2.6's new launcher ---
 FLAGS_START_PORT = "FLAGS_START_PORT"                  # the legacy fleetrun's --start_port
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# --- Read by Paddle 3.x's launcher only (a user knob, kept: not launch state) ---
+# In master mode its worker ports become FLAGS_FIXED_PORT + node_rank + i instead of random free ports
+# (context/node.py get_free_ports), so two nodes on one host overlap by all but one port.
+FLAGS_FIXED_PORT = "FLAGS_FIXED_PORT"
+# Paddle 3.x prints a failed container's environment only when this is "true"/"1" (job/container.py).
+FLAGS_PRINT_LAUNCHER_ENV = "FLAGS_print_launcher_env"
 
 # --- torchrun's worker variables, which ppmulti's worker shim adds for scripts written for torch ---
 RANK = "RANK"
@@ -109,7 +124,7 @@ _LAUNCH_STATE = frozenset({
     PADDLE_RUN_MODE, PADDLE_LOG_LEVEL, PADDLE_LOG_OVERWRITE, PADDLE_SORT_IP, PADDLE_MAX_RESTART,
     PADDLE_ELASTIC_LEVEL, PADDLE_ELASTIC_TIMEOUT, PADDLE_SERVER_NUM, PADDLE_TRAINER_NUM,
     PADDLE_SERVERS_ENDPOINTS, PADDLE_TRAINERS_ENDPOINTS, PADDLE_GLOO_PORT, PADDLE_WITH_GLOO,
-    PADDLE_AUTO_PARALLEL_CONFIG,
+    PADDLE_AUTO_PARALLEL_CONFIG, PADDLE_AUTO_CLUSTER, HTTP_PROXY_ORIGINAL, HTTPS_PROXY_ORIGINAL,
     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
     PPMULTI_NODE_RANK, PPMULTI_READY_FILE, PPMULTI_LAUNCH_DIR, PPMULTI_RESTART,
     PPMULTI_CONSOLE_TTY,
@@ -173,7 +188,8 @@ def in_paddle_worker(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def master_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
-    """Rank 0's TCP store as Paddle 2.6 picks it: PADDLE_MASTER, else the first trainer endpoint.
+    """Rank 0's TCP store as Paddle 2.6 and 3.x pick it: PADDLE_MASTER, else the first trainer endpoint
+    (the same address: 3.x also sets PADDLE_MASTER under --ips, 2.6 only in master mode).
 
     (``init_parallel_env`` reads MASTER_ADDR/MASTER_PORT but its C++ store takes PADDLE_MASTER.)
     """

@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     env = _env_module()
+    # run by path, so ppmulti/rank/__init__.py has not run: quiet Paddle's import notice before the script's import
+    from ppmulti.common.compat import quiet_paddle_import
+
+    quiet_paddle_import()
     _die_with_launcher()
     os.environ.update(env.torch_worker_env())
     ready = os.environ.get(env.PPMULTI_READY_FILE)

@@ -149,7 +149,8 @@ def draw_boxes(img, detections: list[dict], catid2name: dict) -> None:
 
 
 def export(config: str, overrides: list[str], weights: str | None, output_dir: str) -> Path:
-    """Write a Paddle inference model (model.pdmodel / model.pdiparams / infer_cfg.yml) with ppdet's exporter."""
+    """Write a Paddle inference model with ppdet's exporter: the program (``model.pdmodel`` on Paddle 2.6,
+    ``model.json`` on Paddle 3: ``compat.exported_program_name()``), ``model.pdiparams`` and ``infer_cfg.yml``."""
     from ppdet.engine import Trainer
 
     from ppmulti.common.compat import exported_program_name, full_graph_to_static
@@ -160,7 +161,7 @@ def export(config: str, overrides: list[str], weights: str | None, output_dir: s
     with full_graph_to_static():
         trainer.export(output_dir)
     dst = Path(output_dir) / cfg["filename"]
-    program = dst / exported_program_name()
-    if not program.is_file():
-        raise RuntimeError(f"export finished but {program} is missing")
+    for name in (exported_program_name(), "model.pdiparams"):
+        if not (dst / name).is_file():
+            raise RuntimeError(f"export finished but {dst / name} is missing")
     return dst

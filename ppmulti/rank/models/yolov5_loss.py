@@ -214,7 +214,8 @@ class YOLOv5Loss(nn.Layer):
         levels = build_targets(gt_bbox, gt_class, gt_valid, anchors, strides, shapes,
                                self.anchor_t, self.offset_bias)
 
-        zero = paddle.zeros([1], dtype=head_outs[0].dtype)
+        # 0-d, as ppdet's losses are: numpy 2 refuses float() of a 1-element 1-D tensor (the loss parts)
+        zero = paddle.zeros([], dtype=head_outs[0].dtype)
         loss_box, loss_obj, loss_cls = zero, zero, zero
         for i, (out, tgt) in enumerate(zip(head_outs, levels)):
             height, width = shapes[i]

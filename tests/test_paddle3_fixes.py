@@ -1,0 +1,280 @@
+"""The Paddle-3 fixes in the version seam: failing unfixed and right fixed on Paddle 3; on 2.6 not needed and not applied."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+from ppmulti.common import compat
+
+compat.import_ppdet()   # what every rank does: on Paddle 3 this applies the fixes
+
+from ppdet.modeling import ops  # noqa: E402  (after import_ppdet: its numba notice, the fixes)
+from ppdet.modeling.assigners.atss_assigner import ATSSAssigner  # noqa: E402
+from ppdet.modeling.assigners.task_aligned_assigner import TaskAlignedAssigner  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PADDLE3 = compat.paddle3()
+NUMPY2 = int(np.__version__.split(".")[0]) >= 2
+
+
+def _original(func):
+    """ppdet's own callable behind our fix's wrapper (ppdet's registry refuses a module reload)."""
+    while compat.is_ppdet_fix(func):
+        func = func.__wrapped__
+    return func
+
+
+@pytest.fixture
+def unfixed(monkeypatch):
+    """ppdet as it is without the seam's fixes, for one test; the fixed state comes back afterwards."""
+    for owner, attr in ((TaskAlignedAssigner, "forward"), (ATSSAssigner, "forward"), (ops, "multiclass_nms")):
+        monkeypatch.setattr(owner, attr, _original(getattr(owner, attr)))
+    return {"tal": TaskAlignedAssigner.forward, "atss": ATSSAssigner.forward, "nms": ops.multiclass_nms}
+
+
+def test_fixes_are_applied_on_paddle3_only():
+    fixed = [compat.is_ppdet_fix(f) for f in (TaskAlignedAssigner.forward, ATSSAssigner.forward, ops.multiclass_nms)]
+    assert fixed == [PADDLE3] * 3
+    assert compat.apply_ppdet_fixes() == []   # idempotent: import_ppdet applied them already (or none are due)
+
+
+def test_nothing_is_applied_to_an_unfixed_ppdet_on_paddle2(unfixed, monkeypatch):
+    monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (2, 6, 2))
+    assert compat.apply_ppdet_fixes() == []
+    assert (TaskAlignedAssigner.forward, ATSSAssigner.forward, ops.multiclass_nms) == (
+        unfixed["tal"], unfixed["atss"], unfixed["nms"])
+
+
+# ---------------------------------------------------------------- F1, F2: the assigners and int32 labels
+
+def _assign_inputs() -> dict:
+    """Two images, three boxes each (one padded), anchors of a 128 px input at strides 8/16/32."""
+    from ppdet.modeling.assigners.utils import generate_anchors_for_grid_cell
+
+    rng = np.random.default_rng(0)
+    batch, boxes, classes = 2, 3, 3
+    feats = [paddle.zeros([batch, 8, s, s]) for s in (16, 8, 4)]
+    anchors, points, nums, _ = generate_anchors_for_grid_cell(feats, [8, 16, 32], 5.0, 0.5)
+    n = points.shape[0]
+    xy, wh = rng.uniform(0, 90, (batch, boxes, 2)), rng.uniform(12, 36, (batch, boxes, 2))
+    pad = np.ones((batch, boxes, 1), "float32")
+    pad[1, 2] = 0
+    pxy, pwh = rng.uniform(0, 110, (batch, n, 2)), rng.uniform(4, 24, (batch, n, 2))
+    return {"anchors": anchors, "points": points, "nums": nums, "classes": classes,
+            "gt_bboxes": paddle.to_tensor(np.concatenate([xy, xy + wh], -1).astype("float32")),
+            "labels": rng.integers(0, classes, (batch, boxes, 1)), "pad": paddle.to_tensor(pad),
+            "scores": paddle.to_tensor(rng.uniform(0, 1, (batch, n, classes)).astype("float32")),
+            "bboxes": paddle.to_tensor(np.concatenate([pxy, pxy + pwh], -1).astype("float32"))}
+
+
+def _assign(kind: str, x: dict, dtype: str):
+    labels = paddle.to_tensor(x["labels"].astype(dtype))
+    if kind == "tal":
+        return TaskAlignedAssigner(topk=13)(x["scores"], x["bboxes"], x["points"], x["nums"], labels,
+                                            x["gt_bboxes"], x["pad"], x["classes"])
+    return ATSSAssigner(topk=9)(x["anchors"], x["nums"], labels, x["gt_bboxes"], x["pad"], x["classes"],
+                                pred_bboxes=x["bboxes"])
+
+
+def _assert_same(got, want) -> None:
+    assert got[0].dtype == paddle.int32          # int32 labels in, int32 assigned labels out, as on Paddle 2.6
+    for g, w in zip(got[:3], want[:3]):
+        np.testing.assert_array_equal(g.numpy(), w.numpy().astype(g.numpy().dtype))
+
+
+@pytest.mark.parametrize("kind,cls", [("tal", TaskAlignedAssigner), ("atss", ATSSAssigner)], ids=["tal", "atss"])
+def test_assigner_takes_ppdets_int32_labels(kind, cls, unfixed):
+    x = _assign_inputs()
+    want = _assign(kind, x, "int64")             # one integer dtype throughout: fine on every Paddle
+    if PADDLE3:
+        with pytest.raises(TypeError, match="Type promotion only support"):
+            _assign(kind, x, "int32")              # F1/F2: what ppdet's data pipeline gives it
+        assert f"{cls.__name__}.forward" in compat.apply_ppdet_fixes()
+    else:
+        _assert_same(_assign(kind, x, "int32"), want)   # Paddle 2.6 promotes int32 + int64 itself
+        assert compat.apply_ppdet_fixes() == [] and cls.forward is unfixed[kind]
+        compat.fix_assigner_int32_labels()         # the fix, where it is not due, changes no result either
+    _assert_same(_assign(kind, x, "int32"), want)
+    assert compat.fix_assigner_int32_labels() == []   # idempotent: no second wrapper
+    assert cls.forward.__wrapped__ is unfixed[kind]
+
+
+# ---------------------------------------------------------------- F3 + F4 + F6: export, program file, predictor
+
+class _NMSNet(paddle.nn.Layer):
+    """Just ppdet's MultiClassNMS, as a detector's head ends."""
+
+    def __init__(self):
+        super().__init__()
+        from ppdet.modeling.layers import MultiClassNMS
+
+        self.nms = MultiClassNMS(score_threshold=0.05, nms_top_k=100, keep_top_k=20, nms_threshold=0.5)
+        # one weight, so that the export writes model.pdiparams as a detector's does
+        self.scale = self.create_parameter([1], default_initializer=paddle.nn.initializer.Constant(1.0))
+
+    def forward(self, boxes, scores):
+        out, num, _ = self.nms(boxes * self.scale, scores)
+        return out, num
+
+
+class _UpNet(paddle.nn.Layer):
+    """A conv and a nearest upsampling, as the necks have."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return paddle.nn.functional.interpolate(self.conv(x), scale_factor=2.0, mode="nearest")
+
+
+def _export(net: paddle.nn.Layer, spec: list, path: Path) -> None:
+    net.eval()
+    with compat.full_graph_to_static():   # ppdet's exporter's mode
+        paddle.jit.save(paddle.jit.to_static(net, input_spec=spec), str(path / "model"))
+
+
+def _predict(config, feeds: dict) -> np.ndarray:
+    import paddle.inference
+
+    predictor = paddle.inference.create_predictor(config)
+    for name, value in feeds.items():
+        predictor.get_input_handle(name).copy_from_cpu(value)
+    predictor.run()
+    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+
+def _nms_inputs() -> dict:
+    rng = np.random.default_rng(0)
+    xy = rng.uniform(0, 100, (1, 50, 2)).astype("float32")
+    return {"boxes": np.concatenate([xy, xy + rng.uniform(5, 30, (1, 50, 2)).astype("float32")], -1),
+            "scores": rng.uniform(0, 1, (1, 3, 50)).astype("float32")}
+
+
+def test_multiclass_nms_exports_and_the_predictor_loads_it(tmp_path, unfixed):
+    spec = [paddle.static.InputSpec([1, 50, 4], "float32", "boxes"),
+            paddle.static.InputSpec([1, 3, 50], "float32", "scores")]
+    if PADDLE3:
+        with pytest.raises(TypeError, match="multiclass_nms3"):
+            _export(_NMSNet(), spec, tmp_path)   # F3: ppdet's old-IR op builder in a PIR program
+        assert "ops.multiclass_nms" in compat.apply_ppdet_fixes()
+    else:
+        assert compat.apply_ppdet_fixes() == [] and ops.multiclass_nms is unfixed["nms"]
+    out = tmp_path / "out"
+    out.mkdir()
+    net = _NMSNet()
+    _export(net, spec, out)
+    # F4: the program file is named by the Paddle version, and only that one is written
+    assert (out / compat.exported_program_name()).is_file() and (out / "model.pdiparams").is_file()
+    assert not (out / ("model.pdmodel" if PADDLE3 else "model.json")).exists()
+    feeds = _nms_inputs()
+    got = _predict(compat.cpu_predictor_config(out), feeds)
+    want = net(*(paddle.to_tensor(v) for v in feeds.values()))[0].numpy()   # dygraph: ppdet's own path
+    assert len(want) > 0
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_exported_program_name_by_version():
+    assert compat.exported_program_name((2, 6, 2)) == "model.pdmodel"
+    assert compat.exported_program_name((3, 3, 1)) == "model.json"
+    assert compat.exported_program_name() == ("model.json" if PADDLE3 else "model.pdmodel")
+
+
+def test_cpu_predictor_runs_nearest_upsampling(tmp_path):
+    """F6, Paddle issue #79749: Paddle 3.3's CPU predictor with oneDNN on cannot run ``nearest_interp``."""
+    import paddle.inference
+
+    net = _UpNet()
+    _export(net, [paddle.static.InputSpec([1, 3, 8, 8], "float32", "x")], tmp_path)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
+    want = net(paddle.to_tensor(x)).numpy()
+    default = paddle.inference.Config(str(tmp_path / compat.exported_program_name()),
+                                      str(tmp_path / "model.pdiparams"))
+    default.disable_gpu()
+    default.enable_mkldnn()   # the CPU default, said out loud
+    if compat.installed_version()[:2] == (3, 3):   # the Paddle the bug was seen on
+        with pytest.raises(Exception, match="ConvertPirAttribute2RuntimeAttribute"):
+            _predict(default, {"x": x})
+    else:
+        np.testing.assert_allclose(_predict(default, {"x": x}), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_predict(compat.cpu_predictor_config(tmp_path), {"x": x}), want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- F5: numpy 2 and the YOLOv5 loss parts
+
+def test_yolov5_loss_parts_are_0d_so_float_works():
+    from ppmulti.rank.models.yolov5_head import YOLOv5Head
+    from ppmulti.rank.models.yolov5_loss import YOLOv5Loss
+
+    one = paddle.zeros([1])                       # the loss parts' old start value
+    if NUMPY2:
+        with pytest.raises(TypeError, match="0-dimensional"):
+            float(one)                            # F5: numpy 2 refuses a 1-element 1-D array
+    else:
+        assert float(one) == 0.0                  # numpy 1.x still converted it
+    paddle.seed(0)
+    head = YOLOv5Head(in_channels=[8, 8, 8], num_classes=4, loss=YOLOv5Loss(num_classes=4))
+    outs = [paddle.randn([2, head.num_anchors * head.num_outputs, 64 // s, 64 // s]) for s in (8, 16, 32)]
+    targets = {"gt_bbox": paddle.to_tensor([[[8, 8, 40, 40], [0, 0, 0, 0]]] * 2, dtype="float32"),
+               "gt_class": paddle.to_tensor([[[1], [0]]] * 2, dtype="int32"),
+               "pad_gt_mask": paddle.to_tensor([[[1], [0]]] * 2, dtype="float32")}
+    out = head.loss(outs, targets, head.anchors, head.strides)
+    for key in ("loss", "loss_box", "loss_obj", "loss_cls"):
+        assert out[key].shape == [] and np.isfinite(float(out[key])) and float(out[key]) > 0, key
+    out["loss"].backward()
+
+
+# ---------------------------------------------------------------- Paddle 3's import notice
+
+_CCACHE = "No ccache found"
+
+
+def _import_paddle_stderr(code: str, tmp_path: Path) -> str:
+    # PATH without ccache: Paddle looks for it on PATH and with `which`
+    env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "default"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stderr
+
+
+def test_paddle_import_notice_is_filtered_before_paddle_loads(tmp_path):
+    plain = _import_paddle_stderr("import paddle", tmp_path)
+    assert (_CCACHE in plain) == PADDLE3           # Paddle 3 warns in every process; 2.6 never did
+    quiet = _import_paddle_stderr("import ppmulti.rank, paddle", tmp_path)
+    assert _CCACHE not in quiet
+
+
+def test_a_launched_script_that_imports_paddle_first_stays_quiet(tmp_path):
+    """Every rank of ``ppmulti launch`` runs through worker.py (by path, so ppmulti/rank/__init__.py never runs)."""
+    script = tmp_path / "user_script.py"
+    script.write_text("import paddle\n")
+    stderr = _import_paddle_stderr(
+        f"import runpy, sys; sys.argv = ['worker.py', {str(script)!r}]; "
+        f"runpy.run_path({str(REPO / 'ppmulti' / 'rank' / 'worker.py')!r}, run_name='__main__')", tmp_path)
+    assert _CCACHE not in stderr
+
+
+def test_paddle_import_filter_is_narrow():
+    """Only that message from that module is hidden: the same words elsewhere, or another warning there, still show."""
+    import warnings
+
+    module = "paddle.utils.cpp_extension.extension_utils"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compat.quiet_paddle_import()
+        compat.quiet_paddle_import()   # twice: still one filter
+        for text, where in ((f"{_CCACHE}. Please be aware ...", module),
+                            (f"{_CCACHE}. Please be aware ...", "somewhere.else"),
+                            ("another warning from Paddle's extension utils", module)):
+            warnings.warn_explicit(text, UserWarning, "x.py", 1, module=where)
+        warnings.warn_explicit(f"{_CCACHE}. Please be aware ...", DeprecationWarning, "x.py", 1, module=module)
+    assert [(str(w.message), w.category) for w in seen] == [
+        (f"{_CCACHE}. Please be aware ...", UserWarning), ("another warning from Paddle's extension utils", UserWarning),
+        (f"{_CCACHE}. Please be aware ...", DeprecationWarning)]
