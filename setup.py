@@ -34,11 +34,12 @@ REQUIRES = PADDLE_REQUIRES + [
     "setuptools<81",                      # ppdet imports pkg_resources (model_zoo.py); setuptools 81+ dropped it,
                                           # and this keeps a later `pip install torch` from upgrading it away
     "pycocotools",                        # COCO metric (ppdet.metrics); stack 2 takes the newest
-    "lap",                                # ppdet.modeling.mot imports it at `import ppdet.modeling`
+    "lap",                                # ppdet.modeling.mot imports it (a warning line without it)
     "scikit-learn",                       # the real `sklearn` that ppdet imports (its metadata names the stub)
     "opencv-python",                      # ppdet's transforms, demo data, drawing
     "tqdm", "typeguard", "PyYAML", "shapely", "scipy", "terminaltables", "pyclipper",   # ppdet's own list
     "requests", "six", "pandas",          # imported by ppdet, missing from its metadata
+    "motmetrics",                         # without it ppdet.metrics prints two warnings in every rank's log
     "matplotlib",                         # results.png, PR_curve.png, evolve plots
     "visualdl",                           # training dashboards
     "filelock>=3.11",                     # shared evolve.csv across workers (thread-local locks: workers are threads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import one_line_error, run_tool
+from ppmulti.common.compat import installed_version
 from ppmulti.common.errors import UserError
 from ppmulti.common.stack import Stack, check_stack, current_stack, problem
 
@@ -77,3 +78,42 @@ def test_a_second_paddle_is_refused_in_a_real_process(tmp_path):
     proc = run_tool(["-m", "ppmulti.cli", "data", "demo", str(tmp_path / "d"), "--train", "1", "--val", "1"],
                     timeout=120, env={"PYTHONPATH": f"{REPO}:{fake}"})
     one_line_error(proc, "two Paddle distributions")
+
+
+def _wheel(folder, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A minimal pure-python wheel holding only metadata: enough for pip's resolver."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{info}/METADATA", meta)
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+
+
+def test_installing_torch_afterwards_keeps_setuptools(tmp_path):
+    """torch requires setuptools unpinned (Python 3.12+); a newer setuptools drops pkg_resources, which ppdet imports.
+
+    The real torch (measured: `pip install --dry-run --report` of torch 2.14.1 beside ppmulti) keeps the setuptools
+    ppmulti's `setuptools<81` put there; this replays it offline with a stand-in torch and a setuptools 99 on offer.
+    """
+    import json
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    try:
+        declared = metadata.requires("ppmulti") or []
+    except metadata.PackageNotFoundError:
+        pytest.skip("ppmulti is not installed (pip install -e .): its requirements cannot be read")
+    assert any(r.replace(" ", "").startswith("setuptools<81") for r in declared), declared
+    assert installed_version("setuptools") < (81,)
+    _wheel(tmp_path, "torch", "0.0.1", ("setuptools", "filelock"))
+    _wheel(tmp_path, "setuptools", "99.0")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
+                           "--no-index", "--find-links", str(tmp_path), "torch==0.0.1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    installs = {i["metadata"]["name"].lower() for i in json.loads(proc.stdout)["install"]}
+    assert installs == {"torch"}, installs
