@@ -31,8 +31,10 @@ REQUIRES = PADDLE_REQUIRES + [
     f"lap<0.5.13; {PY_OLD}",              # the same segfault
     f"numpy<1.24; {PY_OLD}",              # the numpy ppdet 2.6.0 and Paddle 2.6.2 were built and tested with
     # --- both stacks ---
-    "setuptools<81",                      # ppdet imports pkg_resources (model_zoo.py); setuptools 81+ dropped it,
-                                          # and this keeps a later `pip install torch` from upgrading it away
+    # ppdet imports pkg_resources (model_zoo.py), which setuptools 81+ dropped. The floor is torch's own
+    # (2.13/2.14 require setuptools>=77.0.3): with it already met, a later `pip install torch` (the converter)
+    # keeps this setuptools instead of upgrading it to one without pkg_resources
+    "setuptools>=77.0.3,<81",
     "pycocotools",                        # COCO metric (ppdet.metrics); stack 2 takes the newest
     "lap",                                # ppdet.modeling.mot imports it (a warning line without it)
     "scikit-learn",                       # the real `sklearn` that ppdet imports (its metadata names the stub)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from conftest import one_line_error, run_tool
-from ppmulti.common.compat import installed_version
 from ppmulti.common.errors import UserError
 from ppmulti.common.stack import Stack, check_stack, current_stack, problem
 
@@ -93,23 +92,29 @@ def _wheel(folder, name: str, version: str, requires: tuple[str, ...] = ()) -> N
 
 
 def test_installing_torch_afterwards_keeps_setuptools(tmp_path):
-    """torch requires setuptools unpinned (Python 3.12+); a newer setuptools drops pkg_resources, which ppdet imports.
+    """torch 2.13/2.14 require setuptools>=77.0.3; pip would upgrade an older one to the newest, without pkg_resources.
 
-    The real torch (measured: `pip install --dry-run --report` of torch 2.14.1 beside ppmulti) keeps the setuptools
-    ppmulti's `setuptools<81` put there; this replays it offline with a stand-in torch and a setuptools 99 on offer.
+    Measured: `pip install torch==2.13.0+cpu` after ppmulti on stack 1 and `pip install --dry-run --report` of torch
+    2.14.1 on stack 2 keep the setuptools ppmulti's `setuptools>=77.0.3,<81` put there, and ppdet still imports.
+    This replays it offline: a stand-in torch with torch's requirement, and a setuptools 99 on offer.
     """
     import json
     import subprocess
     import sys
     from importlib import metadata
 
+    from packaging.requirements import Requirement
+
     try:
-        declared = metadata.requires("ppmulti") or []
+        declared = [Requirement(r) for r in metadata.requires("ppmulti") or []]
     except metadata.PackageNotFoundError:
         pytest.skip("ppmulti is not installed (pip install -e .): its requirements cannot be read")
-    assert any(r.replace(" ", "").startswith("setuptools<81") for r in declared), declared
-    assert installed_version("setuptools") < (81,)
-    _wheel(tmp_path, "torch", "0.0.1", ("setuptools", "filelock"))
+    wanted = [r.specifier for r in declared if r.name == "setuptools"]
+    assert wanted and wanted[0].contains("77.0.3") and not wanted[0].contains("81"), wanted
+    have = metadata.version("setuptools")
+    if not wanted[0].contains(have):
+        pytest.skip(f"setuptools {have} here was not installed by ppmulti's requirements (run pip install -e . first)")
+    _wheel(tmp_path, "torch", "0.0.1", ("setuptools>=77.0.3", "filelock"))
     _wheel(tmp_path, "setuptools", "99.0")
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
                            "--no-index", "--find-links", str(tmp_path), "torch==0.0.1"],
