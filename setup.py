@@ -26,10 +26,11 @@ PADDLE_REQUIRES = [] if PADDLE == "none" else [
 # first; what `import ppdet`, `ppdet.modeling`, `ppdet.metrics` and ppmulti really need is declared here.
 REQUIRES = PADDLE_REQUIRES + [
     # --- stack 1 (Paddle 2.6.2), each re-checked on Python 3.11 + Paddle 2.6.2 ---
-    f"protobuf==3.20.3; {PY_OLD}",        # newer protobuf breaks fleet's DistributedStrategy (FieldDescriptor.label)
+    f"protobuf<7; {PY_OLD}",              # 7.x breaks Paddle 2.6's fleet.init (FieldDescriptor.label); 4.25, 6.33 work
     f"pycocotools<2.0.11; {PY_OLD}",      # 2.0.11+ segfaults in inflateReset2 when imported after Paddle 2.6
     f"lap<0.5.13; {PY_OLD}",              # the same segfault
-    f"numpy<1.24; {PY_OLD}",              # the numpy ppdet 2.6.0 and Paddle 2.6.2 were built and tested with
+    f"numpy<2; {PY_OLD}",                 # 1.26 trains as 1.23 did; numpy 2 is stack 2's (2.5 refuses float() of
+                                          # ppmulti's [1]-shaped YOLOv5 loss parts until that fix lands)
     # --- both stacks ---
     # ppdet imports pkg_resources (model_zoo.py), which setuptools 81+ dropped. The floor is torch's own
     # (2.13/2.14 require setuptools>=77.0.3): with it already met, a later `pip install torch` (the converter)
