@@ -32,7 +32,7 @@ GOLDEN = [
     ((3, 12, 1), {**GPU_3, "paddlepaddle-gpu": (3, 4, 0)}, True, True,
      ["paddlepaddle-gpu 3.4.0 is newer than ppmulti supports", "paddlepaddle-gpu==3.3.1"]),
     ((3, 12, 1), {**GOOD_2, "setuptools": (84, 2, 1)}, False, True,
-     ["ppdet needs pkg_resources", "setuptools 84.2.1", 'pip install "setuptools<81"']),
+     ["ppdet needs pkg_resources", "setuptools 84.2.1", 'pip install "setuptools>=77.0.3,<81"']),
     ((3, 12, 1), {k: v for k, v in GOOD_2.items() if k != "setuptools"}, False, False,
      ["ppdet needs pkg_resources", "no setuptools"]),
     ((3, 12, 1), {"setuptools": (80, 10, 2)}, True, True, ["Paddle is not installed", "paddlepaddle==3.3.1"]),
@@ -52,6 +52,12 @@ def test_golden(python, dists, has_pkg_resources, need_paddle, words):
         assert found is not None and "\n" not in found
         for word in words:
             assert word in found, found
+
+
+def test_a_paddle_without_metadata_passes():
+    """A source build of Paddle on the path has no wheel metadata: its version is unknown, not absent."""
+    stack = Stack(python=(3, 12, 1), dists={"paddledet": (2, 6, 0)}, has_paddle_module=True)
+    assert problem(stack) is None
 
 
 def test_check_raises_a_user_error():

@@ -25,6 +25,7 @@ class Stack:
     python: tuple[int, ...]
     dists: dict[str, tuple[int, ...]] = field(default_factory=dict)   # distribution name -> version
     has_pkg_resources: bool = True
+    has_paddle_module: bool = False   # a `paddle` importable without a wheel's metadata (a source build on the path)
 
 
 def _text(version: tuple[int, ...]) -> str:
@@ -36,7 +37,8 @@ def current_stack() -> Stack:
     names = (*PADDLE_DISTS, PPDET_DIST, "setuptools")
     dists = {n: v for n in names if (v := installed_version(n)) is not None}
     return Stack(python=tuple(sys.version_info[:3]), dists=dists,
-                 has_pkg_resources=importlib.util.find_spec("pkg_resources") is not None)
+                 has_pkg_resources=importlib.util.find_spec("pkg_resources") is not None,
+                 has_paddle_module=importlib.util.find_spec("paddle") is not None)
 
 
 def problem(stack: Stack, need_paddle: bool = True) -> str | None:
@@ -63,13 +65,13 @@ def problem(stack: Stack, need_paddle: bool = True) -> str | None:
             side = "older" if tuple(version[:2]) < lo else "newer"
             return (f"{name} {_text(version)} is {side} than ppmulti supports (Paddle {_text(lo)} to {_text(hi)}): "
                     f"install {name}==2.6.2 (Python < 3.12) or {name}==3.3.1 ({INSTALL_HINT})")
-    elif need_paddle:
+    elif need_paddle and not stack.has_paddle_module:
         return f"Paddle is not installed: pip install paddlepaddle==3.3.1 (or 2.6.2 on Python < 3.12) ({INSTALL_HINT})"
     if PPDET_DIST in stack.dists:
         if not stack.has_pkg_resources:
             have = f"setuptools {_text(stack.dists['setuptools'])}" if "setuptools" in stack.dists else "no setuptools"
             return (f"ppdet needs pkg_resources, which {have} does not provide: "
-                    f"pip install \"setuptools<81\"")
+                    f"pip install \"setuptools>=77.0.3,<81\"")
     elif need_paddle:
         return f"ppdet is not installed: pip install --no-deps paddledet==2.6.0 ({INSTALL_HINT})"
     return None
