@@ -11,7 +11,9 @@ VERSION = re.search(r'__version__ = "([^"]+)"', open("ppmulti/__init__.py").read
 # PyPI has paddlepaddle-gpu 2.6.2 only), or "none" for a user who installed Paddle already (e.g.
 # paddlepaddle-gpu 3.x from Paddle's own index): pip would otherwise put a second distribution of the `paddle`
 # module beside it, because it cannot know that paddlepaddle and paddlepaddle-gpu provide the same module.
-PADDLE = os.environ.get("PPMULTI_PADDLE", "paddlepaddle").strip().lower()
+PADDLE = (os.environ.get("PPMULTI_PADDLE") or "paddlepaddle").strip().lower()
+if PADDLE not in ("paddlepaddle", "paddlepaddle-gpu", "none"):
+    raise SystemExit(f"error: PPMULTI_PADDLE={PADDLE!r}: use paddlepaddle (CPU), paddlepaddle-gpu or none")
 
 PY_OLD = "python_version < '3.12'"    # stack 1: Paddle 2.6.2 (its wheels stop at 3.12; 3.12 goes to stack 2)
 PY_NEW = "python_version >= '3.12'"   # stack 2: Paddle 3.3.1 (the only Paddle with 3.13 wheels)

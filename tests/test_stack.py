@@ -128,3 +128,26 @@ def test_installing_torch_afterwards_keeps_setuptools(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     installs = {i["metadata"]["name"].lower() for i in json.loads(proc.stdout)["install"]}
     assert installs == {"torch"}, installs
+
+
+@pytest.mark.parametrize("choice,wanted", [
+    ("", ["paddlepaddle==2.6.2; python_version < \"3.12\"", "paddlepaddle==3.3.1; python_version >= \"3.12\""]),
+    ("paddlepaddle-gpu", ["paddlepaddle-gpu==2.6.2; python_version < \"3.12\"",
+                          "paddlepaddle-gpu==3.3.1; python_version >= \"3.12\""]),
+    ("none", []),   # a user's own Paddle (e.g. paddlepaddle-gpu 3.x from Paddle's index): no second one
+])
+def test_ppmulti_paddle_chooses_the_paddle_requirement(choice, wanted, repo):
+    """setup.py's metadata per PPMULTI_PADDLE, built offline by pip (no build isolation: the env's setuptools)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
+                           "--quiet", "--report", "-", "-e", str(repo)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PPMULTI_PADDLE": choice}, cwd=repo.parent)
+    if "invalid command 'bdist_wheel'" in proc.stdout + proc.stderr:
+        pytest.skip("this environment's setuptools predates ppmulti's setuptools>=77.0.3 (no bdist_wheel)")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    requires = json.loads(proc.stdout)["install"][0]["metadata"]["requires_dist"]
+    assert [r for r in requires if r.startswith("paddlepaddle")] == wanted
