@@ -1,4 +1,4 @@
-"""Install ppmulti: `pip install -e .` (CPU Paddle) or `PPMULTI_PADDLE=paddlepaddle-gpu pip install -e .`."""
+"""Install ppmulti: `pip install --no-deps paddledet==2.6.0 && pip install -e .` (README, "Set-up on a fresh machine")."""
 
 import os
 import re
@@ -7,25 +7,49 @@ from setuptools import find_packages, setup
 
 VERSION = re.search(r'__version__ = "([^"]+)"', open("ppmulti/__init__.py").read()).group(1)
 
-# The Paddle wheel: CPU by default; set PPMULTI_PADDLE=paddlepaddle-gpu for CUDA machines.
-PADDLE = os.environ.get("PPMULTI_PADDLE", "paddlepaddle")
+# Which Paddle wheel to require: "paddlepaddle" (CPU, the default), "paddlepaddle-gpu" (CUDA, Python < 3.12:
+# PyPI has paddlepaddle-gpu 2.6.2 only), or "none" for a user who installed Paddle already (e.g.
+# paddlepaddle-gpu 3.x from Paddle's own index): pip would otherwise put a second distribution of the `paddle`
+# module beside it, because it cannot know that paddlepaddle and paddlepaddle-gpu provide the same module.
+PADDLE = (os.environ.get("PPMULTI_PADDLE") or "paddlepaddle").strip().lower()
+if PADDLE not in ("paddlepaddle", "paddlepaddle-gpu", "none"):
+    raise SystemExit(f"error: PPMULTI_PADDLE={PADDLE!r}: use paddlepaddle (CPU), paddlepaddle-gpu or none")
 
-REQUIRES = [
-    f"{PADDLE}==2.6.2",          # ppdet 2.6.0 fails on Paddle 3.x (int32/int64 type promotion in its assigners)
-    "paddledet==2.6.0",          # models, data pipeline, losses, metrics
-    "numpy<1.24",                # paddledet 2.6.0's own requirement
-    "protobuf==3.20.3",          # newer protobuf breaks fleet's DistributedStrategy (FieldDescriptor.label)
-    "pycocotools<2.0.11",        # 2.0.11+ segfaults in inflateReset2 when imported after paddle
-    "lap<0.5.13",                # same segfault as pycocotools in newer builds
-    "scikit-learn<1.6",          # paddledet needs the real sklearn; it only pulls the empty stub
-    "visualdl",                  # training dashboards
-    "filelock>=3.11",            # shared evolve.csv across workers (thread-local locks: workers are threads)
-    "tqdm",                      # progress bars
-    "matplotlib",                # results.png, PR_curve.png, evolve plots (visualdl pulls it too; we import it)
-    "PyYAML",                    # configs and dataset yamls
-    "opencv-python",             # demo data and drawing (paddledet pulls a compatible build)
+PY_OLD = "python_version < '3.12'"    # stack 1: Paddle 2.6.2 (its wheels stop at 3.12; 3.12 goes to stack 2)
+PY_NEW = "python_version >= '3.12'"   # stack 2: Paddle 3.3.1 (the only Paddle with 3.13 wheels)
+
+PADDLE_REQUIRES = [] if PADDLE == "none" else [
+    f"{PADDLE}==2.6.2; {PY_OLD}",
+    f"{PADDLE}==3.3.1; {PY_NEW}",
+]
+
+# paddledet 2.6.0 is NOT listed: its metadata pins numpy<1.24 (no wheel for 3.12+), opencv-python<=4.6.0 and the
+# empty `sklearn` stub, and pip cannot ignore one dependency's requirements. README installs it with --no-deps
+# first; what `import ppdet`, `ppdet.modeling`, `ppdet.metrics` and ppmulti really need is declared here.
+REQUIRES = PADDLE_REQUIRES + [
+    # --- stack 1 (Paddle 2.6.2), each re-checked on Python 3.11 + Paddle 2.6.2 ---
+    f"protobuf<7; {PY_OLD}",              # 7.x breaks Paddle 2.6's fleet.init (FieldDescriptor.label); 4.25, 6.33 work
+    f"pycocotools<2.0.11; {PY_OLD}",      # 2.0.11+ segfaults in inflateReset2 when imported after Paddle 2.6
+    f"lap<0.5.13; {PY_OLD}",              # the same segfault
+    f"numpy<2; {PY_OLD}",                 # 1.26 trains as 1.23 did; numpy 2 is stack 2's (2.5 refuses float() of
+                                          # ppmulti's [1]-shaped YOLOv5 loss parts until that fix lands)
+    # --- both stacks ---
+    # ppdet imports pkg_resources (model_zoo.py), which setuptools 81+ dropped. The floor is torch's own
+    # (2.13/2.14 require setuptools>=77.0.3): with it already met, a later `pip install torch` (the converter)
+    # keeps this setuptools instead of upgrading it to one without pkg_resources
+    "setuptools>=77.0.3,<81",
+    "pycocotools",                        # COCO metric (ppdet.metrics); stack 2 takes the newest
+    "lap",                                # ppdet.modeling.mot imports it (a warning line without it)
+    "scikit-learn",                       # the real `sklearn` that ppdet imports (its metadata names the stub)
+    "opencv-python",                      # ppdet's transforms, demo data, drawing
+    "tqdm", "typeguard", "PyYAML", "shapely", "scipy", "terminaltables", "pyclipper",   # ppdet's own list
+    "requests", "six", "pandas",          # imported by ppdet, missing from its metadata
+    "motmetrics",                         # without it ppdet.metrics prints two warnings in every rank's log
+    "matplotlib",                         # results.png, PR_curve.png, evolve plots
+    "visualdl",                           # training dashboards
+    "filelock>=3.11",                     # shared evolve.csv across workers (thread-local locks: workers are threads)
     # oneDNN 3.2's C++ headers (188 KB, no library): ppmulti/rank/ops builds its CPU convolution against the
-    # libdnnl 3.2.1 inside Paddle's wheel, which ships without them
+    # libdnnl inside Paddle's wheel, which ships without them
     "onednn-devel-cpu-gomp==2023.2.0; platform_machine == 'x86_64' and sys_platform == 'linux'",
 ]
 
@@ -35,7 +59,8 @@ setup(
     description="Multi-GPU and multi-machine YOLO training on PaddlePaddle, built on ppdet",
     packages=find_packages(include=["ppmulti", "ppmulti.*"]),
     package_data={"ppmulti.rank.ops": ["*.cc"]},
-    python_requires=">=3.8",
+    # tested on 3.10-3.13; Paddle has no wheels for 3.14 yet
+    python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
     extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"]},
     entry_points={"console_scripts": ["ppmulti = ppmulti.cli:main"]},

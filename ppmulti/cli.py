@@ -7,6 +7,11 @@ import sys
 
 from ppmulti import __version__
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.stack import check_stack
+
+# Subcommands that train (so need Paddle and ppdet); the others also run where Paddle is absent (data tools,
+# dry runs, the board) and refuse only a broken stack.
+TRAINING_COMMANDS = ("demo", "bench")
 
 
 def _cmd_data_demo(args: argparse.Namespace) -> int:
@@ -73,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return exit_on_user_error(args.func, args)
+    return exit_on_user_error(_checked, args)
+
+
+def _checked(args: argparse.Namespace) -> int:
+    check_stack(need_paddle=args.command in TRAINING_COMMANDS)   # before any subcommand imports ppdet
+    return args.func(args)
 
 
 if __name__ == "__main__":

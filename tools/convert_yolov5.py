@@ -10,6 +10,7 @@ import json
 import sys
 
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.stack import check_stack
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank.models.convert import convert_file
 
     print(json.dumps(convert_file(args.weights, args.out, args.cfg)))

@@ -5,6 +5,7 @@ import json
 import sys
 
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.stack import check_stack
 from ppmulti.rank.tool_args import add_model_args, overrides
 
 
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank import dist
     from ppmulti.rank.engine.inference import evaluate
 

@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.stack import check_stack
 from ppmulti.rank.tool_args import add_model_args, overrides
 
 
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank.engine.inference import export
 
     dst = export(args.config, overrides(args), args.weights, args.output_dir)

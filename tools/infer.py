@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.stack import check_stack
 from ppmulti.rank.tool_args import add_model_args, overrides
 
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank.engine.inference import predict
 
     written = predict(args.config, overrides(args), args.weights, args.infer_img, args.infer_dir, args.output_dir,

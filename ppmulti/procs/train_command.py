@@ -9,11 +9,13 @@ import sys
 
 from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse, parse_device, relaunch_argv
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    check_stack()   # one line about a broken install, not a traceback from inside ppdet
     if getattr(args, "evolve", None) is not None:
         from ppmulti.procs.runs.evolve_run import evolve_from_train
 
