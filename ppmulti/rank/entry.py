@@ -8,7 +8,6 @@ import json
 from ppmulti.common import train_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run
-from ppmulti.common.stack import check_stack
 from ppmulti.rank.engine.trainer import TrainOptions
 
 
@@ -57,7 +56,6 @@ def check_gpu_ids(ids: list[int]) -> None:
 
 def train(options: TrainOptions) -> int:
     """Train one run in this process (alone, or as one rank of a launch); rank 0 prints the summary JSON."""
-    check_stack()   # for callers that reach the rank side without train_command (a rank re-checks: cheap)
     from ppmulti.rank import dist
     from ppmulti.rank.engine.trainer import train as run_training
 

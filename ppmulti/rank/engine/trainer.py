@@ -16,7 +16,6 @@ from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
                                        EvaluationHook, Hook, PlotsHook, ResultsHook, ResumeHook,
                                        StepOutputs, StopOnSignalHook, VisualDLHook)
-from ppmulti.rank.engine.hooks.signals import Interrupted  # noqa: F401  (raised through train(); its old home)
 from ppmulti.rank.engine.hooks.resume import record_run_dir
 from ppmulti.rank.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
 from ppmulti.common.rundir import new_run_dir
