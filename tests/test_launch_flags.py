@@ -382,3 +382,25 @@ def test_cli_help_lists_both_spellings_with_examples():
     for needle in ("--nproc_per_node N, --nproc-per-node N", "--selected_gpus", "e.g. 0,1,2,3", "--rdzv-timeout",
                    "FLAGS_START_PORT"):
         assert needle in proc.stdout
+
+
+@pytest.mark.parametrize("argv, spec, value, note", [
+    (["--master", "127.0.0.2:29500", "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2", "t.py"],
+     "3", "36000", "worker ports 36001..36002 (FLAGS_FIXED_PORT + node rank + local rank: nodes that share a host "
+                   "overlap)"),
+    (["--master", "127.0.0.2:29500", "--nnodes", "2", "--node_rank", "0", "t.py"], "2.6", "36000",
+     "FLAGS_FIXED_PORT is read by Paddle 3.x's launcher only; {name} picks free worker ports"),
+    (["--nproc_per_node", "2", "t.py"], "3", "36000", "FLAGS_FIXED_PORT applies to --master launches only; this one "
+                                                      "ignores it"),
+    (["--master", "127.0.0.2:29500", "--nnodes", "2", "--node_rank", "0", "t.py"], "3", "x",
+     "FLAGS_FIXED_PORT='x' is not a port number; {name} will fail on it"),
+])
+def test_fixed_port_note_per_paddle(argv, spec, value, note):
+    """Paddle 3's FLAGS_FIXED_PORT is the user's: passed through, and --dry-run says what it does on this Paddle."""
+    from ppmulti.common.compat import PADDLE_2_6, PADDLE_3
+    from ppmulti.procs.launch.flags import _fixed_port_note
+
+    spec = {"2.6": PADDLE_2_6, "3": PADDLE_3}[spec]
+    plan = plan_of(argv, {})
+    assert _fixed_port_note(plan, {E.FLAGS_FIXED_PORT: value}, spec) == note.format(name=spec.name)
+    assert _fixed_port_note(plan, {}, spec) is None

@@ -114,6 +114,7 @@ def probe_train(ns, train_argv: list[str]) -> dict:
             "cpu_s_per_img": (usage["cpu_s"] - rec.cpu0) / max(1, (len(times) - 1) * trainer.batch.per_rank),
             "params": sum(int(p.size) for p in trainer.model.parameters() if not p.stop_gradient),
             "worker_num": int(trainer.cfg.get("worker_num", 0)),
+            "conv_kernel": trainer.conv_kernel,
             **usage}
 
 
@@ -155,6 +156,11 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
                     raise _Stop
 
     trainer = Trainer(cfg, mode="train")
+    # the same convolution kernel as ppmulti's Trainer picks on this CPU (the oneDNN op unless
+    # PPMULTI_CPU_CONV=paddle), so that the ratio measures the loop, not the kernel
+    from ppmulti.rank.ops.conv import setup_cpu_convs
+
+    conv_kernel = setup_cpu_convs(trainer.model)
     # ppdet's own callbacks stay (log printer, checkpointer, VisualDL as configured), as ppmulti's hooks do
     compat.add_trainer_callbacks(trainer, Capture(trainer))
     try:
@@ -166,6 +172,7 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
     span = times[-1] - times[warm]
     steps = len(times) - 1 - warm
     return {"mode": "ppdet", "rank": 0, "world": 1, "threads": threads, "global_batch": batch,
+            "conv_kernel": conv_kernel,
             "first_step_at": times[0], "img_s": steps * batch / span if span > 0 else 0.0,
             "step_s": span / steps if steps else 0.0, **_usage()}
 

@@ -32,7 +32,8 @@ def markdown(result: dict) -> str:
                      f"{r['cpu_util']:.2f} cores | {r['data_wait_s'] * 1e3:.0f} ms |")
     p, ld = result["ppdet"], result["loader"]
     lines += ["", "| comparison | measured | ratio | goal |", "| --- | --- | --- | --- |",
-              f"| ppmulti loop vs ppdet's Trainer ({p['model']}, 1 rank) | {p['ppmulti_img_s']:.2f} vs "
+              f"| ppmulti loop vs ppdet's Trainer ({p['model']}, 1 rank; {' / '.join(p.get('conv_kernels', []))}) | "
+              f"{p['ppmulti_img_s']:.2f} vs "
               f"{p['ppdet_img_s']:.2f} img/s | {p['ratio']:.2f} | >= 0.97 |",
               f"| data loader alone vs what the model consumes ({ld['model']}, worker_num {ld['worker_num']}) | "
               f"{ld['loader_img_s']:.1f} vs {ld['model_img_s']:.2f} img/s | {ld['ratio']:.1f}x | >= 3x |"]

@@ -217,7 +217,10 @@ def summarise(plan: BenchPlan, cases: list[Case]) -> dict:
               "machine": {"cores": usable_cores(), "load_1min": os.getloadavg()[0]},
               "rows": rows,
               "ppdet": {"model": first, "ppdet_img_s": ppdet, "ppmulti_img_s": one["img_s"] if one else 0.0,
-                        "ratio": (one["img_s"] / ppdet) if one and ppdet else 0.0},
+                        "ratio": (one["img_s"] / ppdet) if one and ppdet else 0.0,
+                        # both sides' convolution kernel: the ratio compares loops only when they agree
+                        "conv_kernels": sorted({str(c.rank0.get("conv_kernel")) for c in pick("ppdet")}
+                                               | {str(c.rank0.get("conv_kernel")) for c in pick("train", first, 1)})},
               "loader": {"model": first, "loader_img_s": loader, "model_img_s": one["img_s"] if one else 0.0,
                          "ratio": (loader / one["img_s"]) if one and one["img_s"] else 0.0,
                          "worker_num": plan.workers,

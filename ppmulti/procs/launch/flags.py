@@ -556,4 +556,24 @@ def describe(plan: LaunchPlan, environ: Mapping[str, str]) -> str:
     lines += [f"{k}={v}" for k, v in sorted(changed.items())]
     lines += [f"unset {k}" for k in removed]
     lines += [f"# {note}" for note in plan.notes]
+    fixed = _fixed_port_note(plan, environ, launcher_spec())
+    if fixed:
+        lines.append(f"# {fixed}")
     return "\n".join(lines) + "\n"
+
+
+def _fixed_port_note(plan: LaunchPlan, environ: Mapping[str, str], spec: LauncherSpec) -> str | None:
+    """What Paddle 3's FLAGS_FIXED_PORT does to this launch (passed through, never set by ppmulti), or None."""
+    value = environ.get(E.FLAGS_FIXED_PORT)
+    if value is None:
+        return None
+    if spec.fixed_port_var is None:
+        return f"{E.FLAGS_FIXED_PORT} is read by Paddle 3.x's launcher only; {spec.name} picks free worker ports"
+    if plan.mode != "master":
+        return f"{E.FLAGS_FIXED_PORT} applies to --master launches only; this one ignores it"
+    try:
+        base = int(value) + plan.node_rank
+    except ValueError:
+        return f"{E.FLAGS_FIXED_PORT}={value!r} is not a port number; {spec.name} will fail on it"
+    return (f"worker ports {base}..{base + plan.nproc_per_node - 1} ({E.FLAGS_FIXED_PORT} + node rank + local rank: "
+            f"nodes that share a host overlap)")
