@@ -1,9 +1,10 @@
-"""SLURM: hostlist expansion, then ppmulti launch under a real two-node SLURM (munged, slurmctld, 2 slurmd) on loopback."""
+"""Scheduler variables: SLURM hostlists, a real two-node SLURM on loopback (srun, sbatch), Kubeflow PyTorchJob pods."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -217,7 +218,7 @@ def test_srun_two_nodes_plan_from_slurms_variables(slurm, tmp_path):
 
 def test_batch_script_without_srun_is_refused_in_one_line(slurm, tmp_path):
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/sh\n#SBATCH -N2\n{' '.join(LAUNCH)} --dry-run t.py\necho rc=$?\n")
+    script.write_text(f"#!/bin/sh\n#SBATCH -N2\n{shlex.join(LAUNCH)} --dry-run t.py\necho rc=$?\n")
     proc = slurm.run(["sbatch", "--parsable", "-o", str(tmp_path / "out.txt"), "--chdir", str(tmp_path), str(script)],
                      timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -259,7 +260,7 @@ def test_sbatch_two_nodes_train_together(slurm, small_demo, tmp_path):
     script = tmp_path / "train.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
                       f"export MASTER_PORT={free_ports(2)}\n"
-                      f"srun {' '.join(LAUNCH)} --rdzv-timeout 120 {' '.join(_train(small_demo, out))}\n")
+                      f"srun {shlex.join([*LAUNCH, '--rdzv-timeout', '120', *_train(small_demo, out)])}\n")
     proc = slurm.run(["sbatch", "--parsable", "-o", str(tmp_path / "job.out"), "--chdir", str(tmp_path), str(script)],
                      timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -269,3 +270,25 @@ def test_sbatch_two_nodes_train_together(slurm, small_demo, tmp_path):
     state = slurm.run(["scontrol", "show", "job", job], timeout=30).stdout   # kept MinJobAge (300 s) after the end
     assert "JobState=COMPLETED" in state, state + log[-3000:]
     _one_run(out)
+
+
+@pytest.mark.multiproc
+def test_pytorchjob_variables_two_pods_all_reduce(tmp_path):
+    """Two "pods" on this machine with only Kubeflow's variables (WORLD_SIZE=2 pods, RANK, MASTER_ADDR as a name
+    to resolve, MASTER_PORT): one world of 2."""
+    from test_launch_nodes import ALLREDUCE
+    from test_launch_procs import Launches, _env
+
+    out, port = tmp_path / "out", free_ports(2)
+    launches = Launches(tmp_path)
+    try:
+        procs = [launches.start("--log_dir", str(tmp_path / f"log{rank}"), ALLREDUCE, str(out),
+                                env=_env(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="localhost", MASTER_PORT=str(port)))
+                 for rank in range(2)]
+        codes = [launches.wait(p, timeout=300) for p in procs]
+        assert codes == [0, 0], [launches.output(p)[-2000:] for p in procs]
+    finally:
+        launches.close()
+    records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["world_size"], r["sum"]) for r in records] == [(0, 2, 1.0), (1, 2, 1.0)]
+    assert [r["env"]["GROUP_RANK"] for r in records] == ["0", "1"]
