@@ -323,3 +323,98 @@ def test_no_golden_case_wakes_the_legacy_launcher():
         assert not set(launcher_flags) & set(PADDLE_2_6.legacy_flags), argv
         spelled = {getattr(PADDLE_2_6, f.name) for f in dataclasses.fields(LauncherSpec) if f.name.endswith("_flag")}
         assert {w for w in launcher_flags if w.startswith("--")} <= spelled, argv
+
+
+# --- a scheduler's variables (cluster_env.py) ----------------------------------------------------------------
+SRUN = {E.SLURM_JOB_ID: "41", E.SLURM_STEP_ID: "0", E.SLURM_NNODES: "2", E.SLURM_STEP_NUM_NODES: "2",
+        E.SLURM_STEP_NUM_TASKS: "2", E.SLURM_JOB_NODELIST: "gpu[07-08]", E.SLURM_STEP_NODELIST: "gpu[07-08]"}
+NODE0 = {**SRUN, E.SLURM_NODEID: "0", E.SLURMD_NODENAME: "gpu07"}
+NODE1 = {**SRUN, E.SLURM_NODEID: "1", E.SLURMD_NODENAME: "gpu08"}
+BATCH = {E.SLURM_JOB_ID: "41", E.SLURM_NNODES: "2", E.SLURM_NODEID: "0", E.SLURM_JOB_NODELIST: "gpu[07-08]",
+         E.SLURMD_NODENAME: "gpu07"}
+PYTORCHJOB = {E.MASTER_ADDR: "job-master-0", E.MASTER_PORT: "23456", E.WORLD_SIZE: "3", E.RANK: "2"}
+DNS = {"gpu07": "10.1.0.7", "gpu08": "10.1.0.8", "job-master-0": "10.2.0.1", "n1": "10.3.0.1"}
+
+
+def cluster_plan(argv, environ, gpus=0):
+    return build_plan(parse_launch_args([*argv, "t.py"]), environ, set(), gpus, PADDLE_2_6, resolve=DNS.get)
+
+
+def plan_fields(plan):
+    return (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port, plan.host, plan.job_id,
+            plan.nproc_per_node, plan.device)
+
+
+# id, flags, environment, visible GPUs -> (nnodes, node_rank, master_addr, master_port, host, job_id, nproc, device)
+CLUSTER = [
+    ("srun_node0", [], NODE0, 0, (2, 0, "10.1.0.7", 29500, "10.1.0.7", "slurm-41-0", 1, "cpu")),
+    ("srun_node1", [], NODE1, 0, (2, 1, "10.1.0.7", 29500, "10.1.0.8", "slurm-41-0", 1, "cpu")),
+    ("srun_flags_that_agree", ["--nnodes", "2", "--node_rank", "1"], NODE1, 0,
+     (2, 1, "10.1.0.7", 29500, "10.1.0.8", "slurm-41-0", 1, "cpu")),
+    ("flags_win_master_port_job_host", ["--master_addr", "10.9.0.7", "--master_port", "6000", "--job_id", "j",
+                                        "--host", "10.9.0.8"], NODE1, 0, (2, 1, "10.9.0.7", 6000, "10.9.0.8", "j", 1, "cpu")),
+    ("master_port_variable", [], {**NODE1, E.MASTER_PORT: "29700"}, 0,
+     (2, 1, "10.1.0.7", 29700, "10.1.0.8", "slurm-41-0", 1, "cpu")),
+    ("master_addr_variable", [], {**NODE1, E.MASTER_ADDR: "n1"}, 0,
+     (2, 1, "10.3.0.1", 29500, "10.1.0.8", "slurm-41-0", 1, "cpu")),
+    ("sub_step_of_one_node", [], {**NODE0, E.SLURM_NNODES: "1", E.SLURM_STEP_NUM_NODES: "1",
+                                  E.SLURM_STEP_NUM_TASKS: "1", E.SLURM_STEP_NODELIST: "gpu07"}, 0,
+     (1, 0, None, None, None, "slurm-41-0", 1, "cpu")),
+    ("gpus_on_node", [], {**NODE0, E.SLURM_GPUS_ON_NODE: "2", E.CUDA_VISIBLE_DEVICES: "2,3"}, 2,
+     (2, 0, "10.1.0.7", 29500, "10.1.0.7", "slurm-41-0", 2, "gpu")),
+    ("gpus_flag_wins", ["--gpus", "2"], {**NODE0, E.SLURM_GPUS_ON_NODE: "2", E.CUDA_VISIBLE_DEVICES: "2,3"}, 2,
+     (2, 0, "10.1.0.7", 29500, "10.1.0.7", "slurm-41-0", 1, "gpu")),
+    ("batch_script_one_node_by_flag", ["--nnodes", "1"], BATCH, 0, (1, 0, None, None, None, None, 1, "cpu")),
+    ("batch_of_one_node", [], {**BATCH, E.SLURM_NNODES: "1", E.SLURM_JOB_NODELIST: "gpu07"}, 0,
+     (1, 0, None, None, None, None, 1, "cpu")),
+    ("standalone_ignores_slurm", ["--standalone"], NODE1, 0, (1, 0, None, None, None, None, 1, "cpu")),
+    ("pytorchjob_worker", [], PYTORCHJOB, 0, (3, 2, "10.2.0.1", 23456, None, None, 1, "cpu")),
+    ("pytorchjob_master", [], {**PYTORCHJOB, E.RANK: "0"}, 0, (3, 0, "10.2.0.1", 23456, "10.2.0.1", None, 1, "cpu")),
+    ("torchrun_worker_variables_are_not_nodes", [], {**PYTORCHJOB, E.LOCAL_RANK: "0"}, 0,
+     (1, 0, None, None, None, None, 1, "cpu")),
+    ("paddle_worker_ignores_slurm", [], {**NODE1, E.PADDLE_TRAINER_ID: "1", E.PADDLE_TRAINERS_NUM: "2"}, 0,
+     (1, 0, None, None, None, None, 1, "cpu")),
+]
+
+
+@pytest.mark.parametrize("argv, environ, gpus, want", [c[1:] for c in CLUSTER], ids=[c[0] for c in CLUSTER])
+def test_cluster_variables_to_plan(argv, environ, gpus, want):
+    assert plan_fields(cluster_plan(argv, environ, gpus)) == want
+
+
+CLUSTER_BAD = [
+    ("nnodes_conflict", ["--nnodes", "3"], NODE1,
+     "--nnodes 3 disagrees with SLURM_STEP_NUM_NODES=2 set by the scheduler; drop --nnodes"),
+    ("node_rank_conflict", ["--node_rank", "0"], NODE1,
+     "--node_rank 0 disagrees with SLURM_NODEID=1 set by the scheduler; drop --node_rank"),
+    ("pytorchjob_conflict", ["--nnodes", "2"], PYTORCHJOB,
+     "--nnodes 2 disagrees with WORLD_SIZE=3 set by the scheduler; drop --nnodes"),
+    ("batch_script_of_two_nodes", [], BATCH, "srun --ntasks-per-node=1 ppmulti launch"),
+    ("salloc_shell_of_two_nodes", [], {E.SLURM_JOB_ID: "9", E.SLURM_NNODES: "2", E.SLURM_JOB_NODELIST: "gpu[07-08]"},
+     "salloc shell"),
+    ("tasks_per_rank", [], {**NODE0, E.SLURM_STEP_NUM_TASKS: "4"},
+     "srun started 4 tasks on 2 nodes; ppmulti launch starts the ranks itself and wants one task per node"),
+    ("master_does_not_resolve", [], {**NODE0, E.SLURM_STEP_NODELIST: "nowhere[1-2]"},
+     "nowhere1 (node 0, from SLURM_STEP_NODELIST) does not resolve to an IPv4 address here; pass --master_addr"),
+    ("bad_master_port_variable", [], {**NODE0, E.MASTER_PORT: "x"},
+     "MASTER_PORT=x in the environment is not a TCP port (1..65535); fix or unset it, or pass --master_port"),
+    ("bad_count_variable", [], {**NODE0, E.SLURM_STEP_NUM_NODES: "two"},
+     "SLURM_STEP_NUM_NODES=two in the environment is not a whole number"),
+]
+
+
+@pytest.mark.parametrize("argv, environ, needle", [c[1:] for c in CLUSTER_BAD], ids=[c[0] for c in CLUSTER_BAD])
+def test_cluster_conflicts_are_one_line(argv, environ, needle):
+    with pytest.raises(UserError) as info:
+        cluster_plan(argv, environ)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cluster_notes_say_where_each_value_came_from():
+    notes = cluster_plan([], NODE1).notes
+    assert notes[:5] == ("--nnodes 2 from SLURM_STEP_NUM_NODES", "--node_rank 1 from SLURM_NODEID",
+                         "--master_addr 10.1.0.7: gpu07 from SLURM_STEP_NODELIST", "--host 10.1.0.8: this node's address",
+                         "--job_id slurm-41-0 from SLURM_JOB_ID")
+    argv, _ = to_paddle(cluster_plan([], NODE1), PADDLE_2_6)
+    assert argv[3:argv.index(WORKER_PATH)] == ["--nproc_per_node", "1", "--master", "10.1.0.7:29501", "--nnodes", "2",
+                                                "--rank", "1", "--host", "10.1.0.8", "--job_id", "slurm-41-0"]

@@ -83,6 +83,22 @@ GROUP_RANK = "GROUP_RANK"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 
+# --- What a cluster scheduler tells each node (read by ppmulti/procs/launch/cluster_env.py, never written) ---
+# SLURM (srun's and sbatch's output environment). In an srun step the STEP_ variables describe the step, which
+# may use fewer nodes than the job; the batch script and an salloc shell have no SLURM_STEP_ID.
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_STEP_ID = "SLURM_STEP_ID"
+SLURM_NNODES = "SLURM_NNODES"
+SLURM_STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
+SLURM_NODEID = "SLURM_NODEID"                          # this node's index in the step's node list
+SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"              # compressed, e.g. n[1-2,5]
+SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
+SLURMD_NODENAME = "SLURMD_NODENAME"                    # this node's name
+SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
+# Kubeflow's PyTorchJob gives every pod MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK (this pod): the
+# torchrun names below, read as node facts only outside a launcher's worker (no LOCAL_RANK, no Paddle ids).
+
 # --- ppmulti's own ---
 PPMULTI_NODE_RANK = "PPMULTI_NODE_RANK"
 PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: the runner knows ranks started

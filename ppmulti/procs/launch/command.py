@@ -37,6 +37,7 @@ def pop_detach(argv: list[str]) -> tuple[bool, list[str]]:
 
 
 def _launch(argv: list[str]) -> int:
+    from ppmulti.procs.launch.cluster_env import resolve
     from ppmulti.procs.launch.flags import build_parser, build_plan, parse_launch_args, split_argv
     from ppmulti.procs.launch.runner import local_addresses, run, visible_gpu_count
 
@@ -65,7 +66,8 @@ def _launch(argv: list[str]) -> int:
     check_nodes_only_flags(ns)
     # address discovery can wait on DNS; only multi-node launches need it
     need_addrs = bool(ns.ips or ns.master_addr or ns.master)
-    plan = build_plan(ns, os.environ, local_addresses() if need_addrs else set(), visible_gpu_count(os.environ))
+    plan = build_plan(ns, os.environ, local_addresses() if need_addrs else set(), visible_gpu_count(os.environ),
+                      resolve=resolve)
     return run(plan, dry_run=ns.dry_run)
 
 

@@ -13,6 +13,7 @@ from ppmulti.common import envvars as E
 from ppmulti.common.compat import LauncherSpec, launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import WORKER_SCRIPT
+from ppmulti.procs.launch.cluster_env import Resolve, with_cluster
 from ppmulti.procs.launch.plan import (DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, DEFAULT_START_PORT, LaunchPlan,
                                        check_device, check_gpu_count, check_host_in_ips, check_ips,
                                        check_master_addr, check_no_gpus_on_cpu, check_node_rank_in_ips, check_nproc,
@@ -484,11 +485,13 @@ def restarts_of(ns: argparse.Namespace) -> Restarts:
 
 
 def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
-               device_count: int | None, spec: LauncherSpec | None = None) -> LaunchPlan:
+               device_count: int | None, spec: LauncherSpec | None = None, resolve: Resolve | None = None) -> LaunchPlan:
     """Turn parsed flags into a checked LaunchPlan; ``local_addrs`` and ``device_count`` come from the caller,
-    ``spec`` (default: the installed Paddle's) says how its launcher behaves."""
+    ``spec`` (default: the installed Paddle's) says how its launcher behaves, ``resolve`` turns the host names
+    a scheduler gives (SLURM's node list) into addresses (default: kept as names)."""
     spec = spec or launcher_spec()
     script, script_args = script_of(ns, spec)
+    ns, cluster_notes = with_cluster(ns, environ, resolve)
     nodes = nodes_of(ns, environ, local_addrs)
     devices = devices_of(ns, environ, device_count, spec)
     start = start_port_of(ns, environ, spec)
@@ -499,7 +502,7 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         master_port_flag=nodes.master_port_flag, ips=nodes.ips, host=nodes.host, device=devices.device,
         devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
         max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
-        notes=(*nodes.notes, *start.notes))
+        notes=(*cluster_notes, *nodes.notes, *start.notes))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -129,6 +129,13 @@ def check_node_rank_in_ips(ips: tuple[str, ...], host: str, node_rank: int) -> N
                         f"{ips.index(host)} of --ips {','.join(ips)}; drop --node_rank")
 
 
+def check_cluster_flag(flag: str, given: int, var: str, value: int) -> None:
+    """A flag repeating what the scheduler fixed (how many nodes, which one this is) must agree with it:
+    a different one would wait for nodes that never come."""
+    if given != value:
+        raise UserError(f"{flag} {given} disagrees with {var}={value} set by the scheduler; drop {flag}")
+
+
 def check_max_restarts(max_restarts: int | None) -> None:
     if max_restarts is not None and max_restarts < 0:
         raise UserError(f"--max_restarts {max_restarts}: need 0 or more")
