@@ -62,6 +62,13 @@ setup(
     # tested on 3.10-3.13; Paddle has no wheels for 3.14 yet
     python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
-    extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"]},
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"],
+        # tools/export.py --format onnx (not needed for training). paddle2onnx by Paddle, as the stack markers
+        # pick Paddle: 1.3.1 reads Paddle 2.6's model.pdmodel (2.x imports paddle.decomposition, absent in 2.6);
+        # 2.1.0 reads Paddle 3's PIR model.json (1.x knows no PIR; compat.pir_interp_scale_as_float bridges
+        # Paddle 3.3.1's double interp scales). onnx edits the batch dimension; onnxruntime runs the result.
+        "export": [f"paddle2onnx==1.3.1; {PY_OLD}", f"paddle2onnx==2.1.0; {PY_NEW}", "onnx<=1.17.0", "onnxruntime"],
+    },
     entry_points={"console_scripts": ["ppmulti = ppmulti.cli:main"]},
 )

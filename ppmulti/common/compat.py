@@ -334,6 +334,74 @@ def cpu_predictor_config(model_dir: Path | str, threads: int = 1) -> Any:
     return config
 
 
+# ONNX export through paddle2onnx: which release reads which Paddle's programs, and how each is called.
+
+def paddle2onnx_wanted(version: tuple[int, ...] | None = None) -> str:
+    """The paddle2onnx release that converts what Paddle ``version`` (default: the installed one) exports, as a
+    pip requirement (setup.py's ``export`` extra pins the same): 1.3.1 reads Paddle 2.6's ``model.pdmodel``
+    (2.x imports ``paddle.decomposition``, which Paddle 2.6 lacks); 2.1.0 reads Paddle 3's PIR ``model.json``
+    (1.x knows no PIR)."""
+    return "paddle2onnx==2.1.0" if paddle3(version) else "paddle2onnx==1.3.1"
+
+
+def paddle2onnx_fits(p2o_version: tuple[int, ...], version: tuple[int, ...] | None = None) -> bool:
+    """Whether paddle2onnx ``p2o_version`` reads the programs of Paddle ``version`` (see paddle2onnx_wanted)."""
+    return (tuple(p2o_version) >= (2,)) == paddle3(version)
+
+
+def pir_interp_scale_as_float(program: dict) -> int:
+    """F4: Paddle 3.3.1 writes the ``scale`` attribute of its interpolation ops (the necks' nearest upsampling)
+    into a PIR ``model.json`` as an array of doubles (type ``0.a_f64``); paddle2onnx 2.1.0 accepts floats only
+    and stops: ``(Unimplemented) the 0th elementwise MUST be ir::FloatAttribute`` (pir_parser.cc:814); Paddle
+    issue #79749 is the same attribute breaking the oneDNN predictor. Here, in a parsed ``model.json``, those
+    elements become floats (``0.a_f32``; the values, 2.0, are exact in either). Returns how many changed."""
+    changed = 0
+    stack: list[Any] = [program]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if str(node.get("#", "")).endswith("_interp"):
+                for attr in node.get("A", []):
+                    if isinstance(attr, dict) and attr.get("N") == "scale":
+                        for item in attr.get("AT", {}).get("D", []):
+                            if isinstance(item, dict) and item.get("#") == "0.a_f64":
+                                item["#"] = "0.a_f32"
+                                changed += 1
+            stack.extend(node.values())
+    return changed
+
+
+def paddle_to_onnx(model_dir: Path | str, opset: int) -> bytes:
+    """Convert the inference model in ``model_dir`` (``exported_program_name()`` + ``model.pdiparams``) to an
+    ONNX model with the installed paddle2onnx. 1.3.1 raises on failure; 2.1.0's ``export`` logs the error and
+    calls ``sys.exit(-1)``, so any exception, that exit or an empty result becomes one RuntimeError here. 2.1.0 is
+    called without ``save_file``: given one, it would run polygraphy, which may pip-install packages at run time."""
+    import json
+    import tempfile
+
+    import paddle2onnx
+
+    model_dir = Path(model_dir)
+    program = model_dir / exported_program_name()
+    with tempfile.TemporaryDirectory(prefix="ppmulti-onnx-") as tmp:
+        if program.suffix == ".json":
+            parsed = json.loads(program.read_text())
+            if pir_interp_scale_as_float(parsed):
+                program = Path(tmp) / program.name
+                program.write_text(json.dumps(parsed))
+        try:
+            data = paddle2onnx.export(str(program), str(model_dir / "model.pdiparams"), save_file=None,
+                                      opset_version=opset, auto_upgrade_opset=True, verbose=False,
+                                      enable_onnx_checker=True)
+        except (Exception, SystemExit) as exc:   # noqa: BLE001 - its C++ errors, and 2.1.0's sys.exit(-1) after them
+            raise RuntimeError(f"paddle2onnx {paddle2onnx.__version__} could not convert {program}: {exc}") from exc
+    if not data:
+        raise RuntimeError(f"paddle2onnx {paddle2onnx.__version__} could not convert {program} (see its log above)")
+    return data
+
+
 def set_num_threads(threads: int) -> None:
     """OpenMP and MKL threads of this process: Paddle 2.6.2 has no public API for it, only
     ``paddle.base.core.set_num_threads`` (``paddle.fluid.core`` before Paddle 2.5)."""

@@ -1,4 +1,4 @@
-"""Using trained weights: evaluate, predict onto PNGs, export a Paddle inference model."""
+"""Using trained weights: evaluate, predict onto PNGs, export a Paddle inference model (NMS in or out)."""
 
 from __future__ import annotations
 
@@ -148,20 +148,41 @@ def draw_boxes(img, detections: list[dict], catid2name: dict) -> None:
         draw.text((x + 2, max(0, y - th - 2)), label, fill=(255, 255, 255))
 
 
-def export(config: str, overrides: list[str], weights: str | None, output_dir: str) -> Path:
-    """Write a Paddle inference model with ppdet's exporter: the program (``model.pdmodel`` on Paddle 2.6,
-    ``model.json`` on Paddle 3: ``compat.exported_program_name()``), ``model.pdiparams`` and ``infer_cfg.yml``."""
+def leave_nms_out(model) -> None:
+    """Make the model's head return decoded boxes and scores without NMS: boxes [B, N, 4] (x1, y1, x2, y2 in
+    original-image pixels) and scores [B, C, N] (ppdet's ``exclude_nms``, honoured by PP-YOLOE's and ppmulti's
+    YOLOv5 head)."""
+    heads = [layer for layer in model.sublayers() if hasattr(layer, "exclude_nms")]
+    if not heads:
+        raise UserError(f"--no-nms: {type(model).__name__}'s head cannot leave NMS out (no exclude_nms); "
+                        f"export with NMS in the graph")
+    for head in heads:
+        head.exclude_nms = True
+
+
+def export_model(cfg, model, output_dir: str) -> Path:
+    """ppdet's exporter on a built model: the program (``model.pdmodel`` on Paddle 2.6, ``model.json`` on
+    Paddle 3: ``compat.exported_program_name()``), ``model.pdiparams`` and ``infer_cfg.yml`` in
+    ``output_dir/<config name>``, which is returned."""
     from ppdet.engine import Trainer
 
     from ppmulti.common.compat import exported_program_name, full_graph_to_static
 
-    cfg, model = build_model(config, overrides, weights)
     cfg["model"] = model  # ppdet's Trainer takes a ready model from the config
     trainer = Trainer(cfg, mode="test")
     with full_graph_to_static():
         trainer.export(output_dir)
-    dst = Path(output_dir) / cfg["filename"]
+    dst = Path(output_dir) / cfg["filename"]   # ppdet keeps the config file's stem here
     for name in (exported_program_name(), "model.pdiparams"):
         if not (dst / name).is_file():
             raise RuntimeError(f"export finished but {dst / name} is missing")
     return dst
+
+
+def export(config: str, overrides: list[str], weights: str | None, output_dir: str, nms: bool = True) -> Path:
+    """Write a Paddle inference model with ppdet's exporter (see ``export_model``); ``nms=False`` leaves NMS
+    out of the graph (``leave_nms_out``)."""
+    cfg, model = build_model(config, overrides, weights)
+    if not nms:
+        leave_nms_out(model)
+    return export_model(cfg, model, output_dir)

@@ -1,0 +1,91 @@
+"""ONNX export: the Paddle inference model converted by paddle2onnx, NMS in or out of the graph, fixed or dynamic batch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ppmulti.common import compat
+from ppmulti.common.atomic import atomic_path
+from ppmulti.common.errors import UserError
+
+log = logging.getLogger("ppmulti")
+
+INSTALL = 'pip install -e ".[export]"'
+ONNX_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class OnnxOptions:
+    """What the ONNX graph holds. ``nms``: ppdet's multiclass NMS as ONNX NonMaxSuppression (outputs: detections
+    [N, 6] class, score, x1, y1, x2, y2 and their count per image [B]); without it, the decoded boxes [B, N, 4]
+    and scores [B, C, N]. ``dynamic``: a symbolic batch dimension, else ``batch`` images exactly."""
+
+    nms: bool = True
+    dynamic: bool = False
+    batch: int = 1
+    opset: int = 11
+
+    def check(self) -> None:
+        if self.batch < 1:
+            raise UserError(f"--batch-size {self.batch}: give 1 or more images per batch")
+        if self.nms and (self.dynamic or self.batch != 1):
+            what = "--dynamic" if self.dynamic else f"--batch-size {self.batch}"
+            raise UserError(f"{what} with NMS in the graph: paddle2onnx's NonMaxSuppression export handles one "
+                            f"image per run; add --no-nms (boxes and scores out, NMS yours) or export batch 1")
+        if not 11 <= self.opset <= 17:
+            raise UserError(f"--opset {self.opset}: use 11 to 17 (NonMaxSuppression needs 10+, paddle2onnx stops at 17)")
+
+
+def require_paddle2onnx() -> str:
+    """The installed paddle2onnx's version, or one line saying how to install the one this Paddle needs."""
+    try:
+        import onnx  # noqa: F401  (fix_batch edits the converted model with it)
+        import paddle2onnx
+    except ImportError:
+        raise UserError(f"--format onnx needs paddle2onnx and onnx (onnxruntime to run the result): {INSTALL}") from None
+    text = str(getattr(paddle2onnx, "__version__", "0"))
+    version = tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+    if not compat.paddle2onnx_fits(version):
+        raise UserError(f"paddle2onnx {text} does not read this Paddle's exported programs: "
+                        f"pip install \"{compat.paddle2onnx_wanted()}\" (or {INSTALL})")
+    return text
+
+
+def fix_batch(data: bytes, batch: int) -> bytes:
+    """The ONNX model with the batch dimension of every input set to ``batch`` (ppdet exports it symbolic).
+    Only the declared input shapes change, so onnxruntime refuses another batch; the graph stays as converted
+    (paddle2onnx's own shape optimizer breaks the NMS subgraph: "Gather ... data tensor must have rank >= 1")."""
+    import onnx
+
+    model = onnx.load_from_string(data)
+    for graph_input in model.graph.input:
+        dims = graph_input.type.tensor_type.shape.dim
+        if dims:
+            dims[0].Clear()
+            dims[0].dim_value = batch
+    return model.SerializeToString()
+
+
+def export_onnx(config: str, overrides: list[str], weights: str | None, output_dir: str,
+                opts: OnnxOptions = OnnxOptions()) -> Path:
+    """Export the Paddle inference model (kept beside, as ppdet writes it), convert it to ``model.onnx`` in the
+    same directory and return that file's path."""
+    from ppmulti.rank.engine import inference
+
+    opts.check()
+    version = require_paddle2onnx()
+    cfg, model = inference.build_model(config, overrides, weights)
+    if not opts.nms:
+        inference.leave_nms_out(model)
+    model_dir = inference.export_model(cfg, model, output_dir)
+    data = compat.paddle_to_onnx(model_dir, opts.opset)
+    dst = model_dir / ONNX_FILE
+    if not opts.dynamic:
+        data = fix_batch(data, opts.batch)
+    with atomic_path(dst) as tmp:
+        Path(tmp).write_bytes(data)
+    log.info("paddle2onnx %s: %s (opset %d, NMS %s, batch %s)", version, dst, opts.opset,
+             "in the graph" if opts.nms else "left out", "dynamic" if opts.dynamic else opts.batch)
+    return dst
