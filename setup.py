@@ -17,6 +17,7 @@ if PADDLE not in ("paddlepaddle", "paddlepaddle-gpu", "none"):
 
 PY_OLD = "python_version < '3.12'"    # stack 1: Paddle 2.6.2 (its wheels stop at 3.12; 3.12 goes to stack 2)
 PY_NEW = "python_version >= '3.12'"   # stack 2: Paddle 3.3.1 (the only Paddle with 3.13 wheels)
+NO_P2O = "python_version >= '3.13'"   # no paddle2onnx wheel for it (checked on PyPI, 2026-11-23)
 
 PADDLE_REQUIRES = [] if PADDLE == "none" else [
     f"{PADDLE}==2.6.2; {PY_OLD}",
@@ -68,7 +69,10 @@ setup(
         # pick Paddle: 1.3.1 reads Paddle 2.6's model.pdmodel (2.x imports paddle.decomposition, absent in 2.6);
         # 2.1.0 reads Paddle 3's PIR model.json (1.x knows no PIR; compat.pir_interp_scale_as_float bridges
         # Paddle 3.3.1's double interp scales). onnx edits the batch dimension; onnxruntime runs the result.
-        "export": [f"paddle2onnx==1.3.1; {PY_OLD}", f"paddle2onnx==2.1.0; {PY_NEW}", "onnx<=1.17.0", "onnxruntime"],
+        # Python 3.13: paddle2onnx publishes no wheel (2.1.0 stops at 3.12) and onnx 1.17 none either, so the extra
+        # brings onnxruntime alone there and --format onnx says to export from a 3.10-3.12 environment.
+        "export": [f"paddle2onnx==1.3.1; {PY_OLD}", f"paddle2onnx==2.1.0; {PY_NEW} and {NO_P2O.replace('>=', '<')}",
+                   f"onnx<=1.17.0; {NO_P2O.replace('>=', '<')}", "onnxruntime"],
     },
     entry_points={"console_scripts": ["ppmulti = ppmulti.cli:main"]},
 )

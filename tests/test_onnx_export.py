@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,10 @@ from conftest import DEMO_CONFIG, demo_overrides, one_line_error, run_tool
 from ppmulti.common import compat
 
 pytestmark = pytest.mark.slow
+
+# paddle2onnx has no wheel for Python 3.13 (setup.py's export extra installs none there; README's test command
+# still passes). CI's stacks are 3.11 and 3.12, where every test below runs.
+needs_p2o = pytest.mark.skipif(sys.version_info >= (3, 13), reason="paddle2onnx publishes no Python 3.13 wheel")
 
 SIZE = 128
 # Tolerances between onnxruntime and Paddle's predictor on the same inputs, both float32 on the CPU: box
@@ -88,6 +93,7 @@ class Runtimes:
         return ours, theirs
 
 
+@needs_p2o
 def test_without_nms_dynamic_batch_matches_paddle(model, tmp_path):
     onnx_file = _export(model, tmp_path, "--no-nms", "--dynamic")
     rt = Runtimes(onnx_file)
@@ -130,6 +136,7 @@ def _match(paddle_dets: np.ndarray, onnx_dets: np.ndarray) -> int:
     return len(paddle_dets) - len(lone_paddle)
 
 
+@needs_p2o
 def test_with_nms_in_the_graph_matches_paddle(model, tmp_path):
     # no top-k cut: before NMS, every candidate of a class (nms_top_k); after it, every kept box (keep_top_k).
     # A cut would let score ties decide which boxes make it, and random heads make close scores.
@@ -186,6 +193,7 @@ def test_interp_scale_doubles_become_floats():
 
 
 @pytest.mark.skipif(not compat.paddle3(), reason="Paddle 2.6 writes model.pdmodel, which paddle2onnx 1.3.1 reads as is")
+@needs_p2o
 def test_paddle3_program_needs_the_interp_scale_fix(model, tmp_path):
     """F4 shown on a real export: paddle2onnx 2.1.0 refuses Paddle 3.3.1's model.json until the fix runs."""
     import json

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from ppmulti.common.errors import UserError
 log = logging.getLogger("ppmulti")
 
 INSTALL = 'pip install -e ".[export]"'
+P2O_PYTHON_LIMIT = (3, 13)   # the first Python without a paddle2onnx wheel (setup.py's export extra says the same)
 ONNX_FILE = "model.onnx"
 
 
@@ -44,6 +46,10 @@ def require_paddle2onnx() -> str:
         import onnx  # noqa: F401  (fix_batch edits the converted model with it)
         import paddle2onnx
     except ImportError:
+        if sys.version_info >= P2O_PYTHON_LIMIT:
+            raise UserError(f"--format onnx needs paddle2onnx, which has no release for Python "
+                            f"{sys.version_info[0]}.{sys.version_info[1]} (2.1.0 stops at 3.12): export from a Python "
+                            f"3.10-3.12 environment with {INSTALL}") from None
         raise UserError(f"--format onnx needs paddle2onnx and onnx (onnxruntime to run the result): {INSTALL}") from None
     text = str(getattr(paddle2onnx, "__version__", "0"))
     version = tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
