@@ -54,7 +54,8 @@ def command(model: str, amp: bool, data: Path, out: Path, args: argparse.Namespa
                "--epochs", str(args.demo_epochs)]
     else:
         cmd = [*train, "--cfg", "yolov5s", "--data", str(data / "data.yaml"), "--weights", "", "--hyp",
-               str(REPO / "configs" / "hyps" / HYP), "--img", str(args.img), "--noval", "--epochs", str(args.yolo_epochs)]
+               str(REPO / "configs" / "hyps" / HYP), "--img", str(args.img), "--noval",
+               "--epochs", str(args.yolo_epochs)]
     cmd += ["--batch", "16", "--device", "cpu", "--seed", str(seed), "--output", str(out / "run"), "--noplots"]
     if args.nproc > 1:
         cmd += ["--nproc", str(args.nproc)]
