@@ -244,6 +244,15 @@ def test_cpu_bf16_training_runs_and_its_loss_falls(small_demo, tmp_path):
     assert {str(v.dtype) for v in weights.values() if "float" in str(v.dtype)} == {"paddle.float32"}
 
 
+@pytest.mark.slow
+def test_amp_without_bf16_convolutions_says_so_and_trains_float32(small_demo, tmp_path):
+    out = tmp_path / "noeffect"
+    proc = run_tool(_demo_args(small_demo, out, "-o", "amp=true", "--epochs", "1"), env={"PPMULTI_CPU_CONV": "paddle"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in (out / "train.log").read_text().splitlines() if "amp" in line.lower()]
+    assert len(lines) == 1 and "WARNING amp: true in the config has no effect here: PPMULTI_CPU_CONV=paddle" in lines[0]
+
+
 SCALER_RUN = GPU_LIKE_SCALER + textwrap.dedent("""
     import runpy, sys
     from ppmulti.rank.engine.hooks import amp
