@@ -1,5 +1,6 @@
-"""Every convolution of one YOLOv5s forward, forward + backward, on ppmulti's oneDNN op and Paddle's conv2d
-(and, with --torch PYTHON, torch's), each layer timed for every kernel in one process, best of --repeat.
+"""Every convolution of one YOLOv5s forward, forward + backward, on ppmulti's oneDNN op (float32, and its bf16
+variant that --amp uses on CPUs with AVX512-BF16/AMX) and Paddle's conv2d (and, with --torch PYTHON, torch's),
+each layer timed for every kernel in one process, best of --repeat.
 
     python bench/conv_layers.py [--img 160] [--batch 16] [--threads 2] [--torch bench/.venv-yolov5/bin/python]
 
@@ -90,6 +91,7 @@ def main() -> None:
     paddle.set_device("cpu")
     compat.set_num_threads(args.threads)
     op = ops_conv.load_op()
+    bf16 = ops_conv.load_bf16_op()
     shapes = _layer_shapes(args.img, args.batch)
     rows = []
     for xs, ws, s, p, n in shapes:
@@ -97,7 +99,7 @@ def main() -> None:
         x.stop_gradient = False
         w = paddle.randn(ws) * 0.1
         w.stop_gradient = False
-        kernels = {"onednn": lambda: op(x, w, [s, s], [p, p]),
+        kernels = {"onednn": lambda: op(x, w, [s, s], [p, p]), "onednn_bf16": lambda: bf16(x, w, [s, s], [p, p]),
                    "paddle": lambda: paddle.nn.functional.conv2d(x, w, stride=s, padding=p)}
         best = {}
         for _ in range(args.repeat):
@@ -110,7 +112,7 @@ def main() -> None:
                     y.backward(paddle.ones_like(y))
                 best[name] = min(best.get(name, 1e9), (time.perf_counter() - t) / 4 * 1000)
         rows.append({"input": xs, "weight": ws, "stride": s, "padding": p, "count": n,
-                     "onednn_ms": round(best["onednn"], 3), "paddle_ms": round(best["paddle"], 3)})
+                     **{f"{k}_ms": round(v, 3) for k, v in best.items()}})
     if args.torch:
         spec = Path(args.out).with_suffix(".shapes.json")
         spec.write_text(json.dumps(shapes))
@@ -119,7 +121,7 @@ def main() -> None:
         spec.unlink()
         for row, ms in zip(rows, json.loads(proc.stdout.strip().splitlines()[-1])):
             row["torch_ms"] = round(ms, 3)
-    kernels = ["onednn", "paddle"] + (["torch"] if args.torch else [])
+    kernels = ["onednn", "onednn_bf16", "paddle"] + (["torch"] if args.torch else [])
     totals = {k: sum(r[f"{k}_ms"] * r["count"] for r in rows) for k in kernels}
     print("| input | weight | stride | count | " + " | ".join(f"{k} ms" for k in kernels) + " |")
     print("| --- | --- | --- | --- | " + " | ".join("---" for _ in kernels) + " |")
@@ -129,6 +131,7 @@ def main() -> None:
     print(f"\nsum over {sum(r['count'] for r in rows)} convolutions (ms, forward + backward): "
           + ", ".join(f"{k} {v:.0f}" for k, v in totals.items())
           + f"; Paddle / oneDNN {totals['paddle'] / totals['onednn']:.2f}x"
+          + f"; oneDNN float32 / bf16 {totals['onednn'] / totals['onednn_bf16']:.2f}x"
           + (f"; oneDNN / torch {totals['onednn'] / totals['torch']:.2f}x" if args.torch else ""))
     atomic_write_text(args.out, json.dumps({"img": args.img, "batch": args.batch, "threads": args.threads,
                                             "totals_ms": totals, "rows": rows}, indent=1) + "\n")

@@ -44,7 +44,7 @@ torchvision (stated in the output as well)
     ``torchvision.ops.nms`` at it. YOLOv5 calls NMS only in validation (after its last epoch here), never in
     the timed training epochs; everything else of torchvision (transforms, datasets) is the real package.
 
-Run:  python bench/vs_yolov5.py --yolov5 DIR [--img 160 320] [--epochs 3] [--rounds 2] [--nproc 2]
+Run:  python bench/vs_yolov5.py --yolov5 DIR [--img 160 320] [--epochs 3] [--rounds 2] [--nproc 2] [--amp]
 Writes bench/results/vs_yolov5.json (--out) and prints a markdown table.
       python bench/vs_yolov5.py --yolov5 DIR --check-convert
 checks tools/convert_yolov5.py instead: a random yolov5s made in the YOLOv5 venv, converted and run by ppmulti in
@@ -349,7 +349,7 @@ def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
 
 
 def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: Path, auto_threads: bool,
-                paddle_conv: bool = False) -> dict:
+                paddle_conv: bool = False, amp: bool = False) -> dict:
     from ppmulti.common.metrics import read_results
     from ppmulti.common.envvars import PPMULTI_CPU_CONV
 
@@ -360,6 +360,8 @@ def run_ppmulti(nproc: int, data: Path, img: int, batch: int, epochs: int, out: 
            "--output", str(out / "run")]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
+    if amp:   # bfloat16 convolutions on a CPU with AVX512-BF16/AMX (ppmulti/rank/engine/hooks/amp.py)
+        cmd += ["--amp"]
     threads, env = ppmulti_threads(nproc, auto_threads)
     if paddle_conv:   # Paddle's own conv2d kernel instead of ppmulti's oneDNN op (ppmulti/rank/ops)
         env = {**env, PPMULTI_CPU_CONV: "paddle"}
@@ -420,6 +422,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--paddle-conv", action="store_true",
                     help="add a 1-process ppmulti case on Paddle's own conv2d kernel (PPMULTI_CPU_CONV=paddle), "
                          "to measure the oneDNN op's gain in the same run")
+    ap.add_argument("--amp", action="store_true",
+                    help="add ppmulti cases with --amp (bfloat16 convolutions on CPUs with AVX512-BF16/AMX), "
+                         "1 process and --nproc ranks")
     ap.add_argument("--threads-auto", action="store_true",
                     help="let ppmulti pick its threads (default: pinned to cores // ranks, as torch takes all cores)")
     ap.add_argument("--check-convert", action="store_true",
@@ -461,6 +466,8 @@ def main(argv: list[str] | None = None) -> None:
     cases = [("yolov5", 1), ("ppmulti", 1)] + ([("ppmulti", args.nproc)] if args.nproc > 1 else [])
     if args.paddle_conv:
         cases.append(("ppmulti-paddleconv", 1))
+    if args.amp:
+        cases += [("ppmulti-amp", 1)] + ([("ppmulti-amp", args.nproc)] if args.nproc > 1 else [])
     runs: dict[str, list[dict]] = {}
     for img in args.img:
         for r in range(args.rounds):
@@ -469,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
                 t = time.time()
                 res = (run_yolov5(python, yolov5, data, img, args.batch, args.epochs, out) if side == "yolov5"
                        else run_ppmulti(n, data, img, args.batch, args.epochs, out, args.threads_auto,
-                                        paddle_conv=side == "ppmulti-paddleconv"))
+                                        paddle_conv=side == "ppmulti-paddleconv", amp=side == "ppmulti-amp"))
                 res["round"] = r
                 runs.setdefault(key, []).append(res)
                 print(f"round {r + 1}/{args.rounds} img {img} {side} x{n}: {res['images'] / res['seconds']:.2f} "
@@ -516,7 +523,8 @@ def main(argv: list[str] | None = None) -> None:
           "| per round |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        name = {"yolov5": "ultralytics/yolov5", "ppmulti-paddleconv": "ppmulti, Paddle's conv2d"}.get(r["side"], "ppmulti")
+        name = {"yolov5": "ultralytics/yolov5", "ppmulti-paddleconv": "ppmulti, Paddle's conv2d",
+                "ppmulti-amp": "ppmulti --amp (bf16 convs)"}.get(r["side"], "ppmulti")
         print(f"| {name} | {r['processes']} | {r['threads_per_process']} | {r['img']} | {r['images_per_s']:.2f} | "
               f"{r['ratio_vs_yolov5']:.2f} | {r['median_per_round_ratio']:.2f} | "
               f"{', '.join(f'{v:.2f}' for v in r['per_round_images_per_s'])} |")

@@ -142,3 +142,80 @@ def test_unbuildable_op_falls_back_with_one_warning(monkeypatch, tmp_path):
     warnings = [r.getMessage() for r in records]
     assert len(warnings) == 2 and "headers not found" in warnings[0]
     assert not any("forward" in layer.__dict__ for layer in model.sublayers())
+
+
+# ----------------------------------------------------------------------------- the bf16 variant (--amp on CPU)
+BF16_RTOL = 1.5e-2   # bfloat16 keeps 8 significant bits (relative step 2^-8 = 0.4%); sums accumulate in float32
+
+
+@pytest.fixture(scope="module")
+def bf16_op(op):
+    return ops_conv.load_bf16_op()
+
+
+@pytest.mark.parametrize("shape,out_ch,k,stride,pad", [
+    ((2, 3, 32, 32), 8, 6, 2, 2),
+    ((2, 8, 17, 13), 16, 3, 2, 1),
+    ((3, 16, 10, 10), 16, 3, 1, 1),
+    ((2, 16, 9, 9), 32, 1, 1, 0),
+])
+def test_bf16_values_and_gradients_are_close_to_paddle_float32(bf16_op, shape, out_ch, k, stride, pad):
+    """float32 in and out; within bf16's precision of Paddle's float32 conv2d, and really computed in bf16
+    (further from it than the float32 op is)."""
+    paddle.seed(0)
+    x = paddle.randn(shape)
+    x.stop_gradient = False
+    w = paddle.randn([out_ch, shape[1], k, k]) * 0.1
+    w.stop_gradient = False
+    y = bf16_op(x, w, [stride, stride], [pad, pad])
+    ref = paddle.nn.functional.conv2d(x, w, stride=stride, padding=pad)
+    assert y.dtype == paddle.float32 and y.shape == ref.shape
+    g = paddle.randn(ref.shape)
+    dx, dw = paddle.grad(y, [x, w], g)
+    rdx, rdw = paddle.grad(ref, [x, w], g)
+    assert dx.dtype == paddle.float32 and dw.dtype == paddle.float32
+    for got, want in ((y, ref), (dx, rdx), (dw, rdw)):
+        _close(got, want, rtol=BF16_RTOL)
+        assert float((got - want).abs().max()) / float(want.abs().max()) > 1e-5   # not float32 in disguise
+
+
+def test_bf16_swap_keeps_float32_weights_and_state(bf16_op):
+    model = _mixed_model()
+    keys = {k: v.dtype for k, v in model.state_dict().items()}
+    assert ops_conv.use_onednn_convs(model, bf16=True) == 2
+    out = model(paddle.randn([2, 3, 16, 16]))
+    assert out.dtype == paddle.float32
+    assert {k: v.dtype for k, v in model.state_dict().items()} == keys
+
+
+def test_bf16_training_steps_follow_float32(bf16_op):
+    """Five SGD steps with the bf16 op stay within bf16's precision of Paddle's float32 losses."""
+    def losses(bf16: bool):
+        model = _mixed_model()
+        if bf16:
+            ops_conv.use_onednn_convs(model, bf16=True)
+        opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
+        rng = np.random.default_rng(0)
+        out = []
+        for _ in range(5):
+            x = paddle.to_tensor(rng.standard_normal((4, 3, 16, 16)).astype("float32"))
+            loss = (model(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            out.append(float(loss))
+        return out
+
+    float32, bf16 = losses(False), losses(True)
+    np.testing.assert_allclose(bf16, float32, rtol=3e-2)
+    assert bf16[-1] < bf16[0]
+
+
+def test_bf16_support_reports_what_onednn_dispatches(op):
+    """oneDNN's own answer matches the CPU's flags: native bf16 where /proc/cpuinfo lists AVX512-BF16 or AMX."""
+    from ppmulti.common.cpus import cpu_flags
+
+    native, optimized = ops_conv.bf16_support()
+    assert native == bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    if native:
+        assert optimized

@@ -556,3 +556,30 @@ def register_lr_scheduler(cls: type) -> None:
     import ppdet.optimizer.optimizer as ppdet_optimizer
 
     setattr(ppdet_optimizer, cls.__name__, cls)
+
+
+# Mixed precision: Paddle's GradScaler internals that ppmulti reads.
+
+def scaler_found_inf(scaler: Any) -> bool:
+    """Whether the scaler's last ``step`` skipped the optimizer (inf/nan gradients). GradScaler keeps it in
+    a private attribute that Paddle itself already read as a Python bool inside ``step``, so reading it
+    costs no device sync: ``_cache_founf_inf`` (sic) in Paddle 2.6, ``_cache_found_inf`` in 3.x."""
+    name = "_cache_found_inf" if paddle3() else "_cache_founf_inf"
+    return bool(getattr(scaler, name, False))
+
+
+def scaler_update(scaler: Any) -> None:
+    """``scaler.update()``, quiet, and past a Paddle 3.3 bug: when it lowers the scale it prints
+    ``float(self._scale)`` of a shape-[1] tensor, which numpy >= 2.5 refuses (``TypeError: only 0-dimensional
+    arrays can be converted to Python scalars``): the first overflow would end the run. The scale is made
+    0-d for that call and given back its shape [1]. Paddle 2.6 formats it with ``%s``, and prints the same
+    line on every overflow; ppmulti counts skipped steps in its own epoch line instead."""
+    shaped = paddle3() and getattr(scaler, "_scale", None) is not None and list(scaler._scale.shape) == [1]
+    if shaped:
+        scaler._scale = scaler._scale.reshape([])
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            scaler.update()
+    finally:
+        if shaped:
+            scaler._scale = scaler._scale.reshape([1])

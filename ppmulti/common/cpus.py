@@ -1,4 +1,4 @@
-"""This machine's cores and each rank's share of them (no paddle: the launcher and the bench read it too)."""
+"""This machine's cores, each rank's share of them and the CPU's feature flags (no paddle: the launcher and the bench read it too)."""
 
 from __future__ import annotations
 
@@ -27,3 +27,19 @@ def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None
 def usable_cores() -> int:
     """Cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The first processor's feature flags in /proc/cpuinfo (``avx512_bf16``, ``amx_bf16``, ...); empty when
+    unreadable (not Linux)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()

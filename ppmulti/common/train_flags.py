@@ -52,6 +52,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", metavar="PDPARAMS", help="initial weights (.pdparams); '' trains from scratch")
     p.add_argument("--device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
     p.add_argument("--nproc", type=int, help="with --device cpu: number of CPU ranks to start (gloo)")
+    # --no-amp: argparse's own on/off pair, and ultralytics' amp=False; YOLOv5 has no flag (AMP always on CUDA)
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                   help="mixed precision: float16 on GPUs, bfloat16 convolutions on CPUs with AVX512-BF16/AMX; "
+                        "default: the config's amp key (-o amp=true), on for --cfg/--data/--hyp runs on GPUs")
 
 
 def add_yolov5_flags(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from ppmulti.common.paths import IMAGE_SUFFIXES
 # Top-level keys that ppdet's Trainer or ppmulti read although a config file may not set them.
 KNOWN_TOP_LEVEL_KEYS = frozenset({
     "amp", "amp_level", "architecture", "classwise", "custom_black_list", "custom_white_list",
-    "cycle_epoch", "depth_mult", "ema_black_list", "ema_decay", "ema_decay_type",
+    "cycle_epoch", "init_loss_scaling", "depth_mult", "ema_black_list", "ema_decay", "ema_decay_type",
     "ema_filter_no_grad", "epoch", "eval_height", "eval_size", "eval_width",
     "find_unused_parameters", "log_iter", "metric", "norm_type", "num_classes", "output_eval",
     "pretrain_weights", "print_flops", "print_params", "ref_batch", "save_dir",

@@ -41,7 +41,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         config_edit=yolo_config.config_edit(args) if train_flags.wants_edit(args) else None,
                         nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
                         patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
-                        noplots=getattr(args, "noplots", False))
+                        noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
+                        amp_default=yolo_style)
 
 
 def check_gpu_ids(ids: list[int]) -> None:

@@ -16,6 +16,8 @@ from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
                                        EvaluationHook, Hook, PlotsHook, ResultsHook, ResumeHook,
                                        StepOutputs, StopOnSignalHook, VisualDLHook)
+from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
+from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
 from ppmulti.rank.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
 from ppmulti.common.rundir import new_run_dir
@@ -46,6 +48,8 @@ class TrainOptions:
     patience: int | None = None     # stop after N validated epochs without a better fitness
     freeze: list[int] | None = None  # backbone layers to freeze: [N] = the first N, else indices
     noplots: bool = False           # no results.png / PR_curve.png (YOLOv5's --noplots; evolution candidates)
+    amp: bool | None = None         # --amp / --no-amp; None: the config's amp key, else amp_default
+    amp_default: bool = False       # YOLOv5-style runs: AMP on GPUs unless --no-amp or amp: false
 
 
 @dataclass
@@ -58,6 +62,7 @@ class EpochStats:
     metrics: dict | None = None   # filled by EvaluationHook on evaluated epochs
     per_rank_images_per_s: list[float] = field(default_factory=list)   # [hooks: VisualDL per-rank figure]
     pr_curve: object | None = None   # rank 0, evaluated epochs: engine.plots.PRCurve (PlotsHook)
+    amp: dict | None = None          # float16 AMP: skipped_steps, loss_scale (MixedPrecisionHook)
 
 
 @dataclass
@@ -110,6 +115,8 @@ class Trainer:
             self.cfg["worker_num"] = int(opts.workers)
         config_mod.check_dataset(self.cfg, "TrainDataset")
         config_mod.check_dataset(self.cfg, "EvalDataset")
+        self.amp = MixedPrecisionHook(amp_request(opts.amp, self.cfg.get("amp"), self.cfg.get("amp_level"),
+                                                  self.device, opts.amp_default))
         # read before the batch plan and the run directory: a resumed run keeps both
         self.resume = ResumeHook(opts)
         self.batch = self._batch_plan()
@@ -126,8 +133,8 @@ class Trainer:
         self.state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world,
                                      global_batch=self.batch.global_batch)
         self._build()
-        self._add(EMAHook(), self.resume, EvaluationHook(), EarlyStopHook(opts.patience), CheckpointHook(),
-                  StopOnSignalHook())
+        self._add(EMAHook(), self.amp, self.resume, EvaluationHook(), EarlyStopHook(opts.patience),
+                  CheckpointHook(), StopOnSignalHook())
 
     # ----------------------------------------------------------------- setup
     def _seed(self, seed: int) -> None:
@@ -193,14 +200,14 @@ class Trainer:
         if self.opts.freeze:
             freeze_backbone(self.model, self.opts.freeze)
         self._maybe_sync_bn()
+        self.lr = create("LearningRate")(self.steps_per_epoch)
+        self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
+        self.amp.setup(self)   # may cast the model (O2): before it is wrapped for several ranks
         self.conv_kernel = None
         if self.device == "cpu":
             from ppmulti.rank.ops.conv import setup_cpu_convs
 
-            self.conv_kernel = setup_cpu_convs(self.model)
-
-        self.lr = create("LearningRate")(self.steps_per_epoch)
-        self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
+            self.conv_kernel = setup_cpu_convs(self.model, bf16=self.amp.mode == "bfloat16")
         self.train_model = self.model
         if self.world > 1:
             self.train_model = fleet.distributed_model(self.model)
@@ -326,9 +333,9 @@ class Trainer:
     def run_step(self, data: dict, epoch: int) -> tuple[dict, float]:
         """Forward, backward, optimizer and lr step: (the model's outputs, the lr the step used)."""
         data["epoch_id"] = epoch
-        outputs = self.train_model(data)
-        outputs["loss"].backward()
-        self.optimizer.step()
+        with self.amp.autocast():
+            outputs = self.train_model(data)
+        self.amp.backward_step(outputs["loss"], self.optimizer)
         lr = self.optimizer.get_lr()
         self.lr.step()
         self.optimizer.clear_grad()

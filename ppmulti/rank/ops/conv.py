@@ -1,4 +1,4 @@
-"""oneDNN convolutions for CPU training: building the op once, and swapping it into a model's Conv2D layers."""
+"""oneDNN convolutions for CPU training: building the op once, and swapping it (float32 or bf16) into a model's Conv2D layers."""
 
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ from ppmulti.common.envvars import PPMULTI_CPU_CONV
 log = logging.getLogger("ppmulti")
 
 OP_NAME = "ppmulti_onednn_conv2d"
+BF16_OP_NAME = "ppmulti_onednn_conv2d_bf16"         # bf16 inputs/weights, float32 accumulation and results
+BF16_SUPPORT_OP_NAME = "ppmulti_onednn_bf16_support"
 LIBRARY_NAME = "ppmulti_onednn_conv"
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
 HEADERS_DIST = "onednn-devel-cpu-gomp"   # oneDNN 3.2's headers; Paddle 2.6.2 ships libdnnl 3.2.1 without them
 CHOICES = ("onednn", "paddle")
 
 _op = None            # the registered op's caller, once loaded
+_bf16_op = None       # the bf16 variant's caller, once loaded
 _failure = None       # why it could not be loaded, once tried
 _registered = False   # the op is known to Paddle in this process (compiling it here also registers it)
 
@@ -143,7 +146,7 @@ def load_op():
 
     Raises OpUnavailable with the reason when this machine cannot build or load it.
     """
-    global _op, _failure, _registered
+    global _op, _bf16_op, _failure, _registered
     if _op is not None:
         return _op
     library = build_op()
@@ -159,12 +162,33 @@ def load_op():
         _registered = True
 
     runner = compat.custom_op_runner(OP_NAME)
+    bf16_runner = compat.custom_op_runner(BF16_OP_NAME)
 
     def run(x, weight, strides, paddings):
         return runner(x, weight, list(strides), list(paddings))[0]
 
-    _op = run
+    def run_bf16(x, weight, strides, paddings):
+        return bf16_runner(x, weight, list(strides), list(paddings))[0]
+
+    _op, _bf16_op = run, run_bf16
     return _op
+
+
+def load_bf16_op():
+    """The bf16 variant's caller ``f(x, weight, strides, paddings) -> y``: float32 in and out, computed in
+    bfloat16 with float32 accumulation (oneDNN). Raises OpUnavailable like ``load_op``."""
+    load_op()
+    return _bf16_op
+
+
+def bf16_support() -> tuple[bool, bool]:
+    """oneDNN's own view of bf16 here: (its ISA has AVX512-BF16 or AMX, its bf16 convolution is an optimised
+    one rather than reference code). Raises OpUnavailable when the op cannot be loaded."""
+    import paddle
+
+    load_op()
+    flags = compat.custom_op_runner(BF16_SUPPORT_OP_NAME)(paddle.zeros([1]))[0].numpy().tolist()
+    return bool(flags[0]), bool(flags[1])
 
 
 def eligible(layer) -> bool:
@@ -179,40 +203,46 @@ def eligible(layer) -> bool:
             and len(facts.padding) == 2 and layer.weight.dtype == paddle.float32)
 
 
-def _onednn_forward(self, x):
-    import paddle
+def _forward_with(op):
+    def forward(self, x):
+        import paddle
 
-    if not paddle.in_dynamic_mode() or x.dtype != paddle.float32 or not x.place.is_cpu_place():
-        return paddle.nn.Conv2D.forward(self, x)
-    if not x.is_contiguous():
-        x = x.contiguous()
-    facts = compat.conv2d_facts(self)
-    return _op(x, self.weight, facts.stride, facts.padding)
+        if not paddle.in_dynamic_mode() or x.dtype != paddle.float32 or not x.place.is_cpu_place():
+            return paddle.nn.Conv2D.forward(self, x)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        facts = compat.conv2d_facts(self)
+        return op(x, self.weight, facts.stride, facts.padding)
+
+    return forward
 
 
-def use_onednn_convs(model) -> int:
-    """Route every eligible Conv2D of ``model`` through the oneDNN op; returns how many layers now use it.
+def use_onednn_convs(model, bf16: bool = False) -> int:
+    """Route every eligible Conv2D of ``model`` through the oneDNN op (its bf16 variant with ``bf16``);
+    returns how many layers now use it.
 
-    Only the layers' forward changes: parameters, state dicts and checkpoints stay as they are, and
-    models built elsewhere (export, evaluation tools) keep Paddle's own kernel.
+    Only the layers' forward changes: parameters, state dicts and checkpoints stay as they are (float32),
+    and models built elsewhere (export, evaluation tools) keep Paddle's own kernel.
     """
     load_op()
+    forward = _forward_with(_bf16_op if bf16 else _op)
     count = 0
     for layer in model.sublayers(include_self=True):
         if eligible(layer):
-            layer.forward = types.MethodType(_onednn_forward, layer)
+            layer.forward = types.MethodType(forward, layer)
             count += 1
     return count
 
 
-def setup_cpu_convs(model) -> str:
-    """The Trainer's entry: apply the user's choice on CPU; one line says what was used and, if needed, why."""
+def setup_cpu_convs(model, bf16: bool = False) -> str:
+    """The Trainer's entry: apply the user's choice on CPU (``bf16``: --amp on a CPU the AMP module found
+    able); one line says what was used and, if needed, why."""
     if choice() == "paddle":
         return f"Paddle's conv2d ({PPMULTI_CPU_CONV}=paddle)"
     try:
-        n = use_onednn_convs(model)
+        n = use_onednn_convs(model, bf16=bf16)
     except OpUnavailable as exc:
         log.warning("CPU convolutions use Paddle's own kernel, about 2x slower to train: %s "
                     "(set %s=paddle to choose it and silence this)", exc, PPMULTI_CPU_CONV)
         return f"Paddle's conv2d (oneDNN op unavailable: {exc})"
-    return f"oneDNN for {n} conv layers"
+    return f"oneDNN {'bfloat16 (float32 accumulation and weights)' if bf16 else 'float32'} for {n} conv layers"

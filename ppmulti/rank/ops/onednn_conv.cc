@@ -5,6 +5,11 @@
 // convolution (the primitives PyTorch's CPU conv uses) on the libdnnl that ships inside Paddle's wheel.
 // Scope: float32, NCHW, groups 1, dilation 1, symmetric padding, no bias; ppmulti/ops/conv.py decides
 // which layers qualify.
+//
+// The bf16 variant (ppmulti_onednn_conv2d_bf16, for --amp on CPUs with AVX512-BF16/AMX) takes and returns
+// the same float32 tensors: inputs, weights and output gradients are converted to bfloat16 by the reorders
+// that already bring them into oneDNN's blocked layouts, the primitives accumulate in float32 and write
+// float32 outputs and gradients, so the weights stay float32 master copies.
 
 #include <algorithm>
 #include <memory>
@@ -49,7 +54,7 @@ Dims OutShape(const Dims& x, const Dims& w, const std::vector<int>& strides, con
 
 // Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
 std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
-                                  const std::vector<int>& pads) {
+                                  const std::vector<int>& pads, bool bf16) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<ConvPlan>> plans;
   std::string key;
@@ -59,6 +64,7 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   for (const auto& part : {strides, pads}) {
     for (auto v : part) key += std::to_string(v) + ";";
   }
+  if (bf16) key += "bf16";
   std::lock_guard<std::mutex> lock(mu);
   auto found = plans.find(key);
   if (found != plans.end()) return found->second;
@@ -66,10 +72,15 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   const Dims y = OutShape(x, w, strides, pads);
   const memory::dims stride{strides[0], strides[1]};
   const memory::dims pad{pads[0], pads[1]};
-  // "any": oneDNN picks its blocked layouts; Reordered() below converts at the edges
-  const auto x_any = memory::desc(x, DType::f32, Tag::any);
-  const auto w_any = memory::desc(w, DType::f32, Tag::any);
+  // "any": oneDNN picks its blocked layouts; Reordered() below converts at the edges (and, for bf16, the
+  // type). With bf16 the sources (x, w, dy) are bf16 and every result (y, dx, dw) float32.
+  const DType in = bf16 ? DType::bf16 : DType::f32;
+  const auto x_any = memory::desc(x, in, Tag::any);
+  const auto w_any = memory::desc(w, in, Tag::any);
   const auto y_any = memory::desc(y, DType::f32, Tag::any);
+  const auto x_out = memory::desc(x, DType::f32, Tag::any);
+  const auto w_out = memory::desc(w, DType::f32, Tag::any);
+  const auto dy_any = memory::desc(y, in, Tag::any);
   auto plan = std::make_shared<ConvPlan>();
   const auto algo = dnnl::algorithm::convolution_direct;
   dnnl::primitive_attr attr;   // scratchpads from Workspace too (see there)
@@ -77,9 +88,9 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
       Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, y_any, stride, pad, pad, attr);
   plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd, attr);
+      Engine(), algo, x_out, w_any, dy_any, stride, pad, pad, plan->fwd_pd, attr);
   plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-      Engine(), algo, x_any, w_any, y_any, stride, pad, pad, plan->fwd_pd, attr);
+      Engine(), algo, x_any, w_out, dy_any, stride, pad, pad, plan->fwd_pd, attr);
   plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
   plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
   plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
@@ -140,11 +151,11 @@ void WriteBack(dnnl::stream& s, memory& result, const memory::desc& plain, float
 
 }  // namespace
 
-std::vector<paddle::Tensor> OnednnConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
-                                              const std::vector<int>& strides, const std::vector<int>& paddings) {
+static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle::Tensor& w, const std::vector<int>& strides,
+                                    const std::vector<int>& paddings, bool bf16) {
   CheckDense(x, "input");
   CheckDense(w, "weight");
-  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings);
+  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, bf16);
   auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
   dnnl::stream s(Engine());
   Workspace ws(x.place());
@@ -158,13 +169,12 @@ std::vector<paddle::Tensor> OnednnConvForward(const paddle::Tensor& x, const pad
   return {y};
 }
 
-std::vector<paddle::Tensor> OnednnConvBackward(const paddle::Tensor& x, const paddle::Tensor& w,
-                                               const paddle::Tensor& dy, const std::vector<int>& strides,
-                                               const std::vector<int>& paddings) {
+static std::vector<paddle::Tensor> Backward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
+                                     const std::vector<int>& strides, const std::vector<int>& paddings, bool bf16) {
   CheckDense(x, "input");
   CheckDense(w, "weight");
   CheckDense(dy, "output gradient");
-  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings);
+  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, bf16);
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   dnnl::stream s(Engine());
@@ -190,6 +200,30 @@ std::vector<paddle::Tensor> OnednnConvBackward(const paddle::Tensor& x, const pa
   return {dx, dw};
 }
 
+// Whether bf16 convolutions run natively here: [the ISA oneDNN dispatches to has AVX512-BF16 (or AMX),
+// the implementation oneDNN picks for a bf16 convolution is not its slow reference one]. Without native
+// bf16, oneDNN may emulate it (avx512_core) or fall back to reference code, both slower than float32.
+static std::vector<paddle::Tensor> Bf16Support(const paddle::Tensor& x) {
+  const auto isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+  const auto bf16_isa = static_cast<int>(dnnl::cpu_isa::avx512_core_bf16);
+  int native = (isa & bf16_isa) == bf16_isa ? 1 : 0;
+  int optimized = 0;
+  try {
+    const Dims xs{2, 16, 8, 8}, ws{16, 16, 3, 3};
+    auto pd = dnnl::convolution_forward::primitive_desc(
+        Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+        memory::desc(xs, DType::bf16, Tag::any), memory::desc(ws, DType::bf16, Tag::any),
+        memory::desc(xs, DType::f32, Tag::any), {1, 1}, {1, 1}, {1, 1});
+    optimized = std::string(pd.impl_info_str()).rfind("ref", 0) == 0 ? 0 : 1;
+  } catch (const dnnl::error&) {
+    optimized = 0;   // no bf16 convolution at all on this CPU
+  }
+  auto out = paddle::empty({2}, paddle::DataType::INT32, x.place());
+  out.data<int>()[0] = native;
+  out.data<int>()[1] = optimized;
+  return {out};
+}
+
 std::vector<Dims> OnednnConvInferShape(const Dims& x, const Dims& w, const std::vector<int>& strides,
                                        const std::vector<int>& paddings) {
   return {OutShape(x, w, strides, paddings)};
@@ -198,6 +232,32 @@ std::vector<Dims> OnednnConvInferShape(const Dims& x, const Dims& w, const std::
 std::vector<paddle::DataType> OnednnConvInferDtype(const paddle::DataType& x, const paddle::DataType&) {
   return {x};
 }
+
+std::vector<paddle::Tensor> OnednnConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                              const std::vector<int>& strides, const std::vector<int>& paddings) {
+  return Forward(x, w, strides, paddings, false);
+}
+
+std::vector<paddle::Tensor> OnednnConvBackward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                               const paddle::Tensor& dy, const std::vector<int>& strides,
+                                               const std::vector<int>& paddings) {
+  return Backward(x, w, dy, strides, paddings, false);
+}
+
+std::vector<paddle::Tensor> OnednnConvBf16Forward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                                  const std::vector<int>& strides, const std::vector<int>& paddings) {
+  return Forward(x, w, strides, paddings, true);
+}
+
+std::vector<paddle::Tensor> OnednnConvBf16Backward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                                   const paddle::Tensor& dy, const std::vector<int>& strides,
+                                                   const std::vector<int>& paddings) {
+  return Backward(x, w, dy, strides, paddings, true);
+}
+
+std::vector<Dims> Bf16SupportInferShape(const Dims&) { return {{2}}; }
+
+std::vector<paddle::DataType> Bf16SupportInferDtype(const paddle::DataType&) { return {paddle::DataType::INT32}; }
 
 PD_BUILD_OP(ppmulti_onednn_conv2d)
     .Inputs({"X", "W"})
@@ -212,3 +272,24 @@ PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d)
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
     .SetKernelFn(PD_KERNEL(OnednnConvBackward));
+
+PD_BUILD_OP(ppmulti_onednn_conv2d_bf16)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .SetKernelFn(PD_KERNEL(OnednnConvBf16Forward))
+    .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvInferDtype));
+
+PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d_bf16)
+    .Inputs({"X", "W", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W")})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .SetKernelFn(PD_KERNEL(OnednnConvBf16Backward));
+
+PD_BUILD_OP(ppmulti_onednn_bf16_support)
+    .Inputs({"X"})
+    .Outputs({"Out"})
+    .SetKernelFn(PD_KERNEL(Bf16Support))
+    .SetInferShapeFn(PD_INFER_SHAPE(Bf16SupportInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(Bf16SupportInferDtype));

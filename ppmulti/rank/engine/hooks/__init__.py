@@ -6,6 +6,9 @@ Trainer, the reporting ones with ``Trainer.default_hooks()`` (or when no hook wa
 prio hook              module       does                                                    state in a checkpoint
 10   EMAHook           ema          builds ModelEMA; updates it right after each optimizer  ema: averaged weights,
                                     step (core)                                             update count
+12   MixedPrecisionHook amp         the step's precision (--amp): float16 autocast + loss   amp: GradScaler scale
+                                    scaling (GPU) or bf16 convolutions (CPU); skipped steps  and counters, skipped
+                                    -> stats.amp (core)                                     steps
 20   ResumeHook        resume       restart marker + --resume at build; restores the model, -
                                     optimizer, lr, counters, rng, every hook (core)
 30   EvaluationHook    evaluation   COCO mAP with the EMA weights on snapshot/last epochs   -
@@ -22,6 +25,7 @@ prio hook              module       does                                        
                                     raises Interrupted after the save (core)
 """
 
+from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.base import HOOK_POINTS, Hook, StepOutputs, host_losses
 from ppmulti.rank.engine.hooks.checkpoint import CheckpointHook
 from ppmulti.rank.engine.hooks.console import ConsoleLogHook
@@ -35,5 +39,5 @@ from ppmulti.rank.engine.hooks.signals import Interrupted, Interruption, StopOnS
 from ppmulti.rank.engine.hooks.visualdl import HPARAM_METRICS, VisualDLHook, run_hparams
 
 __all__ = ["HOOK_POINTS", "Hook", "StepOutputs", "host_losses", "CheckpointHook", "ConsoleLogHook", "EarlyStopHook",
-           "EMAHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook", "Interrupted",
+           "EMAHook", "MixedPrecisionHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook", "Interrupted",
            "Interruption", "StopOnSignalHook", "HPARAM_METRICS", "VisualDLHook", "run_hparams"]

@@ -71,6 +71,8 @@ class ConsoleLogHook(Hook):
                + " ".join(f"{k}={v:.4f}" for k, v in stats.losses.items()))
         if stats.metrics:
             msg += f"; bbox mAP50={stats.metrics['mAP50']:.4f} mAP50-95={stats.metrics['mAP50_95']:.4f}"
+        if getattr(stats, "amp", None):
+            msg += f"; AMP skipped {stats.amp['skipped_steps']} steps, loss scale {stats.amp['loss_scale']:g}"
         log.info(msg)
         self.tic = time.time()
         self.steps = 0

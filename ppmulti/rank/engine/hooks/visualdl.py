@@ -24,7 +24,7 @@ def run_hparams(trainer) -> dict:
           "warmup_steps": int(plan.warmup_steps), "optimizer": str(opt.get("type", "")),
           "weight_decay": opt.get("weight_decay"), "momentum": opt.get("momentum"),
           "use_ema": int(bool(cfg.get("use_ema", False))), "eval_size": cfg.get("eval_height"),
-          "seed": int(trainer.opts.seed), "weights": trainer.opts.weights or cfg.get("pretrain_weights") or ""}
+          "seed": int(trainer.opts.seed), "amp": str(getattr(getattr(trainer, "amp", None), "mode", "off")), "weights": trainer.opts.weights or cfg.get("pretrain_weights") or ""}
     # VisualDL stores int, float and str; anything else (None, lists, numpy scalars) is dropped or coerced
     out = {}
     for key, value in hp.items():
@@ -86,6 +86,9 @@ class VisualDLHook(Hook):
         self.writer.add_scalar("epoch/images_per_s", stats.images_per_s, e)
         for r, ips in enumerate(getattr(stats, "per_rank_images_per_s", None) or []):
             self.writer.add_scalar(f"epoch/images_per_s_rank{r}", float(ips), e)
+        if getattr(stats, "amp", None):   # float16 AMP: steps the scaler skipped, and its scale
+            self.writer.add_scalar("epoch/amp_skipped_steps", float(stats.amp["skipped_steps"]), e)
+            self.writer.add_scalar("epoch/amp_loss_scale", float(stats.amp["loss_scale"]), e)
         if stats.metrics:
             self.writer.add_scalar("eval/mAP50", stats.metrics["mAP50"], e)
             self.writer.add_scalar("eval/mAP50_95", stats.metrics["mAP50_95"], e)
