@@ -72,9 +72,12 @@ def test_paddles_lines_are_noise_and_ppmultis_warnings_and_tracebacks_are_not():
     assert [line for line in KEPT if f.noise(line + "\n")] == []
 
 
-def test_redactor_hides_values_but_not_paths_numbers_or_short_ones():
+def test_redactor_hides_values_but_not_paths_numbers_or_short_ones(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "yolo.yml").write_text("")
     env = {"API_TOKEN": MARKER, "HOME": "/root", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2", "FLAG": "true",
-           "PORTS": "6070,6071", "PROXY": "http://user:pa55word@proxy:3128"}
+           "PORTS": "6070,6071", "PROXY": "http://user:pa55word@proxy:3128", "CONFIG": "configs/yolo.yml"}
     assert set(secret_values(env).values()) == {"API_TOKEN", "PROXY"}
     r = Redactor(env)
     assert r.line(f"refused {MARKER} via http://user:pa55word@proxy:3128 in /root\n") == \

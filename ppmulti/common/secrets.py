@@ -22,8 +22,9 @@ _DUMP = re.compile(r"(?P<head>\benv |\benviron\()(?P<body>\{.*\})\)?\s*$")
 
 
 def _path_like(value: str) -> bool:
+    """An absolute or home path (or a list of them), or a relative one that names an existing file."""
     parts = [p for p in value.split(os.pathsep) if p]
-    return bool(parts) and all(p.startswith(("/", "~", "./", "../")) for p in parts)
+    return bool(parts) and all(p.startswith(("/", "~", "./", "../")) or os.path.exists(p) for p in parts)
 
 
 def secret_values(environ: Mapping[str, str]) -> dict[str, str]:

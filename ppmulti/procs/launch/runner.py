@@ -25,6 +25,10 @@ Signals. Paddle's launcher runs in its own process group and each of its workers
 SIGINT/SIGTERM to ppmulti are forwarded to the launcher's group (Paddle then stops its workers), and
 ``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG). Starting, forwarding
 and stopping go through ``ppmulti.procs.supervisor``.
+
+Output. The launcher's stdout and stderr come through ``console.LauncherOutput``: Paddle's chatter is kept in
+``LOG_DIR/launcher.log`` and off the console (``--verbose`` shows it), environment values are hidden, and the
+environment dumps Paddle leaves in LOG_DIR are scrubbed after every attempt.
 """
 
 from __future__ import annotations
