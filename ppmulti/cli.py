@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "(a Paddle CPU process keeps about one core busy), else 1")
     demo.add_argument("--batch", type=int, default=16, help="global batch, split across the ranks (default 16)")
     demo.add_argument("--config", help="config to train (default: configs/demo/ppyoloe_demo.yml)")
+    demo.add_argument("--verbose", action="store_true",
+                      help="also show Paddle's launcher, glog and topology lines (always kept in log/)")
     demo.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                       help="config overrides, e.g. -o TrainReader.batch_size=4")
     demo.set_defaults(func=_cmd_demo)

@@ -91,6 +91,8 @@ class LauncherSpec:
     extra_worker_env: tuple[str, ...] = ()
     # The variable without which it no longer prints a failed worker's environment (None: it always does).
     env_dump_var: str | None = None
+    # Where it writes workerlog.N, envlog.N, backup_env.N.json and JOB.POD.log without --log_dir.
+    default_log_dir: str = "log"
 
 
 PADDLE_2_6 = LauncherSpec(name="Paddle 2.6's launcher", since=(2, 6))

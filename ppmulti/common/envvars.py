@@ -121,6 +121,9 @@ PPMULTI_RESTART = "PPMULTI_RESTART"                  # 0 on the first start, k o
 # Paddle's workerlog file, so rank 0 draws its progress bars on this terminal instead. Launch state.
 PPMULTI_CONSOLE_TTY = "PPMULTI_CONSOLE_TTY"
 # --- end console bars ---
+# "1": ppmulti launch shows all of Paddle's launcher output on the console (as --verbose does), and ranks print
+# what ppmulti otherwise keeps in their log files only (pycocotools' notices). Set by --verbose for the ranks.
+PPMULTI_VERBOSE = "PPMULTI_VERBOSE"
 PYTHONPATH = "PYTHONPATH"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"                  # node output is streamed line by line through ssh
 # --- detached runs and evolution (ppmulti/procs/runs/detach.py, evolve_run.py) ---

@@ -54,7 +54,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.nproc > 1:
         from ppmulti.procs.launch.command import main as launch_main
 
-        rc = launch_main(["--nproc_per_node", str(args.nproc), str(TRAIN_SCRIPT), *train_argv])
+        verbose = ["--verbose"] if getattr(args, "verbose", False) else []
+        rc = launch_main(["--nproc_per_node", str(args.nproc), *verbose, str(TRAIN_SCRIPT), *train_argv])
     else:
         from ppmulti.procs.train_command import main as train_main
 

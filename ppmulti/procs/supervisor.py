@@ -65,6 +65,10 @@ class Child:
         return self.popen.stdout
 
     @property
+    def stderr(self) -> IO[bytes] | None:
+        return self.popen.stderr
+
+    @property
     def returncode(self) -> int | None:
         """The Popen return code once reaped (-N: killed by signal N), None while it runs."""
         return self.popen.returncode

@@ -45,6 +45,16 @@ def _die_with_launcher() -> None:
         os._exit(1)
 
 
+def _trim_backup_env(env) -> None:
+    """Paddle's launcher leaves this worker's whole environment in LOG_DIR/backup_env.N.json: keep only the
+    variables Paddle left out of the environment itself (common/secrets.py)."""
+    path = os.environ.get(env.PADDLE_BACKUP_ENV_PATH)
+    if path:
+        from ppmulti.common.secrets import trim_backup_env
+
+        trim_backup_env(path, os.environ)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
@@ -57,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
 
     quiet_paddle_import()
     _die_with_launcher()
+    _trim_backup_env(env)
     os.environ.update(env.torch_worker_env())
     ready = os.environ.get(env.PPMULTI_READY_FILE)
     if ready:
@@ -77,7 +88,9 @@ def main(argv: list[str] | None = None) -> None:
         marks.write("done" if exc.code in (None, 0) else "failed", f"exited with code {exc.code}")
         raise
     except BaseException as exc:
-        text = str(exc).strip().splitlines()
+        from ppmulti.common.secrets import Redactor
+
+        text = Redactor().line(str(exc)).strip().splitlines()   # the runner prints it: no env value in it
         marks.write("failed", f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": "))
         raise
     marks.write("done", "exited with code 0")

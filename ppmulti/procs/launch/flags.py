@@ -71,6 +71,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--rdzv-timeout", "--rdzv_timeout"), "rdzv_timeout",
          f"seconds to wait for missing nodes before giving up, e.g. 60 (default {DEFAULT_RDZV_TIMEOUT:g})",
          metavar="SECONDS"),
+    Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
+         "(they always go to LOG_DIR)", takes_value=False),
     Flag(("--dry-run", "--dry_run"), "dry_run", "print the Paddle command and environment changes; run nothing",
          takes_value=False),
     # --- ssh fan-out (ppmulti/procs/launch/nodes.py): one command starts the launch on every node ---
@@ -502,7 +504,7 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         master_port_flag=nodes.master_port_flag, ips=nodes.ips, host=nodes.host, device=devices.device,
         devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
         max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
-        notes=(*cluster_notes, *nodes.notes, *start.notes))
+        verbose=bool(ns.verbose), notes=(*cluster_notes, *nodes.notes, *start.notes))
 
 
 # ---------------------------------------------------------------------------------------------------------

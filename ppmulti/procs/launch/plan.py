@@ -189,6 +189,7 @@ class LaunchPlan:
     max_restarts: int | None = None
     job_id: str | None = None
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    verbose: bool = False                 # all of Paddle's launcher output on the console (procs/launch/console.py)
     notes: tuple[str, ...] = field(default=(), compare=False)   # things build_plan decided, shown by --dry-run
 
     def __post_init__(self) -> None:

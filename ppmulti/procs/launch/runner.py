@@ -25,6 +25,10 @@ Signals. Paddle's launcher runs in its own process group and each of its workers
 SIGINT/SIGTERM to ppmulti are forwarded to the launcher's group (Paddle then stops its workers), and
 ``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG). Starting, forwarding
 and stopping go through ``ppmulti.procs.supervisor``.
+
+Output. The launcher's stdout and stderr come through ``console.LauncherOutput``: Paddle's chatter is kept in
+``LOG_DIR/launcher.log`` and off the console (``--verbose`` shows it), environment values are hidden, and the
+environment dumps Paddle leaves in LOG_DIR are scrubbed after every attempt.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ppmulti.common import envvars as E
 from ppmulti.common.errors import UserError
 from ppmulti.common.procfs import alive, exit_code
 from ppmulti.procs import supervisor
+from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
 from ppmulti.procs.launch.plan import LaunchPlan
 
@@ -433,8 +438,12 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     tty = console_tty()
     if tty is not None:   # rank 0 draws its bars there (ppmulti.rank.engine.progress); absent: plain lines
         child_env[E.PPMULTI_CONSOLE_TTY] = tty
+    # the launcher's output is filtered to the console and kept in LOG_DIR/launcher.log (console.py)
+    output = LauncherOutput(plan.log_dir, environ, verbose_from(plan.verbose, environ))
+    child_env = output.child_env(child_env)
     # its own process group, so that one signal reaches the launcher and nothing else of ours
-    child = supervisor.start(argv, env=child_env)
+    child = supervisor.start(argv, env=child_env, stdout=supervisor.PIPE, stderr=supervisor.PIPE)
+    output.follow(child.stdout, child.stderr)
 
     def forward(signum: int) -> None:
         interrupted.append(signum)
@@ -459,5 +468,6 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     finally:
         if child.poll() is None:
             child.stop()
+        output.close()
         if os.path.exists(ready):
             os.unlink(ready)

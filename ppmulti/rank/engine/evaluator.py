@@ -49,15 +49,19 @@ class CocoEvaluator:
         import paddle
         from ppdet.core.workspace import create
 
+        from ppmulti.rank.ranklog import prints_to_log
+
         self.cfg = cfg
         self.dataset = create("EvalDataset")()
         self.dataset.check_or_download_dataset()
-        self.dataset.parse_dataset()
+        with prints_to_log():   # pycocotools' notices while the annotations load
+            self.dataset.parse_dataset()
         self.anno_file = self.dataset.get_anno()
         sampler = _shard_sampler(len(self.dataset.roidbs), dist.rank(), dist.world_size())
         batch_sampler = paddle.io.BatchSampler(sampler=sampler, batch_size=cfg.EvalReader["batch_size"],
                                                drop_last=False)
-        self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
+        with prints_to_log():   # ppdet's reader parses the annotations again
+            self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
         self.clsid2catid = {v: k for k, v in self.dataset.catid2clsid.items()}
         self._coco_gt = None
         self.last_pr = None   # rank 0: the PR curve of the last scoring (engine.plots.PRCurve)

@@ -236,6 +236,8 @@ class ConsoleBars:
             # the console handler (logs.setup_rank_logging); FileHandler, a subclass, keeps every line
             if type(handler) is logging.StreamHandler:
                 safe = _BarSafeHandler(self.stream, handler.formatter, handler.level)
+                for keep in handler.filters:   # ranklog's: pycocotools' prints stay in train.log
+                    safe.addFilter(keep)
                 log.removeHandler(handler)
                 log.addHandler(safe)
                 self._swapped.append((handler, safe))

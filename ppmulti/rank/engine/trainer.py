@@ -184,9 +184,12 @@ class Trainer:
         from paddle.distributed import fleet
         from ppdet.core.workspace import create
 
+        from ppmulti.rank.ranklog import prints_to_log
+
         cfg = self.cfg
         self.dataset = create("TrainDataset")()
-        self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0))
+        with prints_to_log():   # pycocotools' notices while the annotations load
+            self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0))
         self.steps_per_epoch = len(self.loader)
         if self.steps_per_epoch < 1:
             raise UserError(f"the training set has {len(self.dataset.roidbs)} images, fewer than the per-rank "
