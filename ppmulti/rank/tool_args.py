@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", required=True, help="ppdet YAML config, e.g. configs/yolo.yml")
+def add_model_args(p: argparse.ArgumentParser, config_required: bool = True) -> None:
+    p.add_argument("-c", "--config", required=config_required, help="ppdet YAML config, e.g. configs/yolo.yml")
     p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override config values, e.g. -o EvalDataset.dataset_dir=dataset/demo")
     p.add_argument("--weights", help="a .pdparams file or a run directory (uses weights/best)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any, Callable
 
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
@@ -26,8 +27,9 @@ def _weights_path(cfg, weights: str | None) -> str:
     return str(p)
 
 
-def build_model(config: str, overrides: list[str], weights: str | None):
-    """Load the config, build its model on the right device and load weights (shapes checked)."""
+def build_model(config: str, overrides: list[str], weights: str | None, edit: Callable[[Any], None] | None = None):
+    """Load the config (then ``edit`` it, when given), build its model on the right device and load weights
+    (shapes checked)."""
     from ppdet.core.workspace import create
 
     from ppmulti.rank.engine.checkpoint import load_weights
@@ -35,6 +37,8 @@ def build_model(config: str, overrides: list[str], weights: str | None):
 
     dist.init()
     cfg = config_mod.load(config, overrides)
+    if edit is not None:
+        edit(cfg)
     select_device(cfg)
     model = create(cfg.architecture)
     model.load_meanstd(cfg["TestReader"]["sample_transforms"])
@@ -46,11 +50,13 @@ def build_model(config: str, overrides: list[str], weights: str | None):
     return cfg, model
 
 
-def evaluate(config: str, overrides: list[str], weights: str | None, save_json: str | None = None) -> dict:
-    """COCO bbox mAP of the weights on the config's EvalDataset (sharded across ranks when launched)."""
+def evaluate(config: str, overrides: list[str], weights: str | None, save_json: str | None = None,
+             edit: Callable[[Any], None] | None = None) -> dict:
+    """COCO bbox mAP of the weights on the config's EvalDataset (sharded across ranks when launched); ``edit``
+    changes the loaded config first (tools/eval.py's YOLOv5 val.py flags)."""
     from ppmulti.rank.engine.evaluator import CocoEvaluator
 
-    cfg, model = build_model(config, overrides, weights)
+    cfg, model = build_model(config, overrides, weights, edit)
     config_mod.check_dataset(cfg, "EvalDataset")
     result = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0)).evaluate(model).as_dict()
     if save_json and dist.is_main():

@@ -1,0 +1,160 @@
+"""What tools/eval.py evaluates: the model's config (given, the run's, or inferred from the weights) and val.py's flags."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ppmulti.common.errors import UserError
+
+# Parameter names of ppmulti's YOLOv5 (ppdet's CSPDarkNet P5 + YOLOv5Head) and of PP-YOLOE's head.
+STEM = "backbone.stem.conv.weight"                          # [64 x width, 3, 6, 6]
+FIRST_C3 = "backbone.layers2.stage1.csp_layer.bottlenecks."  # round(3 x depth) bottlenecks
+YOLOV5_HEAD = "yolo_head.convs.0.weight"                    # [anchors x (classes + 5), C, 1, 1]
+YOLOV5_ANCHORS_PER_LEVEL = 3
+PPYOLOE_CLS = "yolo_head.pred_cls.0.weight"                 # [classes, C, 3, 3]
+
+# (stem channels, bottlenecks of the first C3) -> YOLOv5 v6 size: widths 0.25-1.25, depths 0.33-1.33.
+YOLOV5_SIZES = {(16, 1): "yolov5n", (32, 1): "yolov5s", (48, 2): "yolov5m", (64, 3): "yolov5l", (80, 4): "yolov5x"}
+
+
+@dataclass
+class EvalModel:
+    """The config to load for the weights, what to merge onto it, and where it came from (one line, or '')."""
+
+    config: str
+    weights: str | None
+    weights_classes: int | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+def weights_file(weights: str) -> Path:
+    """``--weights`` as a .pdparams path: a file, a stem without the suffix, or a run directory (weights/best)."""
+    p = Path(weights)
+    if p.suffix in (".pt", ".pth"):
+        raise UserError(f"--weights {weights}: a PyTorch checkpoint; convert it once with `python "
+                        f"tools/convert_yolov5.py {weights} OUT.pdparams --cfg yolov5s` (needs torch), then pass OUT.pdparams")
+    if p.is_dir():
+        if (p / "weights" / "best.pdparams").is_file():
+            return p / "weights" / "best.pdparams"
+        raise UserError(f"--weights {weights}: a directory without weights/best.pdparams; pass a .pdparams file")
+    if not p.is_file() and Path(f"{p}.pdparams").is_file():
+        p = Path(f"{p}.pdparams")
+    if not p.is_file():
+        raise UserError(f"--weights {weights}: file not found")
+    return p
+
+
+def run_config(weights: Path) -> Path | None:
+    """The config.yml of the run the weights came from (RUN/weights/x.pdparams -> RUN/config.yml), or one beside them."""
+    places = [weights.parent] + ([weights.parent.parent] if weights.parent.name == "weights" else [])
+    return next((d / "config.yml" for d in places if (d / "config.yml").is_file()), None)
+
+
+def weights_classes(state: Mapping[str, Any]) -> int | None:
+    """The number of classes a YOLOv5 or PP-YOLOE head in ``state`` predicts (None: another head)."""
+    if YOLOV5_HEAD in state:
+        return int(state[YOLOV5_HEAD].shape[0]) // YOLOV5_ANCHORS_PER_LEVEL - 5
+    if PPYOLOE_CLS in state:
+        return int(state[PPYOLOE_CLS].shape[0])
+    return None
+
+
+def infer_yolov5(state: Mapping[str, Any], source: str) -> str:
+    """yolov5n/s/m/l/x from the weights' shapes: stem channels give the width, the first C3's blocks the depth."""
+    if STEM not in state or YOLOV5_HEAD not in state:
+        raise UserError(f"{source}: no config.yml in its run directory and not YOLOv5 weights; "
+                        f"pass -c CONFIG or --cfg MODEL (e.g. --cfg yolov5s)")
+    blocks = len({k[len(FIRST_C3):].split(".")[0] for k in state if k.startswith(FIRST_C3)})
+    stem = int(state[STEM].shape[0])
+    name = YOLOV5_SIZES.get((stem, blocks))
+    if name is None:
+        raise UserError(f"{source}: a YOLOv5 stem of {stem} channels with {blocks} blocks per C3 is none of "
+                        f"yolov5n/s/m/l/x; pass --cfg with its model yaml")
+    return name
+
+
+def resolve_model(args: argparse.Namespace) -> EvalModel:
+    """-c, else --cfg, else the run's config.yml beside the weights, else a YOLOv5 size inferred from them."""
+    from ppmulti.rank.engine.checkpoint import load_state
+    from ppmulti.rank.yolo_config import model_names, resolve_cfg
+
+    if args.config and args.cfg:
+        raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
+    path = weights_file(args.weights) if args.weights else None
+    state = load_state(path) if path else {}
+    nc = weights_classes(state)
+    weights = str(path) if path else None
+    if args.config:
+        return EvalModel(args.config, weights, nc)
+    if args.cfg:
+        choice = resolve_cfg(args.cfg)
+        return EvalModel(choice.config, weights, nc, dict(choice.overrides))
+    if path is None:
+        raise UserError("no weights given: pass --weights W.pdparams (or a run directory), with -c CONFIG or --cfg MODEL")
+    found = run_config(path)
+    if found is not None:
+        return EvalModel(str(found), weights, nc, note=f"model: {found} (the run's resolved config)")
+    if not args.data:
+        raise UserError(f"{path}: no config.yml in its run directory, so the data is unknown: pass --data DATA.yaml")
+    name = infer_yolov5(state, str(path))
+    return EvalModel(model_names()[name], weights, nc, {"num_classes": nc},
+                     note=f"model: {name} inferred from {path.name} ({nc} classes, COCO anchors; "
+                          f"pass --cfg MODEL.yaml for other anchors)")
+
+
+def _nms_sections(cfg) -> list[dict]:
+    """The ``nms`` settings of the architecture's parts (the YOLOv5 and PP-YOLOE heads hold MultiClassNMS)."""
+    parts = dict(cfg.get(cfg.get("architecture")) or {})
+    out = []
+    for part in parts.values():
+        section = cfg.get(part) if isinstance(part, str) else None
+        if isinstance(section, dict) and isinstance(dict(section).get("nms"), dict):
+            out.append(section["nms"])
+    return out
+
+
+def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None]:
+    """YOLOv5 val.py's flags as one edit of the loaded config: --data, --img, NMS thresholds, batch, workers."""
+
+    def edit(cfg) -> None:
+        from ppdet.core.workspace import merge_config
+
+        from ppmulti.rank.yolo_config import apply_data, apply_imgsz
+
+        if model.overrides:
+            merge_config(copy.deepcopy(model.overrides))
+        if args.data:
+            if "EvalDataset" in cfg:
+                cfg["EvalDataset"].clear()   # so that a --data without a val split cannot leave the old one in place
+            apply_data(cfg, args.data, bool(args.single_cls))
+            if not dict(cfg.get("EvalDataset") or {}):
+                raise UserError(f"--data {args.data}: no val split to evaluate; add val: <images dir, list or .txt>")
+        if model.weights_classes is not None and model.weights_classes != int(cfg["num_classes"]):
+            where = f"--data {args.data} has nc={cfg['num_classes']}" if args.data else \
+                f"config {model.config} has num_classes={cfg['num_classes']}"
+            raise UserError(f"{model.weights} predicts {model.weights_classes} classes but {where}; "
+                            f"pass the --data the weights were trained on")
+        if args.imgsz:
+            apply_imgsz(cfg, int(args.imgsz))
+        nms = {"score_threshold": args.conf_thres, "nms_threshold": args.iou_thres, "keep_top_k": args.max_det}
+        nms = {k: v for k, v in nms.items() if v is not None}
+        if nms:
+            sections = _nms_sections(cfg)
+            if not sections:
+                raise UserError(f"--conf-thres/--iou-thres/--max-det: {cfg.get('architecture')}'s parts have no "
+                                f"nms section to set; drop these flags")
+            for section in sections:
+                section.update(nms)
+        if args.batch_size is not None:
+            cfg["EvalReader"]["batch_size"] = int(args.batch_size)
+        if args.workers is not None:
+            cfg["worker_num"] = int(args.workers)
+        if args.use_gpu is not None:
+            cfg["use_gpu"] = args.use_gpu
+
+    return edit
