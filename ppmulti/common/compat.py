@@ -15,11 +15,11 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from ppmulti.common.envvars import (FLAGS_FIXED_PORT, FLAGS_PRINT_LAUNCHER_ENV, FLAGS_START_PORT, HTTP_PROXY_ORIGINAL,
                                     HTTPS_PROXY_ORIGINAL, PADDLE_AUTO_CLUSTER, PADDLE_DISTRI_BACKEND,
-                                    PADDLE_SOT_SWITCH, PADDLE_START_PORT)
+                                    PADDLE_PG_TIMEOUT, PADDLE_SOT_SWITCH, PADDLE_START_PORT)
 
 # ------------------------------------------------------------------ the launcher's half (no paddle import)
 
@@ -117,6 +117,22 @@ def launcher_spec(version: tuple[int, ...] | None = None) -> LauncherSpec:
         if tuple(version) >= spec.since:
             chosen = spec
     return chosen
+
+
+# Collective timeouts, read in paddle/distributed/parallel.py and collective.py of 2.6.2 and 3.3.1 (the same in
+# both): NCCL's process group takes PADDLE_PG_TIMEOUT (milliseconds, default 1,800,000 = 30 minutes); gloo's is
+# created without a timeout (ProcessGroupGloo.create / create_gloo_comm_context take none), so gloo's built-in
+# 30 s applies and no variable changes it.
+GLOO_COLLECTIVE_TIMEOUT = 30.0
+
+
+def collective_timeout_env(device: str, hang_timeout: float, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that make a GPU collective hang surface after the hang watchdog has spoken (twice its
+    timeout, at least a minute more) instead of after 30 minutes; nothing when the user set PADDLE_PG_TIMEOUT,
+    the watchdog is off, or the ranks use gloo (whose timeout cannot be set)."""
+    if device != "gpu" or hang_timeout <= 0 or PADDLE_PG_TIMEOUT in environ:
+        return {}
+    return {PADDLE_PG_TIMEOUT: str(int((hang_timeout + max(60.0, hang_timeout)) * 1000))}
 
 
 @lru_cache(maxsize=1)

@@ -116,6 +116,11 @@ PPMULTI_BENCH_KEEP = "PPMULTI_BENCH_KEEP"  # ppmulti bench keeps its probes' log
 # rank 0 of a training records its run directory so that a restarted launch resumes the same run.
 PPMULTI_LAUNCH_DIR = "PPMULTI_LAUNCH_DIR"
 PPMULTI_RESTART = "PPMULTI_RESTART"                  # 0 on the first start, k on the k-th restart
+# --- the hang watchdog (ppmulti/rank/heartbeat.py writes, ppmulti/procs/launch/watchdog.py reads) ---
+PPMULTI_HEARTBEAT = "PPMULTI_HEARTBEAT"              # "0": ranks keep no progress record (ppmulti bench compares)
+# RANK:PHASE:STEP:SECONDS (or :stop): that rank sleeps (or SIGSTOPs itself) entering PHASE at STEP (tests, demos)
+PPMULTI_STALL = "PPMULTI_STALL"
+# --- end hang watchdog ---
 # --- console bars under a launch (ppmulti/rank/engine/progress.py) ---
 # The terminal ppmulti launch's stdout is (its /dev/pts path), set only when it is one: rank 0's stdout is
 # Paddle's workerlog file, so rank 0 draws its progress bars on this terminal instead. Launch state.

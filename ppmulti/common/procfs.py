@@ -22,6 +22,50 @@ def start_time(pid: int) -> int | None:
     return None if fields is None else int(fields[19])
 
 
+def state(pid: int) -> str | None:
+    """``pid``'s state letter (R running, S sleeping, D disk, T stopped, t traced), None when gone."""
+    fields = _stat(pid)
+    return None if fields is None else fields[0]
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s child processes (every thread's), from /proc/PID/task/*/children."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant (a data loader's workers, a compiler the rank runs)."""
+    seen, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen or not alive(p):
+            continue
+        seen.append(p)
+        todo.extend(children(p))
+    return seen
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time used by ``pids`` and by their reaped children (user + system), in seconds."""
+    ticks = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:
+            ticks += sum(int(x) for x in fields[11:15])   # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie is not)."""
     return _stat(pid) is not None

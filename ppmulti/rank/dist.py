@@ -8,6 +8,7 @@ from typing import Any, Iterator
 
 from ppmulti.common import compat
 from ppmulti.common.cpus import choose_cpu_threads, usable_cores
+from ppmulti.rank import heartbeat
 
 _INITIALISED = False
 
@@ -66,6 +67,7 @@ def barrier() -> None:
     if world_size() > 1:
         import paddle.distributed as dist
 
+        heartbeat.beat("all-reduce")
         dist.barrier()
 
 
@@ -86,6 +88,7 @@ def all_gather_object(obj: Any) -> list[Any]:
     import paddle.distributed as dist
 
     out: list[Any] = []
+    heartbeat.beat("all-reduce")
     dist.all_gather_object(out, obj)
     return out
 
@@ -98,6 +101,7 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     import paddle.distributed as dist
 
     t = paddle.to_tensor(values, dtype="float64")
+    heartbeat.beat("all-reduce")
     dist.all_reduce(t)
     return [float(v) for v in t.numpy()]
 

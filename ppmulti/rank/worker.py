@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
             Path(ready).touch()
         except OSError:
             pass
+    from ppmulti.rank import heartbeat
+
+    heartbeat.install()   # before the started mark: the watchdog finds the record of every rank it sees
     marks = _Marks(os.environ.get(env.PPMULTI_LAUNCH_DIR), env.worker_info().rank)
     marks.write("started", str(os.getpid()))
     marks.on_sigterm()
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         text = Redactor().line(str(exc)).strip().splitlines()   # the runner prints it: no env value in it
         marks.write("failed", f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": "))
         raise
+    heartbeat.beat("done")
     marks.write("done", "exited with code 0")
 
 

@@ -14,7 +14,8 @@ from ppmulti.common.compat import LauncherSpec, launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import WORKER_SCRIPT
 from ppmulti.procs.launch.cluster_env import Resolve, with_cluster
-from ppmulti.procs.launch.plan import (DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT, DEFAULT_START_PORT, LaunchPlan,
+from ppmulti.procs.launch.plan import (DEFAULT_HANG_TIMEOUT, DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT,
+                                       DEFAULT_START_PORT, LaunchPlan,
                                        check_device, check_gpu_count, check_host_in_ips, check_ips,
                                        check_master_addr, check_no_gpus_on_cpu, check_node_rank_in_ips, check_nproc,
                                        check_port, check_script)
@@ -73,6 +74,10 @@ FLAGS: tuple[Flag, ...] = (
          metavar="SECONDS"),
     Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
          "(they always go to LOG_DIR)", takes_value=False),
+    Flag(("--hang-timeout", "--hang_timeout"), "hang_timeout",
+         f"seconds a rank may make no progress (no step, no CPU) before it is named as hung, its stack and every "
+         f"rank's written to LOG_DIR/stacks.rankN.txt and all ranks stopped or restarted, e.g. 120 "
+         f"(default {DEFAULT_HANG_TIMEOUT:g}; 0 turns the watchdog off)", metavar="SECONDS"),
     Flag(("--dry-run", "--dry_run"), "dry_run", "print the Paddle command and environment changes; run nothing",
          takes_value=False),
     # --- ssh fan-out (ppmulti/procs/launch/nodes.py): one command starts the launch on every node ---
@@ -472,6 +477,7 @@ class Restarts:
 
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
     max_restarts: int | None = None   # None = never; the launcher's own restarts need an etcd master
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
 
 
 def restarts_of(ns: argparse.Namespace) -> Restarts:
@@ -483,7 +489,14 @@ def restarts_of(ns: argparse.Namespace) -> Restarts:
             seconds = float(ns.rdzv_timeout)
         except ValueError:
             raise UserError(f"--rdzv-timeout {ns.rdzv_timeout!r}: expected seconds, e.g. --rdzv-timeout 60") from None
-    return Restarts(seconds, _int(ns.max_restarts, "--max_restarts", "3"))
+    hang = DEFAULT_HANG_TIMEOUT
+    if getattr(ns, "hang_timeout", None) is not None:
+        try:
+            hang = float(ns.hang_timeout)
+        except ValueError:
+            raise UserError(f"--hang-timeout {ns.hang_timeout!r}: expected seconds, e.g. --hang-timeout 120 "
+                            f"(0 turns the watchdog off)") from None
+    return Restarts(seconds, _int(ns.max_restarts, "--max_restarts", "3"), hang)
 
 
 def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
@@ -504,7 +517,8 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         master_port_flag=nodes.master_port_flag, ips=nodes.ips, host=nodes.host, device=devices.device,
         devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
         max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
-        verbose=bool(ns.verbose), notes=(*cluster_notes, *nodes.notes, *start.notes))
+        verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout,
+        notes=(*cluster_notes, *nodes.notes, *start.notes))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from ppmulti.common.errors import UserError
 DEFAULT_MASTER_PORT = 29500      # torchrun's default, used when --nnodes > 1 and no --master_port is given
 DEFAULT_START_PORT = launcher_spec().default_start_port   # the installed Paddle launcher's --start_port default
 DEFAULT_RDZV_TIMEOUT = 300.0
+DEFAULT_HANG_TIMEOUT = 300.0    # the hang watchdog (procs/launch/watchdog.py): a few minutes of no progress
 PORTS = range(1, 65536)          # what a TCP port number may be
 
 # Each check_* below owns one rule about a launch and its one-line message. The flag builders (flags.py) call
@@ -146,6 +147,11 @@ def check_rdzv_timeout(seconds: float) -> None:
         raise UserError(f"--rdzv-timeout {seconds:g}: need a positive number of seconds, e.g. 300")
 
 
+def check_hang_timeout(seconds: float) -> None:
+    if seconds < 0:
+        raise UserError(f"--hang-timeout {seconds:g}: need 0 (off) or a number of seconds, e.g. 300")
+
+
 def check_master_port(value: int | str, flag: str = "--master_port", mode: str = "master") -> int:
     """Node 0's port; in master mode Paddle's HTTP rendezvous takes the next port as well."""
     example = "10.0.0.1:29500" if flag == "--master" else "29500"
@@ -190,6 +196,7 @@ class LaunchPlan:
     job_id: str | None = None
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
     verbose: bool = False                 # all of Paddle's launcher output on the console (procs/launch/console.py)
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT   # seconds without progress before the watchdog fires; 0: off
     notes: tuple[str, ...] = field(default=(), compare=False)   # things build_plan decided, shown by --dry-run
 
     def __post_init__(self) -> None:
@@ -203,6 +210,7 @@ class LaunchPlan:
             check_no_gpus_on_cpu(self.devices)
         check_rdzv_timeout(self.rdzv_timeout)
         check_max_restarts(self.max_restarts)
+        check_hang_timeout(self.hang_timeout)
         if self.master_port is not None:
             check_master_port(self.master_port, self.master_port_flag or "--master_port", self.mode)
         check_start_port(self.start_port, self.start_port_flag or "--start_port", self.nproc_per_node)

@@ -44,12 +44,14 @@ import time
 from typing import Mapping, TextIO
 
 from ppmulti.common import envvars as E
+from ppmulti.common.compat import collective_timeout_env
 from ppmulti.common.errors import UserError
 from ppmulti.common.procfs import alive, exit_code
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
 from ppmulti.procs.launch.plan import LaunchPlan
+from ppmulti.procs.launch.watchdog import Watchdog
 
 PROTOCOL = "ppmulti-rdzv-1"
 
@@ -335,7 +337,7 @@ class _RankWatch:
         self.directory = directory
         self.first_gone: int | None = None
 
-    def _started(self) -> dict[int, int]:
+    def started(self) -> dict[int, int]:
         ranks = {}
         for name in os.listdir(self.directory):
             if name.startswith("rank") and name.endswith(".started"):
@@ -348,13 +350,14 @@ class _RankWatch:
     def poll(self) -> None:
         if self.first_gone is None:
             mark = os.path.join(self.directory, "rank{}.{}")
-            gone = sorted(r for r, pid in self._started().items()
+            gone = sorted(r for r, pid in self.started().items()
                           if not alive(pid) and not os.path.exists(mark.format(r, "done"))
                           and not os.path.exists(mark.format(r, "stopped")))
             if gone:
                 self.first_gone = gone[0]
 
-    def cause(self) -> str:
+    def failed(self) -> dict[int, str]:
+        """The cause each ``rankN.failed`` mark gives, by rank."""
         failed = {}
         for name in os.listdir(self.directory):
             if name.startswith("rank") and name.endswith(".failed"):
@@ -362,6 +365,10 @@ class _RankWatch:
                     failed[int(name[4:-7])] = open(os.path.join(self.directory, name)).read().strip()
                 except (OSError, ValueError):
                     continue
+        return failed
+
+    def cause(self) -> str:
+        failed = self.failed()
         rank = self.first_gone
         if rank is not None and rank in failed:
             return f"rank {rank} failed: {failed[rank]}"
@@ -403,10 +410,15 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
     try:
         for attempt in range(restarts + 1):
             watch.reset()
-            rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted)
+            dog = Watchdog(launch_dir, plan.hang_timeout, plan.node_rank, plan.nnodes, local_world=plan.nnodes == 1,
+                           log_dir=plan.log_dir)
+            try:
+                rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog)
+            finally:
+                _sweep_ranks(launch_dir, dog, out)
             if rc == 0 or interrupted:
                 return rc
-            cause = watch.cause()
+            cause = dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause()
             if attempt < restarts:
                 _log(f"{cause}; restarting every rank ({attempt + 1} of {restarts} restarts), "
                      f"training resumes from its last checkpoint", out)
@@ -421,8 +433,21 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
         shutil.rmtree(launch_dir, ignore_errors=True)
 
 
+def _sweep_ranks(launch_dir: str, dog: Watchdog, out: TextIO | None) -> None:
+    """After an attempt: no process of its ranks (data-loader workers included: they inherit the launch
+    directory's variable) and none of their shared memory outlives it, however the ranks ended."""
+    swept = supervisor.sweep(E.PPMULTI_LAUNCH_DIR, launch_dir)
+    if swept.left:
+        _log(f"{len(swept.left)} process(es) of the ranks could not be stopped: pid {swept.left}", out)
+    for path in dog.shared_memory_left():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
-              watch: _RankWatch, interrupted: list[int]) -> int:
+              watch: _RankWatch, interrupted: list[int], dog: Watchdog) -> int:
     plan, listener = preflight(plan, out)
     if plan.rdzv_endpoint is not None:
         if plan.node_rank == 0:
@@ -435,6 +460,7 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     child_env[E.PPMULTI_READY_FILE] = ready
     child_env[E.PPMULTI_LAUNCH_DIR] = launch_dir
     child_env[E.PPMULTI_RESTART] = str(attempt)
+    child_env.update(collective_timeout_env(plan.device, plan.hang_timeout, child_env))
     tty = console_tty()
     if tty is not None:   # rank 0 draws its bars there (ppmulti.rank.engine.progress); absent: plain lines
         child_env[E.PPMULTI_CONSOLE_TTY] = tty
@@ -457,6 +483,11 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
                 if code is not None:
                     return exit_code(code)
                 watch.poll()
+                if dog.poll(watch.started()):
+                    # the stalled rank is named and every stack written: stop the ranks now, then the launcher
+                    supervisor.sweep(E.PPMULTI_LAUNCH_DIR, launch_dir)
+                    child.stop()
+                    return 1
                 if deadline is not None:
                     if os.path.exists(ready):
                         deadline = None

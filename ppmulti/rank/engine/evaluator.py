@@ -75,10 +75,12 @@ class CocoEvaluator:
         detections: list[dict] = []
         images = 0
         tic = time.time()
+        from ppmulti.rank import heartbeat
         from ppmulti.rank.engine.progress import track
 
         with paddle.no_grad():
             for data in track(self.loader, "eval", total=len(self.loader)):  # a bar on a rank-0 terminal
+                heartbeat.beat("evaluation")   # per batch: a long evaluation is moving, not hung
                 outs = model(data)
                 outs_np = {"bbox": outs["bbox"].numpy(), "bbox_num": outs["bbox_num"].numpy(),
                            "im_id": data["im_id"].numpy()}

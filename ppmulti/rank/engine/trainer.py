@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 from ppmulti.common import compat
 from ppmulti.rank import config as config_mod
-from ppmulti.rank import dist
+from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
                                        EvaluationHook, Hook, PlotsHook, ResultsHook, ResumeHook,
@@ -336,8 +336,10 @@ class Trainer:
     def run_step(self, data: dict, epoch: int) -> tuple[dict, float]:
         """Forward, backward, optimizer and lr step: (the model's outputs, the lr the step used)."""
         data["epoch_id"] = epoch
+        heartbeat.beat("forward", self.state.global_step)
         with self.amp.autocast():
             outputs = self.train_model(data)
+        heartbeat.beat("backward")   # the gradient all-reduce runs inside (Paddle's DataParallel)
         self.amp.backward_step(outputs["loss"], self.optimizer)
         lr = self.optimizer.get_lr()
         self.lr.step()
@@ -353,10 +355,12 @@ class Trainer:
         self.train_model.train()
         skip = self.state.step_in_epoch   # resuming an interrupted epoch: the same shuffle, minus its done steps
         t_data = time.time()
+        heartbeat.beat("data", self.state.global_step)
         for step, data in enumerate(self.loader):
             if step >= skip:
                 meter.data_time += time.time() - t_data
                 yield step, data
+                heartbeat.beat("data", self.state.global_step)
             t_data = time.time()
 
     def _epoch_stats(self, epoch: int, meter: EpochMeter) -> EpochStats:
@@ -386,6 +390,7 @@ class Trainer:
     def save_checkpoint(self, name: str = "last") -> Path:
         """Write ``weights/<name>``: the inference weights, and the loop's and every hook's state for resume."""
         stem = self.run_dir / "weights" / name
+        heartbeat.beat("checkpoint")
         hooks = {h.name: state for h in self.hooks if h.name and (state := h.state_dict()) is not None}
         ckpt.save(stem, self.model, self.inference_weights(), self.optimizer, self.lr, self.state, hooks)
         return stem
