@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--multi-scale", "--multi_scale", dest="multi_scale", action="store_true",
                    help="keep the readers' random training sizes (default: one size, so every step does the "
                         "same work and runs compare)")
+    p.add_argument("--heartbeat", action="store_true",
+                   help="also train the first model on the most ranks with the watchdog's progress reports off "
+                        "(PPMULTI_HEARTBEAT=0), interleaved, and report their cost against a step")
     p.add_argument("--data", help="a demo-format dataset (data.yaml + COCO json) to use instead of generating one")
     p.add_argument("--predict", action="store_true", help="print the scaling model's prediction and exit")
     p.add_argument("--model", default="yolov5l", choices=("yolov5l", "ppyoloe_s"),
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         models=models, ranks=ranks, img=args.img or base.img, batch=args.batch or base.batch,
         steps=args.steps or base.steps, warmup=base.warmup, workers=args.workers, repeat=args.repeat,
         train_images=base.train_images, out=Path(args.out), data=Path(args.data) if args.data else None,
-        timeout=base.timeout, one_size=not args.multi_scale)
+        timeout=base.timeout, one_size=not args.multi_scale, heartbeat_ab=args.heartbeat)
     for n in ranks:
         if plan.batch % n:
             raise UserError(f"--batch {plan.batch} is not divisible by {n} ranks (--ranks {args.ranks})")

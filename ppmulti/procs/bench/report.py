@@ -46,6 +46,12 @@ def markdown(result: dict) -> str:
         lines.append(f"| gloo all-reduce of {a['model']}'s gradients ({a['bytes'] / 1e6:.1f} MB, {a['ranks']} ranks) | "
                      f"{a['seconds'] * 1e3:.1f} ms ({a['effective_GB_s']:.2f} GB/s bus) | "
                      f"{a['share_of_step']:.1%} of a step | |")
+    if "heartbeat" in result:
+        h = result["heartbeat"]
+        lines.append(f"| watchdog progress reports ({h['model']}, {h['ranks']} ranks): step with vs without | "
+                     f"{h['step_s_with']:.3f} vs {h['step_s_without']:.3f} s ({h['overhead']:+.1%}); "
+                     f"{h['beats_per_step']:.0f} reports x {h['beat_us']:.2f} us | "
+                     f"{h['beat_share_of_step']:.4%} of a step | <= 1% |")
     if "bound" in result:
         b = result["bound"]
         lines += ["", f"CPU per image: training {b['train_cpu_s_per_img'] * 1e3:.0f} ms (rank 0, one thread), "

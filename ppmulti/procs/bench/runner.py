@@ -41,6 +41,7 @@ class BenchPlan:
     timeout: float = 900.0
     env: dict = field(default_factory=dict)   # extra environment for every probe (A/B variants)
     one_size: bool = True           # --cfg models train at `img` only: equal work per step, comparable runs
+    heartbeat_ab: bool = False      # the first model on the most ranks again without progress reports
 
 
 @dataclass
@@ -92,9 +93,11 @@ def _env(plan: BenchPlan) -> dict:
 
 
 def run_case(plan: BenchPlan, kind: str, model: str, ranks: int, data: Path, work: Path,
-             numel: float = 0, extra_overrides: list[str] = ()) -> Case:
-    """Start one probe (``ranks`` > 1: through ``ppmulti launch``) and read its records."""
-    tag = f"{kind}_{Path(model).stem}_{ranks}r_{time.monotonic_ns()}"
+             numel: float = 0, extra_overrides: list[str] = (), env: dict | None = None,
+             label: str | None = None) -> Case:
+    """Start one probe (``ranks`` > 1: through ``ppmulti launch``) and read its records; ``label`` names the
+    case when it differs from the probe ``kind`` (the same probe under another ``env``)."""
+    tag = f"{label or kind}_{Path(model).stem}_{ranks}r_{time.monotonic_ns()}"
     out = work / tag
     probe = [str(PROBE), kind, "--out", str(out), "--steps", str(plan.steps), "--warmup", str(plan.warmup)]
     if kind == "allreduce":
@@ -110,9 +113,9 @@ def run_case(plan: BenchPlan, kind: str, model: str, ranks: int, data: Path, wor
                "--log_dir", str(work / f"log_{tag}"), *probe]
     log = work / f"{tag}.log"
     for attempt in range(2):
-        case = Case(kind, model, ranks, started_at=time.time())
+        case = Case(label or kind, model, ranks, started_at=time.time())
         with open(log, "wb") as f:
-            proc = supervisor.start(cmd, stdout=f, stderr=supervisor.STDOUT, cwd=REPO, env=_env(plan))
+            proc = supervisor.start(cmd, stdout=f, stderr=supervisor.STDOUT, cwd=REPO, env={**_env(plan), **(env or {})})
             if proc.wait(plan.timeout) is None:
                 # SIGTERM to the case's group reaches ppmulti launch, which stops Paddle's launcher and ranks
                 proc.stop()
@@ -171,6 +174,12 @@ def measure(plan: BenchPlan, progress=print) -> dict:
                             cases.append(run_case(plan, "ppdet", first, 1, data, work))
                         progress(f"{tag} {first} data loader alone")
                         cases.append(run_case(plan, "loader", first, 1, data, work))
+            if plan.heartbeat_ab:
+                from ppmulti.common.envvars import PPMULTI_HEARTBEAT
+
+                progress(f"{tag} {first} training, {max(plan.ranks)} rank(s), without progress reports")
+                cases.append(run_case(plan, "train", first, max(plan.ranks), data, work,
+                                      env={PPMULTI_HEARTBEAT: "0"}, label="train_nohb"))
             if max(plan.ranks) > 1:
                 params = next(c.rank0["params"] for c in cases if c.kind == "train" and c.model == first)
                 progress(f"{tag} all-reduce of {params} float32 gradients")
@@ -183,6 +192,21 @@ def measure(plan: BenchPlan, progress=print) -> dict:
     result = summarise(plan, cases)
     result["machine"]["load_start"] = load_start
     return result
+
+
+def _heartbeat_cost(plan: BenchPlan, pick) -> dict | None:
+    """The watchdog's progress reports: the same case with and without them, and their own measured cost."""
+    first, n = plan.models[0], max(plan.ranks)
+    without = pick("train_nohb", first, n)
+    if not without:
+        return None
+    with_ = pick("train", first, n)
+    on, off = _median([c.rank0["step_s"] for c in with_]), _median([c.rank0["step_s"] for c in without])
+    beat_us = _median([c.rank0.get("beat_us", 0.0) for c in with_])
+    per_step = _median([c.rank0.get("beats_per_step", 0.0) for c in with_])
+    return {"model": first, "ranks": n, "step_s_with": on, "step_s_without": off,
+            "overhead": on / off - 1.0 if off else 0.0, "beat_us": beat_us, "beats_per_step": per_step,
+            "beat_share_of_step": beat_us * 1e-6 * per_step / on if on else 0.0}
 
 
 def summarise(plan: BenchPlan, cases: list[Case]) -> dict:
@@ -239,6 +263,9 @@ def summarise(plan: BenchPlan, cases: list[Case]) -> dict:
         rn = [r for r in rows if r["model"] == model and r["ranks"] > 1]
         for r in rn:
             r["speedup"] = r["img_s"] / r1["img_s"] if r1 and r1["img_s"] else 0.0
+    heartbeat = _heartbeat_cost(plan, pick)
+    if heartbeat:
+        result["heartbeat"] = heartbeat
     if allreduce:
         two = next((r for r in rows if r["model"] == first and r["ranks"] == max(plan.ranks)), None)
         med = _median([c.rank0["median_s"] for c in allreduce])
