@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 from ppmulti.common.rundir import RUN_DIR_MARKER
-from ppmulti.rank import dist
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks.base import Hook
 
@@ -83,10 +82,12 @@ def continue_after_restart(opts) -> str | None:
 
 
 def record_run_dir(run_dir: Path) -> None:
-    """The first start of a launch notes its run directory, so a restart continues the same run."""
+    """The first start of a launch notes its run directory, so a restart continues the same run. Every node
+    keeps its own launch directory, so local rank 0 of each node notes it (all ranks know it by then): a rank
+    on another node then resumes from the same checkpoint as rank 0 instead of starting at epoch 0."""
     from ppmulti.common.atomic import atomic_write_text
-    from ppmulti.common.envvars import launch_record
+    from ppmulti.common.envvars import launch_record, worker_info
 
     record = launch_record()
-    if record.directory and record.restart == 0 and dist.is_main():
+    if record.directory and record.restart == 0 and worker_info().local_rank == 0:
         atomic_write_text(Path(record.directory, RUN_DIR_MARKER), str(run_dir.resolve()) + "\n")
