@@ -62,6 +62,25 @@ def test_record_round_trip_and_stall_switch(tmp_path, monkeypatch):
         faulthandler.unregister(H.STACK_SIGNAL)
 
 
+def test_collectives_inside_the_forward_pass_count_as_waiting(tmp_path, monkeypatch):
+    """ppdet's PP-YOLOE head all-reduces inside forward: while in there a rank reports "all-reduce"."""
+    import paddle.distributed as pd
+
+    from ppmulti.rank import heartbeat
+
+    seen = []
+    for name in heartbeat.COLLECTIVES:
+        monkeypatch.setattr(pd, name, lambda *a, _n=name, **k: seen.append((_n, H.read(str(tmp_path), 0).phase)))
+    monkeypatch.setattr(heartbeat, "_current", heartbeat.Heartbeat(str(tmp_path), 0))
+    assert heartbeat.watch_collectives() == list(heartbeat.COLLECTIVES)
+    assert heartbeat.watch_collectives() == []                          # wrapped once
+    heartbeat.beat("forward", 7)
+    pd.all_reduce(None)
+    pd.barrier()
+    assert seen == [("all_reduce", "all-reduce"), ("barrier", "all-reduce")]
+    assert (H.read(str(tmp_path), 0).phase, H.read(str(tmp_path), 0).step) == ("forward", 7)
+
+
 # --- stalls are named ---------------------------------------------------------------------------------------
 def test_a_rank_sleeping_in_a_step_is_named_with_its_stack(launches, tmp_path):
     out, log = tmp_path / "out", tmp_path / "log"
@@ -138,3 +157,22 @@ def test_across_two_loopback_nodes_the_stalled_node_names_it_and_the_other_repor
     assert "_stall_here" in (tmp_path / "log1" / "stacks.rank1.txt").read_text()
     assert "rank 0 on node 0 lost its peer" in text0 and "the cause is on another node" in text0, text0[-3000:]
     assert "hang: rank 0" not in text0
+
+
+# --- the real trainer -----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_trainer_reports_its_phases_and_a_stall_in_forward_is_named(launches, small_demo, tmp_path):
+    """ppmulti's own training (PP-YOLOE, whose head all-reduces inside forward): start-up, the first steps'
+    op build, evaluation and checkpoints pass under a 20 s timeout; rank 1 held in forward at step 8 is named."""
+    from test_distributed import _train_args
+
+    out, log = tmp_path / "run", tmp_path / "log"
+    proc = launches.start("--nproc_per_node", "2", "--hang-timeout", "20", "--log_dir", str(log),
+                          *_train_args(small_demo, out, "snapshot_epoch=1", "--batch", "8", "--epochs", "3", "--eval"),
+                          env=_env(PPMULTI_STALL="1:forward:8:600"))
+    assert launches.wait(proc, 600) != 0
+    text = launches.output(proc)
+    assert "hang: rank 1 on node 0 made no progress for" in text and "in forward at step 8" in text, text[-3000:]
+    assert "hang: rank 0" not in text and "rank 0 waits" in text, text[-3000:]
+    assert "epoch 1 done" in (out / "train.log").read_text()     # evaluated and saved epoch 1 without a false alarm
+    assert "trainer.py" in (log / "stacks.rank1.txt").read_text()

@@ -12,6 +12,7 @@ enters PHASE at STEP: how the tests, and a user who wants to see the watchdog wo
 from __future__ import annotations
 
 import faulthandler
+import functools
 import mmap
 import os
 import signal
@@ -43,7 +44,8 @@ class Heartbeat:
         self.phase = phase
         H.LAYOUT.pack_into(self._map, 0, self.beats, self.step, time.time(), H.PHASES.index(phase))
         if self._stall is not None and self._stall[:2] == (phase, self.step):
-            _stall_here(self._stall[2])
+            how, self._stall = self._stall[2], None   # once: a phase re-entered after a collective is the same step
+            _stall_here(how)
 
 
 def _parse_stall(text: str | None, rank: int) -> tuple[str, int, str] | None:
@@ -94,3 +96,42 @@ def beat(phase: str, step: int | None = None) -> None:
 
 def current() -> Heartbeat | None:
     return _current
+
+
+# paddle.distributed's collectives, wrapped by watch_collectives (the same names in Paddle 2.6 and 3.x)
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "reduce")
+
+
+def watch_collectives() -> list[str]:
+    """Report every call of paddle.distributed's collectives as "all-reduce", and the phase before it once
+    it returns. ppdet's heads all-reduce inside the forward pass (PP-YOLOE's assigned-score sum, GFL, SimOTA,
+    DETR: ``paddle.distributed.all_reduce`` looked up at each call), so a rank blocked there waits for its
+    peers; without this it would look stalled in forward. Returns the names wrapped (none outside a launch)."""
+    if _current is None:
+        return []
+    import paddle.distributed as pd
+
+    wrapped = []
+    for name in COLLECTIVES:
+        fn = getattr(pd, name, None)
+        if fn is not None and not getattr(fn, "_ppmulti_heartbeat", False):
+            setattr(pd, name, _reported(fn))
+            wrapped.append(name)
+    return wrapped
+
+
+def _reported(fn):
+    @functools.wraps(fn)
+    def collective(*args, **kwargs):
+        beat_ = _current
+        if beat_ is None:
+            return fn(*args, **kwargs)
+        before = beat_.phase
+        beat_.beat("all-reduce")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            beat_.beat(before)
+
+    collective._ppmulti_heartbeat = True
+    return collective
