@@ -37,7 +37,15 @@ SAMPLE = 0.5        # seconds between samples
 BUSY_CPU = 0.05     # CPU seconds within one sample that count as work (a rank blocked in gloo uses ~0.002)
 DEATH_IDLE = 5.0    # a peer died waiting: a live rank idle this long outside a waiting phase is the cause
 STACK_WAIT = 10.0   # seconds to wait for the stack files to be written
-DEFAULT_TIMEOUT = 300.0
+# How a rank's Python error reads when a collective failed because a peer went away or never came
+# (gloo: "TIMEOUT ... pair_rank", "Connection reset by peer"; NCCL: "NCCL ... timeout"), lower case
+PEER_ERRORS = ("gloo", "nccl", "timeout", "connection reset", "connection closed", "broken pipe", "socket closed")
+
+
+def peer_error(text: str) -> bool:
+    """Whether a rank's failure text says that a collective lost its peer (not a bug of its own)."""
+    low = text.lower()
+    return any(marker in low for marker in PEER_ERRORS)
 
 
 @dataclass
@@ -110,7 +118,10 @@ class Watchdog:
             state = procfs.state(pid)
             if state is None:
                 r.gone = True
-                if not self._marked(rank) and r.progress is not None and r.progress.phase in H.WAITING:
+                # ended in a collective: killed there (no mark) or failed there for want of its peer
+                failed = self._failed(rank)
+                if (not self._marked(rank) and r.progress is not None and r.progress.phase in H.WAITING
+                        and (failed is None or peer_error(failed))):
                     died_waiting.append(r)
                 continue
             tree = procfs.tree(pid)
@@ -122,6 +133,13 @@ class Watchdog:
                 r.active = now
             r.beats, r.cpu, r.progress, r.state = beats, cpu, progress, state
         return died_waiting
+
+    def _failed(self, rank: int) -> str | None:
+        try:
+            with open(os.path.join(self.directory, f"rank{rank}.failed")) as f:
+                return f.read().strip()
+        except OSError:
+            return None
 
     def _marked(self, rank: int) -> bool:
         return any(os.path.exists(os.path.join(self.directory, f"rank{rank}.{kind}")) for kind in ("done", "stopped"))
@@ -200,13 +218,15 @@ class Watchdog:
     # ----------------------------------------------------------------- after the launch
     def explain_exit(self, first_gone: int | None, failed: dict[int, str]) -> str | None:
         """Why the launch failed when the watchdog did not fire, if it knows better than "rank N died": a rank
-        that died waiting for a peer on another node is named as a victim, with the cause elsewhere."""
+        whose collective failed for want of a peer on another node (its Python error says so: a rank killed
+        while waiting leaves none, and is the cause) is named as a victim, with the cause elsewhere."""
         if self.fired is not None:
             return self.fired
         r = self.ranks.get(first_gone) if first_gone is not None else None
-        if r is None or r.progress is None or r.progress.phase not in H.WAITING or self.local_world:
+        if (r is None or self.local_world or r.progress is None or r.progress.phase not in H.WAITING
+                or not peer_error(failed.get(r.rank, ""))):
             return None
-        how = f" ({failed[r.rank]})" if r.rank in failed else ""
+        how = f" ({failed[r.rank]})"
         return (f"rank {r.rank} on node {self.node_rank} lost its peer {r.where()}{how}: it is a victim; "
                 f"the cause is on another node (see that node's output)")
 
