@@ -136,8 +136,13 @@ def _check_free(port: int, flag: str, why: str) -> None:
         raise
 
 
-def preflight(plan: LaunchPlan, out: TextIO | None = None) -> tuple[LaunchPlan, socket.socket | None]:
-    """Check the ports this node will bind; return the plan with any port picked, and node 0's listener."""
+def preflight(plan: LaunchPlan, out: TextIO | None = None,
+              restart: bool = False) -> tuple[LaunchPlan, socket.socket | None]:
+    """Check the ports this node will bind; return the plan with any port picked, and node 0's listener.
+
+    ``restart``: the worker ports were checked before the first start; a node other than 0 skips them, because
+    node 0, restarted first, may already hold the same port number for rank 0's store when both "nodes" are
+    addresses of one machine (a loopback test), and nothing on the other nodes binds them."""
     master_flag = plan.master_port_flag or "--master_port"
     start_flag = plan.start_port_flag or "--start_port"
     if plan.mode == "single":
@@ -146,7 +151,7 @@ def preflight(plan: LaunchPlan, out: TextIO | None = None) -> tuple[LaunchPlan, 
         if plan.master_port is not None:
             _check_free(plan.master_port, master_flag, f"given by {master_flag}")
         return plan, None
-    if plan.mode == "ips":
+    if plan.mode == "ips" and not (restart and plan.node_rank != 0):
         for i in range(plan.nproc_per_node):
             _check_free(plan.start_port + i, start_flag, f"endpoint of local rank {i}, {start_flag} + {i}")
     listener = None
@@ -448,7 +453,7 @@ def _sweep_ranks(launch_dir: str, dog: Watchdog, out: TextIO | None) -> None:
 
 def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
               watch: _RankWatch, interrupted: list[int], dog: Watchdog) -> int:
-    plan, listener = preflight(plan, out)
+    plan, listener = preflight(plan, out, restart=attempt > 0)
     if plan.rdzv_endpoint is not None:
         if plan.node_rank == 0:
             serve_rendezvous(plan, listener, out)  # type: ignore[arg-type]

@@ -118,6 +118,7 @@ class Watchdog:
             state = procfs.state(pid)
             if state is None:
                 r.gone = True
+                r.progress = H.read(self.directory, rank) or r.progress   # where it was when it ended
                 # ended in a collective: killed there (no mark) or failed there for want of its peer
                 failed = self._failed(rank)
                 if (not self._marked(rank) and r.progress is not None and r.progress.phase in H.WAITING
