@@ -128,10 +128,9 @@ def _reported(fn):
             return fn(*args, **kwargs)
         before = beat_.phase
         beat_.beat("all-reduce")
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            beat_.beat(before)
+        result = fn(*args, **kwargs)   # raising, it leaves "all-reduce": the rank ended in the collective
+        beat_.beat(before)
+        return result
 
     collective._ppmulti_heartbeat = True
     return collective
