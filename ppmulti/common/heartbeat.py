@@ -38,6 +38,21 @@ def stack_path(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank{rank}.stacks")
 
 
+def fatal_path(directory: str, rank: int) -> str:
+    """Where faulthandler writes the rank's stack when it dies of SIGABRT/SIGSEGV (gloo aborts this way)."""
+    return os.path.join(directory, f"rank{rank}.fatal")
+
+
+def fatal(directory: str, rank: int) -> str | None:
+    """The first line of the rank's fatal-signal report (``Fatal Python error: Aborted``), None if it has none."""
+    try:
+        with open(fatal_path(directory, rank), errors="replace") as f:
+            first = f.readline().strip()
+    except OSError:
+        return None
+    return first or None
+
+
 def pack(beats: int, step: int, when: float, phase: str) -> bytes:
     return LAYOUT.pack(beats, step, when, PHASES.index(phase)).ljust(SIZE, b"\0")
 

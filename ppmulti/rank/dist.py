@@ -59,7 +59,7 @@ def init() -> int:
     strategy.fuse_all_reduce_ops = True
     strategy.fuse_grad_size_in_MB = 32
     fleet.init(is_collective=True, strategy=strategy)
-    heartbeat.watch_collectives()   # a rank blocked in a collective inside the forward pass is waiting, not hung
+    heartbeat.watch_paddle()   # a rank blocked in a collective inside forward is waiting; fatal signals leave a stack
     _INITIALISED = True
     return world_size()
 

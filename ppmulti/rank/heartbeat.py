@@ -69,6 +69,7 @@ def _stall_here(how: str) -> None:
 
 _current: Heartbeat | None = None
 _stacks: IO[str] | None = None   # kept open: faulthandler writes to its descriptor from the signal handler
+_fatal: IO[str] | None = None    # the same, for fatal signals (watch_paddle)
 
 
 def install(environ=None) -> Heartbeat | None:
@@ -100,6 +101,25 @@ def current() -> Heartbeat | None:
 
 # paddle.distributed's collectives, wrapped by watch_collectives (the same names in Paddle 2.6 and 3.x)
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "reduce")
+
+
+def watch_paddle() -> list[str]:
+    """After paddle is imported and the group joined: collectives report their phase (``watch_collectives``),
+    and a fatal signal (gloo gives up on a peer by aborting the process) leaves the rank's stack in
+    ``rankN.fatal``. faulthandler is enabled only now because Paddle's import installs its own handlers,
+    which faulthandler then calls after writing."""
+    global _fatal
+    if _current is None:
+        return []
+    directory = os.environ.get(E.PPMULTI_LAUNCH_DIR)
+    if directory:
+        try:
+            _fatal = open(H.fatal_path(directory, E.worker_info().rank), "w")
+            faulthandler.enable(file=_fatal, all_threads=True)
+        except (OSError, RuntimeError):
+            pass
+    return watch_collectives()
+
 
 
 def watch_collectives() -> list[str]:

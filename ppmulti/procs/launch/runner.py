@@ -44,6 +44,7 @@ import time
 from typing import Mapping, TextIO
 
 from ppmulti.common import envvars as E
+from ppmulti.common import heartbeat as heartbeat_record
 from ppmulti.common.compat import collective_timeout_env
 from ppmulti.common.errors import UserError
 from ppmulti.common.procfs import alive, exit_code
@@ -377,6 +378,9 @@ class _RankWatch:
         rank = self.first_gone
         if rank is not None and rank in failed:
             return f"rank {rank} failed: {failed[rank]}"
+        fatal = heartbeat_record.fatal(self.directory, rank) if rank is not None else None
+        if rank is not None and fatal:
+            return f"rank {rank} died of a fatal signal ({fatal}; see its workerlog)"
         if rank is not None:
             return f"rank {rank} died without a Python error (killed by a signal: SIGKILL, the out-of-memory killer)"
         if failed:

@@ -224,10 +224,15 @@ class Watchdog:
         if self.fired is not None:
             return self.fired
         r = self.ranks.get(first_gone) if first_gone is not None else None
-        if (r is None or self.local_world or r.progress is None or r.progress.phase not in H.WAITING
-                or not peer_error(failed.get(r.rank, ""))):
+        if r is None or self.local_world or r.progress is None or r.progress.phase not in H.WAITING:
             return None
-        how = f" ({failed[r.rank]})"
+        abort = H.fatal(self.directory, r.rank)
+        if peer_error(failed.get(r.rank, "")):
+            how = f" ({failed[r.rank]})"
+        elif abort is not None and "Aborted" in abort:
+            how = " (it aborted: gloo gives up on a peer that way)"
+        else:
+            return None
         return (f"rank {r.rank} on node {self.node_rank} lost its peer {r.where()}{how}: it is a victim; "
                 f"the cause is on another node (see that node's output)")
 
