@@ -63,6 +63,10 @@ def test_nothing_of_a_rank_outlives_the_launch(tmp_path, how):
         launches.close()
     text = launches.output(proc)
     assert (code == 0) == (how in ("clean", "restart")), text[-3000:]
+    if how == "abort":   # told from SIGKILL by the rank's faulthandler report
+        assert "rank 1 died of a fatal signal (Fatal Python error: Aborted" in text, text[-3000:]
+    if how == "sigkill":
+        assert "rank 1 died without a Python error (killed by a signal" in text, text[-3000:]
     assert len(seen) >= 6, (seen, text[-2000:])                 # the workers really ran
     left = _processes_of(out)
     for pid in left:
