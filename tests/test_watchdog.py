@@ -89,7 +89,7 @@ def test_a_rank_sleeping_in_a_step_is_named_with_its_stack(launches, tmp_path):
     assert launches.wait(proc, 180) != 0
     text = launches.output(proc)
     assert "hang: rank 1 on node 0 made no progress for" in text and "in forward at step 5" in text, text[-3000:]
-    assert "rank 0 waits in backward at step 5 (waiting for rank 1, not a cause)" in text, text[-3000:]
+    assert "rank 0 waits in all-reduce at step 5 (waiting for rank 1, not a cause)" in text, text[-3000:]
     assert "rank 0 died" not in text and "rank 0 failed" not in text
     stack1 = (log / "stacks.rank1.txt").read_text()
     assert "_stall_here" in stack1 and "watch_script.py" in stack1
