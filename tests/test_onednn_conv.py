@@ -68,6 +68,24 @@ def _mixed_model():
     )
 
 
+def _five_sgd_losses(convert) -> list[float]:
+    """Five SGD steps of the mixed model (``convert(model)`` first, when given) on fixed inputs: the losses."""
+    model = _mixed_model()
+    if convert is not None:
+        convert(model)
+    opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(5):
+        x = paddle.to_tensor(rng.standard_normal((4, 3, 16, 16)).astype("float32"))
+        loss = (model(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        out.append(float(loss))
+    return out
+
+
 def test_only_layers_it_computes_exactly_are_swapped(op):
     model = _mixed_model()
     x = paddle.randn([2, 3, 16, 16])
@@ -83,20 +101,7 @@ def test_only_layers_it_computes_exactly_are_swapped(op):
 def test_training_steps_follow_paddle_kernel(op):
     """Five SGD steps with the op give the losses Paddle's kernel gives."""
     def losses(use_op: bool):
-        model = _mixed_model()
-        if use_op:
-            ops_conv.use_onednn_convs(model)
-        opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
-        rng = np.random.default_rng(0)
-        out = []
-        for _ in range(5):
-            x = paddle.to_tensor(rng.standard_normal((4, 3, 16, 16)).astype("float32"))
-            loss = (model(x) ** 2).mean()
-            loss.backward()
-            opt.step()
-            opt.clear_grad()
-            out.append(float(loss))
-        return out
+        return _five_sgd_losses(ops_conv.use_onednn_convs if use_op else None)
 
     np.testing.assert_allclose(losses(True), losses(False), rtol=1e-4)
 
@@ -191,20 +196,7 @@ def test_bf16_swap_keeps_float32_weights_and_state(bf16_op):
 def test_bf16_training_steps_follow_float32(bf16_op):
     """Five SGD steps with the bf16 op stay within bf16's precision of Paddle's float32 losses."""
     def losses(bf16: bool):
-        model = _mixed_model()
-        if bf16:
-            ops_conv.use_onednn_convs(model, bf16=True)
-        opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
-        rng = np.random.default_rng(0)
-        out = []
-        for _ in range(5):
-            x = paddle.to_tensor(rng.standard_normal((4, 3, 16, 16)).astype("float32"))
-            loss = (model(x) ** 2).mean()
-            loss.backward()
-            opt.step()
-            opt.clear_grad()
-            out.append(float(loss))
-        return out
+        return _five_sgd_losses((lambda m: ops_conv.use_onednn_convs(m, bf16=True)) if bf16 else None)
 
     float32, bf16 = losses(False), losses(True)
     np.testing.assert_allclose(bf16, float32, rtol=3e-2)
