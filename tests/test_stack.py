@@ -151,3 +151,16 @@ def test_ppmulti_paddle_chooses_the_paddle_requirement(choice, wanted, repo):
     assert proc.returncode == 0, proc.stderr[-2000:]
     requires = json.loads(proc.stdout)["install"][0]["metadata"]["requires_dist"]
     assert [r for r in requires if r.startswith("paddlepaddle")] == wanted
+
+
+@pytest.mark.parametrize("module", ["scipy.optimize", "pycocotools.coco", "lap", "cv2", "shapely.geometry",
+                                    "sklearn.metrics"])
+def test_native_dependencies_import_after_paddle(module):
+    """Each compiled dependency ppdet imports still loads after paddle (the import order of every rank). On Paddle
+    2.6 scipy 1.17, pycocotools 2.0.11 and lap 0.5.13 fail here (zlib errors, segfaults): setup.py's pins."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", f"import paddle; import {module}; print('ok')"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
