@@ -32,8 +32,9 @@ REQUIRES = PADDLE_REQUIRES + [
     f"protobuf<7; {PY_OLD}",              # 7.x breaks Paddle 2.6's fleet.init (FieldDescriptor.label); 4.25, 6.33 work
     f"pycocotools<2.0.11; {PY_OLD}",      # 2.0.11+ segfaults in inflateReset2 when imported after Paddle 2.6
     f"lap<0.5.13; {PY_OLD}",              # the same segfault
-    f"scipy<1.17; {PY_OLD}",              # 1.17's Cython modules fail after Paddle 2.6 ("zlib.error: Error -2 ...
-                                          # inconsistent stream state" importing scipy.optimize); 1.16.3 works
+    f"scipy<1.17; {PY_OLD}",              # 1.17.1 fails after a bare `import paddle` 2.6 ("zlib.error: Error -2 ...
+                                          # inconsistent stream state"); ppmulti's own order avoids all three
+                                          # (compat.before_paddle_import), the pins keep users' scripts working
     f"numpy<2; {PY_OLD}",                 # 1.26 trains as 1.23 did; numpy 2 is stack 2's (2.5 refuses float() of
                                           # ppmulti's [1]-shaped YOLOv5 loss parts until that fix lands)
     # --- both stacks ---

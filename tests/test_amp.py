@@ -115,6 +115,7 @@ def test_o1_casts_the_convolutions_and_honours_custom_lists():
 # real dynamic loss scaling (Paddle's own check_finite_and_unscale and update code) run on CPU in float32.
 GPU_LIKE_SCALER = textwrap.dedent("""
     import contextlib, types
+    import ppmulti.rank   # ppmulti's order before paddle (compat.before_paddle_import: zlib first)
     import paddle.amp.grad_scaler as gs
 
     _tracer = gs._dygraph_tracer

@@ -268,8 +268,8 @@ def test_paddle_import_filter_is_narrow():
     module = "paddle.utils.cpp_extension.extension_utils"
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        compat.quiet_paddle_import()
-        compat.quiet_paddle_import()   # twice: still one filter
+        compat.before_paddle_import()
+        compat.before_paddle_import()   # twice: still one filter
         for text, where in ((f"{_CCACHE}. Please be aware ...", module),
                             (f"{_CCACHE}. Please be aware ...", "somewhere.else"),
                             ("another warning from Paddle's extension utils", module)):

@@ -154,13 +154,15 @@ def test_ppmulti_paddle_chooses_the_paddle_requirement(choice, wanted, repo):
 
 
 @pytest.mark.parametrize("module", ["scipy.optimize", "pycocotools.coco", "lap", "cv2", "shapely.geometry",
-                                    "sklearn.metrics"])
+                                    "sklearn.metrics", "pyclipper"])
 def test_native_dependencies_import_after_paddle(module):
-    """Each compiled dependency ppdet imports still loads after paddle (the import order of every rank). On Paddle
-    2.6 scipy 1.17, pycocotools 2.0.11 and lap 0.5.13 fail here (zlib errors, segfaults): setup.py's pins."""
+    """Each compiled dependency ppdet imports still loads after paddle in ppmulti's order (``ppmulti.rank`` first,
+    as every rank and tool does). On Paddle 2.6, CI's fresh venv met zlib errors or segfaults here from
+    scikit-learn 1.9, scipy 1.17 and pyclipper 1.4 without compat.before_paddle_import, and pycocotools 2.0.11
+    and lap 0.5.13 need setup.py's pins."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", f"import paddle; import {module}; print('ok')"],
+    proc = subprocess.run([sys.executable, "-c", f"import ppmulti.rank; import paddle; import {module}; print('ok')"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]

@@ -147,14 +147,20 @@ _CCACHE_MESSAGE = r"No ccache found"
 _CCACHE_MODULE = r"paddle\.utils\.cpp_extension\.extension_utils"
 
 
-def quiet_paddle_import() -> None:
-    """Hide Paddle 3.x's "No ccache found" UserWarning, and nothing else, in this process.
+def before_paddle_import() -> None:
+    """What must happen in a process before ``import paddle``: load Python's zlib, and hide Paddle 3.x's
+    "No ccache found" UserWarning (and nothing else).
 
-    Must run before ``import paddle`` (the warning fires once, at import). Matched on its message and on the
-    module that warns, so any other warning, from there or elsewhere, still shows. Imports nothing heavy, so
-    the rank side's package and its worker entry call it first thing. Harmless on Paddle 2.6, which never warns so.
+    zlib: Paddle 2.6's libpaddle.so carries zlib symbols of its own, and an extension loaded after it binds
+    ``inflate*`` to them. Python's ``zlib`` module loaded after paddle then fails (``zlib.error: Error -2 ...
+    inconsistent stream state`` when scikit-learn 1.9, scipy 1.17 or pyclipper 1.4 unpack their Cython
+    constants; a segfault in ``inflateReset2`` with pycocotools 2.0.11 or lap 0.5.13); loaded before, it is bound
+    to the system's libz and every order works (tests/test_stack.py). The warning filter is matched on its
+    message and the module that warns, so any other warning still shows. Imports nothing heavy: the rank side's
+    package and its worker entry call it first thing. Both are harmless where not needed.
     """
     import warnings
+    import zlib  # noqa: F401  (see above)
 
     warnings.filterwarnings("ignore", message=_CCACHE_MESSAGE, category=UserWarning, module=_CCACHE_MODULE)
 

@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     env = _env_module()
-    # run by path, so ppmulti/rank/__init__.py has not run: quiet Paddle's import notice before the script's import
-    from ppmulti.common.compat import quiet_paddle_import
+    # run by path, so ppmulti/rank/__init__.py has not run: prepare for paddle before the script imports it
+    from ppmulti.common.compat import before_paddle_import
 
-    quiet_paddle_import()
+    before_paddle_import()
     _die_with_launcher()
     _trim_backup_env(env)
     os.environ.update(env.torch_worker_env())
