@@ -1,4 +1,4 @@
-"""Shared fixtures: the repo paths, a small demo dataset, and a subprocess runner for the CLI tools."""
+"""Shared fixtures: the repo paths, a small demo dataset, launches killed at teardown, and a runner for the CLI tools."""
 
 from __future__ import annotations
 
@@ -31,6 +31,18 @@ def pytest_sessionstart(session):
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture
+def launches(tmp_path):
+    """``ppmulti launch`` processes started in ``tmp_path``; every one still running is killed at teardown."""
+    from launching import Launches
+
+    runs = Launches(tmp_path)
+    try:
+        yield runs
+    finally:
+        runs.close()
 
 
 @pytest.fixture(scope="session")

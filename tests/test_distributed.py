@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import DEMO_CONFIG, REPO, demo_overrides, run_tool
-from test_launch_procs import Launches, _env, free_ports
+from launching import Launches, free_ports, launch_env
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -109,7 +109,7 @@ def test_two_nodes_train_together(small_demo, tmp_path, mode):
                 flags = ["--ips", "127.0.0.2,127.0.0.3", "--host", host, "--start_port", str(port + 1)]
             flags += ["--nproc_per_node", "1", "--log_dir", str(tmp_path / f"log{rank}")]
             procs.append(launches.start(*flags, *_train_args(small_demo, out, "--batch", "8", "--epochs", "1"),
-                                        env=_env()))
+                                        env=launch_env()))
         codes = [launches.wait(p, timeout=400) for p in procs]
         assert codes == [0, 0], [launches.output(p)[-2000:] for p in procs]
     finally:
@@ -152,7 +152,7 @@ def test_sigkill_of_one_rank_restarts_and_resumes(small_demo, tmp_path):
     try:
         proc = launches.start("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(tmp_path / "log"),
                               *_train_args(small_demo, out, "snapshot_epoch=1", "--batch", "8", "--epochs", "3"),
-                              env=_env())
+                              env=launch_env())
         log = out / "train.log"
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -195,7 +195,7 @@ def _sigterm_when_logged(tmp_path, train_args, log, text: str) -> tuple[int, flo
 
     launches = Launches(tmp_path)
     try:
-        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), *train_args, env=_env())
+        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), *train_args, env=launch_env())
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
             if log.is_file() and text in log.read_text():

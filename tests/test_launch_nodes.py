@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from launching import ALLREDUCE, SLEEPER, free_ports
 
 from ppmulti.common import envvars as E
 from ppmulti.common.errors import UserError
@@ -25,8 +25,6 @@ pytestmark = pytest.mark.multiproc
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
-ALLREDUCE = str(FIXTURES / "allreduce_script.py")
-SLEEPER = str(FIXTURES / "launch_sleep.py")
 FAILER = str(FIXTURES / "nodes_fail_script.py")
 
 
@@ -238,25 +236,6 @@ def test_fingerprint_locally_and_compare(tmp_path):
 
 
 # --- a real test host: sshd on loopback addresses --------------------------------------------------------
-def _free_on(port: int, hosts: list[str]) -> bool:
-    for host in hosts:
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError:
-                return False
-    return True
-
-
-def free_port(hosts: list[str] = ["127.0.0.1", ""], n: int = 1) -> int:
-    for _ in range(200):
-        port = random.randint(20000, 34000)
-        if all(_free_on(port + i, hosts) for i in range(n)):
-            return port
-    raise RuntimeError("no free port")
-
-
 ADDRS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 OTHER_MACHINE = "127.0.0.4"     # its sshd rewrites SITES/a to SITES/b: a node whose files differ
 
@@ -285,7 +264,7 @@ def ssh_hosts(tmp_path_factory):
                        f"exec /bin/sh -c \"$(printf '%s' \"$SSH_ORIGINAL_COMMAND\" | "
                        f"sed 's|{sites}/a|{sites}/b|g')\"\n")
     rewrite.chmod(0o755)
-    port = free_port(ADDRS)
+    port = free_ports(1, tuple(ADDRS))
     (root / "sshd_config").write_text(
         "".join(f"ListenAddress {a}:{port}\n" for a in ADDRS) +
         f"HostKey {root}/host_key\nAuthorizedKeysFile {root}/authorized_keys\nPidFile {root}/sshd.pid\n"
@@ -411,7 +390,7 @@ def _wait_files(paths: list[Path], proc: subprocess.Popen, seconds: float) -> No
 
 
 def test_two_nodes_over_ssh_all_reduce_prefixed_output_and_node_logs(ssh_hosts, fan, tmp_path):
-    out, port = tmp_path / "out", free_port(n=2)
+    out, port = tmp_path / "out", free_ports(2, ("127.0.0.1", ""))
     t = time.time()
     proc = fan.start("--nodes", "127.0.0.2,127.0.0.3", "--nproc_per_node", "1", "--ssh-config", str(ssh_hosts.config),
                      "--master_port", str(port), "--rdzv-timeout", "60", ALLREDUCE, str(out))
@@ -508,7 +487,7 @@ def test_node_side_never_imports_paddle():
 def test_a_failing_node_stops_the_others_and_is_named(ssh_hosts, fan, tmp_path):
     out = tmp_path / "out"
     proc = fan.start("--nodes", "127.0.0.2,127.0.0.3", "--ssh-config", str(ssh_hosts.config), "--master_port",
-                     str(free_port(n=2)), FAILER, str(out))
+                     str(free_ports(2, ("127.0.0.1", ""))), FAILER, str(out))
     job = fan.job(proc)
     code = fan.wait(proc, 120)
     console, messages = fan.texts(proc)
@@ -526,7 +505,7 @@ def test_stopping_the_fan_out_leaves_nothing_on_any_node(ssh_hosts, fan, tmp_pat
     """SIGINT: the fan-out stops every node itself. SIGKILL: the ssh sessions' EOF still stops them."""
     out = tmp_path / "out"
     proc = fan.start("--nodes", "127.0.0.2,127.0.0.3", "--ssh-config", str(ssh_hosts.config), "--master_port",
-                     str(free_port(n=2)), SLEEPER, str(out))
+                     str(free_ports(2, ("127.0.0.1", ""))), SLEEPER, str(out))
     job = fan.job(proc)
     _wait_files([out / "pid0", out / "pid1"], proc, 90)
     assert (out / "pid0").exists() and (out / "pid1").exists(), fan.texts(proc)

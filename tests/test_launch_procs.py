@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -14,83 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from launching import ALLREDUCE, REPO, SLEEPER, free_ports, launch_env
+
 pytestmark = pytest.mark.multiproc
-
-REPO = Path(__file__).resolve().parents[1]
-ALLREDUCE = str(REPO / "tests" / "fixtures" / "allreduce_script.py")
-SLEEPER = str(REPO / "tests" / "fixtures" / "launch_sleep.py")
-
-
-def _free(port: int, host: str = "") -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
-def free_ports(n: int) -> int:
-    """A base port p with p .. p+n-1 all free (outside Paddle's random 35100-64000 range)."""
-    for _ in range(200):
-        base = random.randint(20000, 34000)
-        if all(_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no free port range")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PADDLE_", "FLAGS_START_PORT", "POD_IP", "MASTER_", "RANK", "WORLD_SIZE"))}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
-
-
-class Launches:
-    """Starts ``ppmulti launch`` processes in their own process groups; kills every group at teardown."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.procs: list[tuple[subprocess.Popen, Path]] = []
-
-    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = self.tmp / f"launch{len(self.procs)}.out"
-        proc = subprocess.Popen([sys.executable, "-m", "ppmulti.cli", "launch", *args], cwd=self.tmp,
-                                env=env or _env(), stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.procs.append((proc, log))
-        return proc
-
-    def output(self, proc: subprocess.Popen) -> str:
-        return next(log for p, log in self.procs if p is proc).read_text(errors="replace")
-
-    def wait(self, proc: subprocess.Popen, timeout: float) -> int:
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"launch did not finish in {timeout}s:\n{self.output(proc)[-3000:]}")
-
-    def close(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                for sig in (signal.SIGTERM, signal.SIGKILL):
-                    try:
-                        os.killpg(proc.pid, sig)
-                        proc.wait(timeout=20)
-                        break
-                    except (ProcessLookupError, subprocess.TimeoutExpired):
-                        continue
-
-
-@pytest.fixture
-def launches(tmp_path):
-    runs = Launches(tmp_path)
-    try:
-        yield runs
-    finally:
-        runs.close()
 
 
 def _records(out: Path, n: int) -> list[dict]:
@@ -117,7 +42,7 @@ def test_two_ranks_on_one_machine(launches, tmp_path):
 
 def test_two_nodes_with_ips_and_flags_start_port(launches, tmp_path):
     start = free_ports(2) + 1          # start_port - 1 is ppmulti's rendezvous on node 0
-    env = _env(FLAGS_START_PORT=str(start))
+    env = launch_env(FLAGS_START_PORT=str(start))
     out = tmp_path / "out"
     common = ["--ips", "127.0.0.2,127.0.0.3", "--rdzv-timeout", "60"]
     dry = subprocess.run([sys.executable, "-m", "ppmulti.cli", "launch", *common, "--host", "127.0.0.2",
@@ -167,7 +92,7 @@ def test_taken_port_is_a_one_line_error_naming_port_and_flag(launches, tmp_path,
         args, flag = ["--ips", "127.0.0.1", "--nproc_per_node", "2", "--start_port", str(port)], "--start_port"
     else:
         args, flag, env = ["--ips", "127.0.0.1", "--nproc_per_node", "2"], "FLAGS_START_PORT", \
-            _env(FLAGS_START_PORT=str(port))
+            launch_env(FLAGS_START_PORT=str(port))
     try:
         t = time.time()
         proc = launches.start(*args, ALLREDUCE, str(tmp_path / "out"), env=env)

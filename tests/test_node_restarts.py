@@ -10,7 +10,7 @@ import time
 import pytest
 
 from test_distributed import _rank_pid, _train_args
-from test_launch_procs import Launches, _env, free_ports
+from launching import Launches, free_ports, launch_env
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -24,7 +24,7 @@ def test_sigkill_on_node_1_restarts_both_nodes_from_the_last_checkpoint(small_de
     launches = Launches(tmp_path)
     try:
         nodes = [launches.start(*common, "--host", f"127.0.0.{2 + i}", "--log_dir", str(tmp_path / f"log{i}"),
-                                *train, env=_env()) for i in range(2)]
+                                *train, env=launch_env()) for i in range(2)]
         log = out / "train.log"
         deadline = time.time() + 400
         while time.time() < deadline and all(p.poll() is None for p in nodes):

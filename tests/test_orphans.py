@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_launch_procs import Launches, _env
-from test_watchdog import WATCH, _wait_for
+from launching import WATCH, Launches, launch_env, wait_for
 
 pytestmark = pytest.mark.multiproc
 
@@ -40,7 +39,7 @@ def _shared_memory_of(pids: set[int]) -> list[str]:
 def test_nothing_of_a_rank_outlives_the_launch(tmp_path, how):
     out = tmp_path / "out"
     args = ["--nproc_per_node", "2", "--log_dir", str(tmp_path / "log")]
-    env = _env()
+    env = launch_env()
     if how in ("exception", "abort"):
         env["WATCH_DIE"] = "raise" if how == "exception" else "abort"
     if how == "restart":
@@ -49,7 +48,7 @@ def test_nothing_of_a_rank_outlives_the_launch(tmp_path, how):
     launches = Launches(tmp_path)
     try:
         proc = launches.start(*args, WATCH, str(out), "loader", steps, env=env)
-        _wait_for(out / "step1", proc)
+        wait_for(out / "step1", proc)
         seen: set[int] = set()
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None and len(seen) < 6:   # 2 ranks + 2 workers each

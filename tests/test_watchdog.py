@@ -9,32 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from test_launch_procs import Launches, _env, free_ports
+from launching import WATCH, free_ports, launch_env, wait_for
 
 from ppmulti.common import heartbeat as H
 
 pytestmark = pytest.mark.multiproc
 
 REPO = Path(__file__).resolve().parents[1]
-WATCH = str(REPO / "tests" / "fixtures" / "watch_script.py")
-
-
-@pytest.fixture
-def launches(tmp_path):
-    runs = Launches(tmp_path)
-    try:
-        yield runs
-    finally:
-        runs.close()
-
-
-def _wait_for(path: Path, proc, timeout: float = 120) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if path.is_file() and path.read_text().strip():
-            return path.read_text().strip()
-        time.sleep(0.2)
-    raise AssertionError(f"{path} never appeared")
 
 
 # --- the record itself -------------------------------------------------------------------------------------
@@ -85,7 +66,7 @@ def test_collectives_inside_the_forward_pass_count_as_waiting(tmp_path, monkeypa
 def test_a_rank_sleeping_in_a_step_is_named_with_its_stack(launches, tmp_path):
     out, log = tmp_path / "out", tmp_path / "log"
     proc = launches.start("--nproc_per_node", "2", "--hang-timeout", "6", "--log_dir", str(log),
-                          WATCH, str(out), "plain", "100000", env=_env(PPMULTI_STALL="1:forward:5:600"))
+                          WATCH, str(out), "plain", "100000", env=launch_env(PPMULTI_STALL="1:forward:5:600"))
     assert launches.wait(proc, 180) != 0
     text = launches.output(proc)
     assert "hang: rank 1 on node 0 made no progress for" in text and "in forward at step 5" in text, text[-3000:]
@@ -100,8 +81,8 @@ def test_a_stopped_rank_is_named_and_max_restarts_brings_every_rank_back(launche
     out, log = tmp_path / "out", tmp_path / "log"
     proc = launches.start("--nproc_per_node", "2", "--hang-timeout", "6", "--max_restarts", "1", "--log_dir", str(log),
                           WATCH, str(out), "plain", "150")
-    pid = int(_wait_for(out / "pid1.0", proc))
-    _wait_for(out / "step1", proc)
+    pid = int(wait_for(out / "pid1.0", proc))
+    wait_for(out / "step1", proc)
     os.kill(pid, signal.SIGSTOP)                        # the signal the issue used, on the first start only
     assert launches.wait(proc, 300) == 0, launches.output(proc)[-3000:]
     text = launches.output(proc)
@@ -119,8 +100,8 @@ def test_the_issue_case_gloo_gives_up_first_and_the_stopped_rank_is_still_the_ca
     out = tmp_path / "out"
     proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), WATCH, str(out), "plain",
                           "100000")
-    pid = int(_wait_for(out / "pid1.0", proc))
-    _wait_for(out / "step1", proc)
+    pid = int(wait_for(out / "pid1.0", proc))
+    wait_for(out / "step1", proc)
     time.sleep(1.0)
     os.kill(pid, signal.SIGSTOP)
     assert launches.wait(proc, 240) != 0
@@ -136,7 +117,7 @@ def test_slow_but_moving_ranks_never_trigger_it(launches, tmp_path, mode):
     (one long write of CPU work) or building ops (CPU, before its first step ends) while rank 1 waits."""
     out = tmp_path / "out"
     proc = launches.start("--nproc_per_node", "2", "--hang-timeout", "5", "--log_dir", str(tmp_path / "log"),
-                          WATCH, str(out), mode, "8", env=_env(WATCH_SLOW="15"))
+                          WATCH, str(out), mode, "8", env=launch_env(WATCH_SLOW="15"))
     assert launches.wait(proc, 240) == 0, launches.output(proc)[-3000:]
     assert "hang:" not in launches.output(proc)
     assert (out / "done0").is_file() and (out / "done1").is_file()
@@ -147,7 +128,7 @@ def test_across_two_loopback_nodes_the_stalled_node_names_it_and_the_other_repor
     start = free_ports(2) + 1
     common = ["--ips", "127.0.0.2,127.0.0.3", "--start_port", str(start), "--rdzv-timeout", "60",
               "--hang-timeout", "6"]
-    env = _env(PPMULTI_STALL="1:forward:5:600")
+    env = launch_env(PPMULTI_STALL="1:forward:5:600")
     nodes = [launches.start(*common, "--host", f"127.0.0.{2 + i}", "--log_dir", str(tmp_path / f"log{i}"),
                             WATCH, str(tmp_path / f"out{i}"), "plain", "100000", env=env) for i in range(2)]
     for proc in nodes:
@@ -169,7 +150,7 @@ def test_the_trainer_reports_its_phases_and_a_stall_in_forward_is_named(launches
     out, log = tmp_path / "run", tmp_path / "log"
     proc = launches.start("--nproc_per_node", "2", "--hang-timeout", "20", "--log_dir", str(log),
                           *_train_args(small_demo, out, "snapshot_epoch=1", "--batch", "8", "--epochs", "3", "--eval"),
-                          env=_env(PPMULTI_STALL="1:forward:8:600"))
+                          env=launch_env(PPMULTI_STALL="1:forward:8:600"))
     assert launches.wait(proc, 600) != 0
     text = launches.output(proc)
     assert "hang: rank 1 on node 0 made no progress for" in text and "in forward at step 8" in text, text[-3000:]
