@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ppmulti.rank import config as config_mod
-from ppmulti.common.errors import UserError
+from ppmulti.common.errors import UserError, first_line
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yml")
@@ -36,6 +36,13 @@ def _fake_batch(size: int, n: int = 2):
         "gt_bbox": paddle.to_tensor(gt_bbox), "gt_class": paddle.to_tensor(gt_class),
         "pad_gt_mask": paddle.to_tensor(pad), "epoch_id": 0,
     }
+
+
+def test_first_line_of_any_exception():
+    """One-line errors quote an exception's first non-empty line, or its type when it has no message."""
+    assert first_line(ValueError("\n  mapping values are not allowed here\n  in line 3")) == \
+        "mapping values are not allowed here"
+    assert first_line(ConnectionError()) == "ConnectionError"
 
 
 def test_configs_are_found():

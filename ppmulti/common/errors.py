@@ -1,4 +1,4 @@
-"""The one exception type for bad user input, and how it becomes a one-line exit."""
+"""The one exception type for bad user input, how it becomes a one-line exit, and one line of any exception."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message, or its type's name when it has none (for one-line errors)."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def exit_on_user_error(func, *args, **kwargs) -> int:

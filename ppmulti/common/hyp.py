@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppmulti.common.errors import UserError
+from ppmulti.common.errors import UserError, first_line
 
 
 # YOLOv5 hyp keys, grouped by what happens to them here.
@@ -39,7 +39,7 @@ def load_hyp(path: str) -> dict[str, float]:
     try:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        raise UserError(f"--hyp {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"--hyp {path} is not valid YAML: {first_line(exc)}") from None
     if not isinstance(raw, dict):
         raise UserError(f"--hyp {path}: expected a mapping of hyperparameters (lr0: 0.01, ...)")
     known = set(HYP_MAPPED) | set(HYP_NO_EQUIVALENT)

@@ -83,7 +83,7 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
                    help="class label smoothing epsilon (YOLOv5 models)")
     g.add_argument("--noautoanchor", action="store_true",
                    help="accepted: ppmulti never recomputes anchors (they come from the model config)")
-    g.add_argument("--noplots", action="store_true", help="do not write results.png")
+    g.add_argument("--noplots", action="store_true", help="do not write results.png and PR_curve.png")
     # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
                    help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from ppmulti.common.errors import UserError
+from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.paths import IMAGE_SUFFIXES
 
 # Top-level keys that ppdet's Trainer or ppmulti read although a config file may not set them.
@@ -144,7 +144,7 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
     except FileNotFoundError as exc:
         raise UserError(f"config {path}: a file it names was not found: {exc.filename}") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"config {path} is not valid YAML: {first_line(exc)}") from None
     if isinstance(overrides, dict):
         over = overrides
     else:

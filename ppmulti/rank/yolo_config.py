@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ppmulti.common.errors import UserError
+from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.hyp import HYP_NEUTRAL, HYP_NO_EQUIVALENT, load_hyp
 from ppmulti.common.train_flags import OPTIMIZERS, yolo_style
 from ppmulti.common.paths import CONFIGS
@@ -77,7 +77,7 @@ def resolve_cfg(cfg: str) -> ModelChoice:
         try:
             raw = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
-            raise UserError(f"--cfg {cfg} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"--cfg {cfg} is not valid YAML: {first_line(exc)}") from None
         if isinstance(raw, dict) and ("depth_multiple" in raw or "width_multiple" in raw):
             return _yolov5_model_yaml(path, raw)
         return ModelChoice(str(path))
@@ -311,7 +311,7 @@ def apply_data(cfg, data: str, single_cls: bool) -> str:
         except OSError as exc:
             raise UserError(f"--data {path}: a _BASE_ file it names cannot be read: {exc.filename or exc}") from None
         except yaml.YAMLError as exc:
-            raise UserError(f"--data {path}: a _BASE_ file is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"--data {path}: a _BASE_ file is not valid YAML: {first_line(exc)}") from None
     if isinstance(raw, dict) and any(k in raw for k in ("TrainDataset", "EvalDataset")):
         from ppmulti.rank import config as config_mod
 

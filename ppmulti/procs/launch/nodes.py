@@ -50,7 +50,7 @@ from typing import Any, Iterable, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common import procfs as procs
-from ppmulti.common.errors import UserError
+from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.yamlread import load_config_chain
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.flags import FLAGS, build_parser, split_argv
@@ -396,7 +396,7 @@ def fingerprint(launch_argv: list[str], cwd: str | None = None) -> dict:
         except OSError as exc:
             errors.append(f"config {config_path}: {exc.strerror or exc}: {exc.filename or config_path}")
         except Exception as exc:  # YAML errors of any kind: reported, not raised, so every node is heard
-            errors.append(f"config {config_path}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+            errors.append(f"config {config_path}: cannot be read ({type(exc).__name__}: {first_line(exc)})")
     if data_path:
         try:
             data, _ = load_config_chain(base / data_path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppmulti.common.errors import UserError
+from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.paths import IMAGE_SUFFIXES
 
 log = logging.getLogger("ppmulti")
@@ -86,7 +86,7 @@ def load_data_yaml(path: str | os.PathLike) -> DataSpec:
     try:
         raw = yaml.safe_load(yaml_path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"data yaml {yaml_path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"data yaml {yaml_path} is not valid YAML: {first_line(exc)}") from None
     if not isinstance(raw, dict):
         raise UserError(f"data yaml {yaml_path} must be a mapping with train, val and names; got {type(raw).__name__}")
     names = _names(raw, yaml_path)

@@ -21,7 +21,7 @@ from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
 from ppmulti.rank.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
 from ppmulti.common.rundir import new_run_dir
-from ppmulti.common.errors import UserError
+from ppmulti.common.errors import UserError, first_line
 
 log = logging.getLogger("ppmulti")
 
@@ -249,7 +249,7 @@ class Trainer:
                 load_pretrain_weight(self.model, pretrain)
             except Exception as exc:  # no network, bad path
                 raise UserError(f"pretrain_weights {pretrain} could not be loaded ({type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0][:160]}); download it by hand and pass its path, "
+                                f"{first_line(exc)[:160]}); download it by hand and pass its path, "
                                 f"or train from scratch with -o pretrain_weights=''") from None
 
     @staticmethod
@@ -270,7 +270,7 @@ class Trainer:
                 log.info("--sync-bn with one rank: nothing to synchronise, plain BatchNorm")
             return
         if self.device == "cpu":
-            raise UserError("--sync-bn: Paddle 2.6 has no CPU kernel for sync_batch_norm, so BatchNorm "
+            raise UserError("--sync-bn: Paddle has no CPU kernel for sync_batch_norm, so BatchNorm "
                             "cannot be synchronised across CPU ranks; drop --sync-bn or train on GPUs")
         self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         log.info("BatchNorm layers converted to SyncBatchNorm across %d ranks", self.world)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ppmulti.common import compat
 from ppmulti.common.envvars import PPMULTI_CPU_CONV
+from ppmulti.common.errors import UserError, first_line
 
 log = logging.getLogger("ppmulti")
 
@@ -38,8 +39,6 @@ def choice() -> str:
     """Which CPU convolution the user asked for: PPMULTI_CPU_CONV=onednn (default) or paddle."""
     value = os.environ.get(PPMULTI_CPU_CONV, "onednn").strip().lower() or "onednn"
     if value not in CHOICES:
-        from ppmulti.common.errors import UserError
-
         raise UserError(f"{PPMULTI_CPU_CONV}={value!r} is not one of {', '.join(CHOICES)}; unset it for oneDNN")
     return value
 
@@ -105,7 +104,7 @@ def _compile(build: Path) -> None:
             finally:
                 logging.disable(logging.NOTSET)
     except Exception as exc:   # a compiler error arrives as RuntimeError with the compiler's text
-        first = next((line for line in str(exc).splitlines() if "error" in line.lower()), str(exc).splitlines()[0])
+        first = next((line for line in str(exc).splitlines() if "error" in line.lower()), first_line(exc))
         raise OpUnavailable(f"building it failed: {first.strip()[:300]}") from exc
     _registered = True
 
