@@ -17,7 +17,7 @@ import pytest
 from conftest import DEMO_CONFIG, REPO, demo_overrides
 from ppmulti.common.errors import UserError
 from ppmulti.procs.launch.cluster_env import expand_hostlist
-from test_launch_procs import free_ports
+from launching import ALLREDUCE, Launches, free_ports, launch_env
 
 HOSTLISTS = [
     ("n[1-2,5]", ["n1", "n2", "n5"]),
@@ -229,6 +229,18 @@ def test_batch_script_without_srun_is_refused_in_one_line(slurm, tmp_path):
     assert "rc=2" in out
 
 
+def test_evolution_candidates_under_srun_train_on_their_node_alone(slurm, tmp_path):
+    """Under srun -N2 (one evolution worker per node) SLURM says "2 nodes", but the environment a candidate gets
+    holds no node count from SLURM: a candidate that launches several devices plans its own node alone."""
+    code = ("import os; from ppmulti.procs.launch.cluster_env import cluster_of; "
+            "from ppmulti.procs.runs.evolve_run import Slot, candidate_env; "
+            "print('step', cluster_of(os.environ).nnodes, cluster_of(candidate_env(os.environ, Slot('cpu#0', ()))))")
+    proc = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--chdir", str(tmp_path), "-l", sys.executable, "-c", code],
+                     timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(line.split(": ", 1)[1] for line in proc.stdout.splitlines()) == ["step 2 None"] * 2, proc.stdout
+
+
 def _train(data: Path, out: Path) -> list[str]:
     return [str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(data),
             "--batch", "8", "--epochs", "1", "--output", str(out)]
@@ -276,14 +288,11 @@ def test_sbatch_two_nodes_train_together(slurm, small_demo, tmp_path):
 def test_pytorchjob_variables_two_pods_all_reduce(tmp_path):
     """Two "pods" on this machine with only Kubeflow's variables (WORLD_SIZE=2 pods, RANK, MASTER_ADDR as a name
     to resolve, MASTER_PORT): one world of 2."""
-    from test_launch_nodes import ALLREDUCE
-    from test_launch_procs import Launches, _env
-
     out, port = tmp_path / "out", free_ports(2)
     launches = Launches(tmp_path)
     try:
         procs = [launches.start("--log_dir", str(tmp_path / f"log{rank}"), ALLREDUCE, str(out),
-                                env=_env(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="localhost", MASTER_PORT=str(port)))
+                                env=launch_env(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="localhost", MASTER_PORT=str(port)))
                  for rank in range(2)]
         codes = [launches.wait(p, timeout=300) for p in procs]
         assert codes == [0, 0], [launches.output(p)[-2000:] for p in procs]

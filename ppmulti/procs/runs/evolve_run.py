@@ -82,6 +82,21 @@ class EvolveSpec:
         return self.project / CSV_NAME
 
 
+# SLURM's job and step topology. A candidate trains on its slot of this node alone; with these a launch it
+# starts would read "one of N nodes" and wait for peers (one evolution per node under srun is the way to use
+# several nodes: they share PROJECT's claims). torchrun's node variables already go with the launch state.
+_SLURM_TOPOLOGY = (E.SLURM_JOB_ID, E.SLURM_STEP_ID, E.SLURM_NNODES, E.SLURM_STEP_NUM_NODES, E.SLURM_STEP_NUM_TASKS,
+                   E.SLURM_NODEID, E.SLURM_JOB_NODELIST, E.SLURM_STEP_NODELIST)
+
+
+def candidate_env(environ: Mapping[str, str], slot: Slot) -> dict[str, str]:
+    """A candidate's environment: ``environ`` without launch state or cluster topology, then the slot's values."""
+    env = {k: v for k, v in E.clean_launcher_env(environ).items() if k not in _SLURM_TOPOLOGY}
+    env.update(dict(slot.env))
+    env[E.PYTHONUNBUFFERED] = "1"
+    return env
+
+
 def plan_slots(devices: str, per_device: int = 1, group: int = 1, workers: int | None = None,
                cores: int | None = None, environ: Mapping[str, str] | None = None) -> list[Slot]:
     """``--devices/--per-device/--devices-per-worker/--workers`` -> one Slot per concurrent worker (pure)."""
@@ -342,9 +357,7 @@ class Evolution:
 
     def train(self, job: Job, slot: Slot) -> int:
         cmd = self.command(job, slot)
-        env = E.clean_launcher_env(os.environ)
-        env.update(dict(slot.env))
-        env[E.PYTHONUNBUFFERED] = "1"
+        env = candidate_env(os.environ, slot)
         with open(job.directory / "console.log", "ab") as log:
             log.write(f"$ {shlex.join(cmd)}\n".encode())
             log.flush()
