@@ -6,7 +6,10 @@ and thermal drift fall on both; the table gives each case's images/s per round, 
 the ratio of the medians (B / A) and the spread (max / min - 1) within each stack, which says how far the ratio
 can be trusted. The load average is recorded before every run.
 
-Run:  python bench/stacks.py --python A=/path/venv311/bin/python --python B=/path/venv312/bin/python --rounds 3
+Run:  python bench/stacks.py --python A=/path/venv311/bin/python --python B=/path/venv312/bin/python --rounds 3 \
+          -- --steps 36
+(``ppmulti bench``'s default 12 steps per case spread 24-40% between runs of one stack on a 2-core VM; 36 steps
+brought most cases under 15%. Read a ratio only beside its spread.)
 Writes OUT/stacks.json and OUT/stacks.md (default bench/results/stacks); extra arguments after ``--`` go to
 ``ppmulti bench`` (e.g. ``-- --models yolov5s --ranks 1``).
 """
