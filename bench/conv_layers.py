@@ -84,7 +84,7 @@ def main() -> None:
     register_extensions()
     import paddle
 
-    from ppmulti.common import compat
+    from ppmulti.rank import compat
     from ppmulti.common.atomic import atomic_write_text
     from ppmulti.rank.ops import conv as ops_conv
 

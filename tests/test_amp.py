@@ -12,7 +12,8 @@ import pytest
 
 from conftest import DEMO_CONFIG, demo_overrides, run_tool
 
-from ppmulti.common import compat, train_flags
+from ppmulti.common import train_flags
+from ppmulti.rank import compat
 from ppmulti.common.cpus import cpu_flags
 from ppmulti.common.errors import UserError
 from ppmulti.rank.engine.hooks import amp

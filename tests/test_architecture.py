@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ppmulti"
-HEAVY = ("paddle", "ppdet")                 # never on the process side, only inside compat's functions in common
+HEAVY = ("paddle", "ppdet")                 # rank side only: never in common or on the process side
 RANK_ENTRY = "ppmulti.rank.entry"           # the one rank-side module the process side may call
 
 
@@ -64,10 +64,9 @@ def test_process_side_imports_no_paddle_and_no_rank_module():
 
 
 def test_shared_leaves_import_neither_side():
-    bad = [(n, t) for n in MODULES if _side(n) == "common" for t, top in _imports(n)
-           if t.startswith(("ppmulti.procs", "ppmulti.rank"))
-           or (_heavy(t) and (n != "ppmulti.common.compat" or top))]
-    assert not bad, f"shared modules importing a side, or paddle/ppdet outside compat's functions: {bad}"
+    bad = [(n, t) for n in MODULES if _side(n) == "common" for t, _ in _imports(n)
+           if t.startswith(("ppmulti.procs", "ppmulti.rank")) or _heavy(t)]
+    assert not bad, f"shared modules importing a side, or paddle/ppdet (inside functions too): {bad}"
 
 
 def test_rank_side_imports_no_process_side_module():

@@ -1,5 +1,5 @@
-"""The version seam (ppmulti/common/compat.py): its facts hold on the installed Paddle and ppdet, and no other module
-reaches for them."""
+"""The rank side's version seam (ppmulti/rank/compat.py): its facts hold on the installed Paddle and ppdet, and no
+other module reaches for them."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import paddle
 import pytest
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 from ppmulti.common.envvars import PADDLE_SOT_SWITCH
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ppmulti"
-SEAM = PACKAGE / "common" / "compat.py"
+SEAM = PACKAGE / "rank" / "compat.py"
 
 
 # ---------------------------------------------------------------- the facts, read from the installed Paddle
@@ -259,7 +259,7 @@ def violations(path: Path) -> list[str]:
 
 
 def test_no_version_facts_outside_the_seam():
-    """Only ppmulti/common/compat.py may use what changes between Paddle or ppdet versions.
+    """Only ppmulti/rank/compat.py may use what changes between Paddle or ppdet versions.
 
     The list is explicit: ``paddle.base`` / ``paddle.fluid`` (Paddle's internal package, renamed once already
     and reorganised again in 3.x); ``_run_custom_op`` and ``load_op_meta_info_and_register_op`` (the custom-op
@@ -270,7 +270,7 @@ def test_no_version_facts_outside_the_seam():
     joins the seam and this list together.
     """
     bad = {name: v for name, path in FILES.items() if (v := violations(path))}
-    assert not bad, f"Paddle/ppdet version facts outside ppmulti/common/compat.py (move them there): {bad}"
+    assert not bad, f"Paddle/ppdet version facts outside ppmulti/rank/compat.py (move them there): {bad}"
 
 
 def test_the_seam_itself_is_seen_by_the_scanner():

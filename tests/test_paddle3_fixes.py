@@ -11,7 +11,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 
 compat.import_ppdet()   # what every rank does: on Paddle 3 this applies the fixes
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import DEMO_CONFIG, demo_overrides, run_tool
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 
 pytestmark = pytest.mark.slow
 

@@ -159,7 +159,7 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
     from ppdet.engine import Trainer
     from ppdet.engine.callbacks import Callback
 
-    from ppmulti.common import compat
+    from ppmulti.rank import compat
     from ppmulti.rank import dist
 
     opts, cfg = _ppdet_config(ns, train_argv)

@@ -26,7 +26,7 @@ KNOWN_TOP_LEVEL_KEYS = frozenset({
 
 def ppdet_workspace():
     """ppdet's workspace module, imported quietly (ppdet prints a numba notice on stdout)."""
-    from ppmulti.common import compat
+    from ppmulti.rank import compat
 
     compat.import_ppdet()
     from ppdet.core import workspace

@@ -6,7 +6,7 @@ import contextlib
 import os
 from typing import Any, Iterator
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 from ppmulti.common.cpus import choose_cpu_threads, usable_cores
 from ppmulti.rank import heartbeat
 

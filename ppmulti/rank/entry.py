@@ -46,7 +46,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
 
 
 def check_gpu_ids(ids: list[int]) -> None:
-    from ppmulti.common import compat
+    from ppmulti.rank import compat
 
     count = compat.usable_gpu_count()
     bad = [i for i in ids if i >= count]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 
 
 def register_extensions() -> None:

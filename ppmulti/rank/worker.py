@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     env = _env_module()
     # run by path, so ppmulti/rank/__init__.py has not run: prepare for paddle before the script imports it
-    from ppmulti.common.compat import before_paddle_import
+    from ppmulti.rank.compat import before_paddle_import
 
     before_paddle_import()
     _die_with_launcher()

@@ -172,7 +172,7 @@ def export_model(cfg, model, output_dir: str) -> Path:
     ``output_dir/<config name>``, which is returned."""
     from ppdet.engine import Trainer
 
-    from ppmulti.common.compat import exported_program_name, full_graph_to_static
+    from ppmulti.rank.compat import exported_program_name, full_graph_to_static
 
     cfg["model"] = model  # ppdet's Trainer takes a ready model from the config
     trainer = Trainer(cfg, mode="test")

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 from ppmulti.common.atomic import atomic_path
 from ppmulti.common.errors import UserError
 

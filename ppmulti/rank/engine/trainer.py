@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.engine import checkpoint as ckpt

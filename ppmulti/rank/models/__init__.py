@@ -1,6 +1,6 @@
 """ppmulti's models registered into ppdet's workspace (importing this package registers them)."""
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 
 compat.import_ppdet()  # before ppdet's modules load below, so its numba notice stays off stdout
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 from ppmulti.common.errors import UserError
 
 # YOLOv5 v6 P5 layer index -> the ppmulti (ppdet CSPDarkNet / YOLOCSPPAN / YOLOv5Head) module it becomes.

@@ -12,7 +12,7 @@ from ppdet.core.workspace import global_config, register, serializable
 from ppdet.modeling.backbones.csp_darknet import BaseConv, CSPDarkNet
 from ppdet.modeling.necks.yolo_fpn import YOLOCSPPAN
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 
 __all__ = ["register_once", "set_batchnorm", "fuse_silu", "YOLOv5CSPDarkNet", "YOLOv5CSPPAN"]
 

@@ -11,7 +11,7 @@ import sys
 import types
 from pathlib import Path
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 from ppmulti.common.envvars import PPMULTI_CPU_CONV
 from ppmulti.common.errors import UserError, first_line
 

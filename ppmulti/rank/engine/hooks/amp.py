@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ppmulti.common import compat
+from ppmulti.rank import compat
 from ppmulti.common.errors import UserError
 from ppmulti.rank.engine.hooks.base import Hook
 

@@ -1,0 +1,495 @@
+"""The rank side's version seam: every Paddle or ppdet internal a rank relies on, behind one function each.
+
+Private attributes, ``paddle.base`` internals, ppdet 2.6.0's quirks and its Paddle-3 fixes, export, custom ops:
+paddle and ppdet are imported inside the functions only, so importing this module stays cheap. The installed
+version comes from the launcher's seam (ppmulti/common/compat.py), re-exported here so that rank code reads
+everything version-dependent from this one module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ppmulti.common import compat as _launcher
+from ppmulti.common.compat import installed_version as installed_version
+from ppmulti.common.envvars import PADDLE_SOT_SWITCH
+
+
+def paddle3(version: tuple[int, ...] | None = None) -> bool:
+    """True for Paddle 3 or newer: ``version``, default the installed Paddle (looked up in this module, so a test
+    can stand in another version for every rank-side fact at once)."""
+    return _launcher.paddle3((installed_version() or ()) if version is None else version)
+
+
+# Paddle 3.x's ``import paddle`` warns "No ccache found ..." in every process (find_ccache_home in
+# paddle/utils/cpp_extension/extension_utils.py, run at import): noise in every rank's log and tool's stderr.
+_CCACHE_MESSAGE = r"No ccache found"
+_CCACHE_MODULE = r"paddle\.utils\.cpp_extension\.extension_utils"
+
+
+def before_paddle_import() -> None:
+    """What must happen in a process before ``import paddle``: load Python's zlib, and hide Paddle 3.x's
+    "No ccache found" UserWarning (and nothing else).
+
+    zlib: Paddle 2.6's libpaddle.so carries zlib symbols of its own, and an extension loaded after it binds
+    ``inflate*`` to them. Python's ``zlib`` module loaded after paddle then fails (``zlib.error: Error -2 ...
+    inconsistent stream state`` when scikit-learn 1.9, scipy 1.17 or pyclipper 1.4 unpack their Cython
+    constants; a segfault in ``inflateReset2`` with pycocotools 2.0.11 or lap 0.5.13); loaded before, it is bound
+    to the system's libz and every order works (tests/test_stack.py). The warning filter is matched on its
+    message and the module that warns, so any other warning still shows. Imports nothing heavy: the rank side's
+    package and its worker entry call it first thing. Both are harmless where not needed.
+    """
+    import warnings
+    import zlib  # noqa: F401  (see above)
+
+    warnings.filterwarnings("ignore", message=_CCACHE_MESSAGE, category=UserWarning, module=_CCACHE_MODULE)
+
+
+# ppdet's import, and ppdet 2.6.0's fixes for Paddle 3
+_IMPORTED = False
+
+
+def import_ppdet() -> None:
+    """Import ppdet without its unconditional numba notice on stdout (it would garble logs and CSV pipes).
+
+    ppdet 2.6.0 prints "Warning: Unable to use numba in PP-Tracking" from ``ppdet.modeling.mot.motion`` on every import
+    when numba is missing, and its logger both has its own handler and propagates to the root logger.
+    """
+    global _IMPORTED
+    if _IMPORTED:
+        return
+    # pycocotools must be imported before paddle with some builds; the pins make both orders safe,
+    # importing it first costs nothing and keeps older environments alive.
+    import pycocotools.coco  # noqa: F401
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        import ppdet  # noqa: F401
+        import ppdet.modeling  # noqa: F401
+    for line in buf.getvalue().splitlines():
+        if "numba" not in line and line.strip():
+            print(line)
+    # ppdet's logger writes every debug line twice through the root logger otherwise.
+    logging.getLogger("ppdet").propagate = False
+    apply_ppdet_fixes()
+    _IMPORTED = True
+
+
+# ppdet 2.6.0 on Paddle 3: narrow runtime fixes, one per broken ppdet callable. ppdet's files are never edited:
+# each fix wraps the callable where ppdet looks it up, marks the wrapper, and a second application is a no-op.
+_FIX_MARK = "_ppmulti_paddle3_fix"
+
+
+def is_ppdet_fix(func: Any) -> bool:
+    """True for a wrapper one of the ``fix_*`` functions below put in place of a ppdet callable."""
+    return bool(getattr(func, _FIX_MARK, False))
+
+
+def _mark_fixed(wrapper: Callable, original: Callable) -> Callable:
+    import functools
+
+    functools.update_wrapper(wrapper, original)   # __wrapped__ lets a test reach ppdet's original
+    setattr(wrapper, _FIX_MARK, True)
+    return wrapper
+
+
+def _int64_labels_forward(forward: Callable) -> Callable:
+    """Wrap an assigner's ``forward(self, ..., gt_labels, ...)`` so ``gt_labels`` reaches it as int64 and the
+    assigned labels (its first result) come back in the caller's dtype; other dtypes pass through."""
+    import inspect
+
+    import paddle
+
+    if is_ppdet_fix(forward):
+        return forward
+    signature = inspect.signature(forward)
+
+    def forward_int64_labels(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        labels = bound.arguments.get("gt_labels")
+        if labels is None or getattr(labels, "dtype", None) != paddle.int32:
+            return forward(*args, **kwargs)
+        bound.arguments["gt_labels"] = labels.astype("int64")
+        result = forward(*bound.args, **bound.kwargs)
+        # int32 labels in, int32 assigned labels out: what the heads got on Paddle 2.6
+        return (result[0].astype(labels.dtype), *result[1:])
+
+    return _mark_fixed(forward_int64_labels, forward)
+
+
+def fix_assigner_int32_labels() -> list[str]:
+    """F1, F2: ppdet 2.6.0's TaskAlignedAssigner (ppdet/modeling/assigners/task_aligned_assigner.py:166) and
+    ATSSAssigner (ppdet/modeling/assigners/atss_assigner.py:194) add ``batch_ind``, built with the labels'
+    dtype (int32 from ppdet's data pipeline), to an ``argmax`` result (int64). Paddle 2.x promoted silently;
+    Paddle 3 raises ``TypeError: (InvalidType) Type promotion only support calculations between
+    floating-point numbers and between complex and real numbers. But got different data type x: int64,
+    y: int32.`` in every PP-YOLOE training (ATSS while epoch < static_assigner_epoch). PaddleDetection fixed
+    the expression itself in 352fa27 (#8857; cherry-picked as 3139f55 and ecc9e6d onto release_2_7_npu).
+    Here both classes' ``forward`` get int64 labels, so every integer inside is int64, and hand back int32
+    assigned labels. Patched on the classes: ppdet's registry builds every head's assigner from them.
+    Returns the names it patched now (empty when already patched)."""
+    from ppdet.modeling.assigners.atss_assigner import ATSSAssigner
+    from ppdet.modeling.assigners.task_aligned_assigner import TaskAlignedAssigner
+
+    patched = []
+    for cls in (TaskAlignedAssigner, ATSSAssigner):
+        if not is_ppdet_fix(cls.forward):
+            cls.forward = _int64_labels_forward(cls.forward)
+            patched.append(f"{cls.__name__}.forward")
+    return patched
+
+
+def in_pir_static_mode() -> bool:
+    """True while Paddle builds a PIR program (Paddle 3's to_static / export); False in dygraph, under the old
+    static IR, and on a Paddle without PIR (2.6.2's ``paddle.framework.in_pir_mode`` exists but is off)."""
+    import paddle
+
+    probe = getattr(paddle.framework, "in_pir_mode", None)
+    return bool(probe is not None and probe())
+
+
+def fix_multiclass_nms_under_pir() -> list[str]:
+    """F3: ppdet 2.6.0's ``ppdet.modeling.ops.multiclass_nms`` builds its static-graph op with the old program
+    API (``helper.append_op(type="multiclass_nms3", ...)``, ppdet/modeling/ops.py:612), which Paddle 3's PIR
+    programs reject during export: ``TypeError: The type of '%BBoxes' in operator multiclass_nms3 should be
+    one of [str, bytes, Variable]. but received : Value(...)``. PaddleDetection switched that function to
+    ``paddle._C_ops.multiclass_nms3`` under PIR in 60b1dff (#9071) and kept the old path for Paddles without
+    PIR in e9786ca (#9160). Here the module attribute is replaced (``MultiClassNMS.__call__``,
+    ppdet/modeling/layers.py:558/564, looks it up as ``ops.multiclass_nms`` at call time): in PIR static mode
+    the phi op is called with its positional order (bboxes, scores, rois_num, score_threshold, nms_top_k,
+    keep_top_k, nms_threshold, normalized, nms_eta, background_label); everywhere else ppdet's original runs.
+    Returns the names it patched now (empty when already patched)."""
+    import inspect
+
+    import paddle
+    from ppdet.modeling import ops
+
+    original = ops.multiclass_nms
+    if is_ppdet_fix(original):
+        return []
+    signature = inspect.signature(original)
+
+    def multiclass_nms(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+        if not in_pir_static_mode():
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        out, index, rois_num = paddle._C_ops.multiclass_nms3(
+            a["bboxes"], a["scores"], a["rois_num"], a["score_threshold"], a["nms_top_k"], a["keep_top_k"],
+            a["nms_threshold"], a["normalized"], a["nms_eta"], a["background_label"])
+        # ppdet's return convention: (out, rois_num or None, index or None)
+        return out, (rois_num if a["return_rois_num"] else None), (index if a["return_index"] else None)
+
+    # like ppdet's own: dy2static must call it as a whole, not convert its Python branches
+    ops.multiclass_nms = paddle.jit.not_to_static(_mark_fixed(multiclass_nms, original))
+    return ["ops.multiclass_nms"]
+
+
+_PPDET_FIXES: tuple[Callable[[], list[str]], ...] = (fix_assigner_int32_labels, fix_multiclass_nms_under_pir)
+
+
+def apply_ppdet_fixes() -> list[str]:
+    """Apply every Paddle-3 fix for ppdet 2.6.0 (see ``fix_*`` above) when the installed Paddle is 3 or newer;
+    on Paddle 2.x ppdet is left untouched. Idempotent. Returns what it patched now."""
+    # ppdet 2.6.0 was written for Paddle 2.x, where every one of these calls works unpatched
+    if not paddle3():
+        return []
+    return [name for fix in _PPDET_FIXES for name in fix()]
+
+
+@contextlib.contextmanager
+def full_graph_to_static() -> Iterator[None]:
+    """ppdet 2.6.0's exporter reads ``static_model.forward.main_program``, which Paddle 2.6's default
+    symbolic (SOT) mode refuses ("Can't call main_program when full_graph=False"); the AST mode
+    that ppdet was written for is chosen by Paddle's ENABLE_FALL_BACK switch, read at call time
+    (paddle/jit/api.py, Paddle 2.6.2)."""
+    old = os.environ.get(PADDLE_SOT_SWITCH)
+    os.environ[PADDLE_SOT_SWITCH] = "False"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(PADDLE_SOT_SWITCH, None)
+        else:
+            os.environ[PADDLE_SOT_SWITCH] = old
+
+
+def exported_program_name(version: tuple[int, ...] | None = None) -> str:
+    """The file holding the program that ppdet's exporter writes with ``paddle.jit.save`` (beside
+    ``model.pdiparams`` and ppdet's ``infer_cfg.yml``) on Paddle ``version`` (default: the installed one):
+    Paddle 2.6.2 saves the ProgramDesc as ``model.pdmodel``; Paddle 3, whose to_static builds PIR programs
+    (its default, FLAGS_enable_pir_api), saves ``model.json`` instead."""
+    return "model.json" if paddle3(version) else "model.pdmodel"
+
+
+def cpu_predictor_config(model_dir: Path | str, threads: int = 1) -> Any:
+    """A ``paddle.inference.Config`` that runs an exported model (``exported_program_name()`` and
+    ``model.pdiparams`` in ``model_dir``) on the CPU. Paddle 3.3.1's oneDNN executor cannot run the necks'
+    ``nearest_interp`` ("ConvertPirAttribute2RuntimeAttribute not support [pir::ArrayAttribute<pir::DoubleAttribute>]",
+    Paddle issue #79749, open), so oneDNN is switched off on Paddle 3; Paddle 2.6.2 keeps its default."""
+    import paddle.inference
+
+    model_dir = Path(model_dir)
+    config = paddle.inference.Config(str(model_dir / exported_program_name()), str(model_dir / "model.pdiparams"))
+    config.disable_gpu()
+    config.set_cpu_math_library_num_threads(threads)
+    if paddle3():
+        config.disable_mkldnn()
+    return config
+
+
+# ONNX export through paddle2onnx: which release reads which Paddle's programs, and how each is called.
+
+def paddle2onnx_wanted(version: tuple[int, ...] | None = None) -> str:
+    """The paddle2onnx release that converts what Paddle ``version`` (default: the installed one) exports, as a
+    pip requirement (setup.py's ``export`` extra pins the same): 1.3.1 reads Paddle 2.6's ``model.pdmodel``
+    (2.x imports ``paddle.decomposition``, which Paddle 2.6 lacks); 2.1.0 reads Paddle 3's PIR ``model.json``
+    (1.x knows no PIR)."""
+    return "paddle2onnx==2.1.0" if paddle3(version) else "paddle2onnx==1.3.1"
+
+
+def paddle2onnx_fits(p2o_version: tuple[int, ...], version: tuple[int, ...] | None = None) -> bool:
+    """Whether paddle2onnx ``p2o_version`` reads the programs of Paddle ``version`` (see paddle2onnx_wanted)."""
+    return (tuple(p2o_version) >= (2,)) == paddle3(version)
+
+
+def pir_interp_scale_as_float(program: dict) -> int:
+    """F4: Paddle 3.3.1 writes the ``scale`` attribute of its interpolation ops (the necks' nearest upsampling)
+    into a PIR ``model.json`` as an array of doubles (type ``0.a_f64``); paddle2onnx 2.1.0 accepts floats only
+    and stops: ``(Unimplemented) the 0th elementwise MUST be ir::FloatAttribute`` (pir_parser.cc:814); Paddle
+    issue #79749 is the same attribute breaking the oneDNN predictor. Here, in a parsed ``model.json``, those
+    elements become floats (``0.a_f32``; the values, 2.0, are exact in either). Returns how many changed."""
+    changed = 0
+    stack: list[Any] = [program]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if str(node.get("#", "")).endswith("_interp"):
+                for attr in node.get("A", []):
+                    if isinstance(attr, dict) and attr.get("N") == "scale":
+                        for item in attr.get("AT", {}).get("D", []):
+                            if isinstance(item, dict) and item.get("#") == "0.a_f64":
+                                item["#"] = "0.a_f32"
+                                changed += 1
+            stack.extend(node.values())
+    return changed
+
+
+def paddle_to_onnx(model_dir: Path | str, opset: int) -> bytes:
+    """Convert the inference model in ``model_dir`` (``exported_program_name()`` + ``model.pdiparams``) to an
+    ONNX model with the installed paddle2onnx. 1.3.1 raises on failure; 2.1.0's ``export`` logs the error and
+    calls ``sys.exit(-1)``, so any exception, that exit or an empty result becomes one RuntimeError here. 2.1.0 is
+    called without ``save_file``: given one, it would run polygraphy, which may pip-install packages at run time."""
+    import json
+    import tempfile
+
+    import paddle2onnx
+
+    model_dir = Path(model_dir)
+    program = model_dir / exported_program_name()
+    with tempfile.TemporaryDirectory(prefix="ppmulti-onnx-") as tmp:
+        if program.suffix == ".json":
+            parsed = json.loads(program.read_text())
+            if pir_interp_scale_as_float(parsed):
+                program = Path(tmp) / program.name
+                program.write_text(json.dumps(parsed))
+        try:
+            data = paddle2onnx.export(str(program), str(model_dir / "model.pdiparams"), save_file=None,
+                                      opset_version=opset, auto_upgrade_opset=True, verbose=False,
+                                      enable_onnx_checker=True)
+        except (Exception, SystemExit) as exc:   # noqa: BLE001 - its C++ errors, and 2.1.0's sys.exit(-1) after them
+            raise RuntimeError(f"paddle2onnx {paddle2onnx.__version__} could not convert {program}: {exc}") from exc
+    if not data:
+        raise RuntimeError(f"paddle2onnx {paddle2onnx.__version__} could not convert {program} (see its log above)")
+    return data
+
+
+def set_num_threads(threads: int) -> None:
+    """OpenMP and MKL threads of this process: Paddle 2.6.2 has no public API for it, only
+    ``paddle.base.core.set_num_threads`` (``paddle.fluid.core`` before Paddle 2.5)."""
+    import paddle
+
+    paddle.base.core.set_num_threads(threads)
+
+
+def batch_sampler(loader: Any) -> Any:
+    """The batch sampler of a ppdet reader (TrainReader, EvalReader ...), or None. ppdet 2.6.0's
+    ``BaseDataLoader`` (ppdet/data/reader.py) keeps the sampler it built or was given in the private
+    ``_batch_sampler``; the ``paddle.io.DataLoader`` it wraps calls its own public ``batch_sampler``."""
+    return getattr(loader, "_batch_sampler", None)
+
+
+def usable_gpu_count() -> int:
+    """CUDA devices this process can use; 0 on a CPU-only build, where Paddle 2.6.2's
+    ``paddle.device.cuda.device_count()`` is asked only after ``paddle.is_compiled_with_cuda()``."""
+    import paddle
+
+    return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+
+
+def set_device(kind: str) -> None:
+    """Run this process's tensors on ``"cpu"`` or ``"gpu"``. Paddle 2.6.2's ``paddle.set_device("gpu")``
+    without an index takes the card from FLAGS_selected_gpus, which its launcher sets per worker, so a rank
+    never names its card itself."""
+    import paddle
+
+    paddle.set_device(kind)
+
+
+# BatchNorm and Conv2D keep what they were built with in private attributes, read again at every forward.
+
+def set_batchnorm_eps_momentum(layer: Any, eps: float, momentum: float) -> None:
+    """Change a built BatchNorm's epsilon and (Paddle-convention) momentum. Paddle 2.6.2's BatchNorm layers
+    (``_BatchNormBase`` in paddle/nn/layer/norm.py, SyncBatchNorm included) take them only in the
+    constructor and keep them in ``_epsilon`` / ``_momentum``, which every forward reads."""
+    layer._epsilon = eps
+    layer._momentum = momentum
+
+
+def batchnorm_eps_momentum(layer: Any) -> tuple[float, float]:
+    """(epsilon, momentum) a BatchNorm computes with; see ``set_batchnorm_eps_momentum``."""
+    return layer._epsilon, layer._momentum
+
+
+def batchnorm_state_names() -> tuple[str, str]:
+    """The state-dict leaf names of a BatchNorm's running mean and variance: Paddle 2.6.2 registers them as
+    the buffers ``_mean`` and ``_variance`` (PyTorch's ``running_mean`` / ``running_var``)."""
+    return "_mean", "_variance"
+
+
+@dataclass
+class Conv2DFacts:
+    """What a ``paddle.nn.Conv2D`` was built with, in the form its forward uses (Paddle 2.6.2's ``_ConvNd``)."""
+
+    groups: int
+    stride: list[int]
+    dilation: list[int]
+    padding: list[int]        # resolved: [h, w] when symmetric, 4 values per side otherwise, zeros for SAME/VALID
+    padding_algorithm: str    # "EXPLICIT", "SAME" or "VALID"
+    padding_mode: str         # "zeros", "reflect", "replicate" or "circular"
+    data_format: str          # "NCHW" or "NHWC"
+
+
+def conv2d_facts(layer: Any) -> Conv2DFacts:
+    """A Conv2D's settings. Paddle 2.6.2 has no public getters: they live in the private ``_groups``,
+    ``_stride``, ``_dilation``, ``_updated_padding``, ``_padding_algorithm``, ``_padding_mode`` and
+    ``_data_format`` (paddle/nn/layer/conv.py); the constructor's ``padding`` argument is resolved into
+    ``_updated_padding`` and ``_padding_algorithm`` there."""
+    return Conv2DFacts(groups=layer._groups, stride=layer._stride, dilation=layer._dilation,
+                       padding=layer._updated_padding, padding_algorithm=layer._padding_algorithm,
+                       padding_mode=layer._padding_mode, data_format=layer._data_format)
+
+
+# C++ custom ops: where Paddle's wheel keeps things, how its JIT builder is called, how dygraph runs an op.
+
+def paddle_package_dir() -> Path | None:
+    """Paddle's package directory, found without importing paddle (which takes seconds); None when absent."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+def paddle_build_id(package_dir: Path) -> bytes:
+    """Bytes that differ between Paddle builds, to tag what was compiled against one: Paddle 2.6.2's wheel
+    writes its version, commit, CUDA/cuDNN versions and MKL choice into ``paddle/version/__init__.py``
+    (b"" for a build without that package)."""
+    version = package_dir / "version"
+    return (version / "__init__.py").read_bytes() if version.is_dir() else b""
+
+
+def paddle_onednn_library(package_dir: Path) -> Path:
+    """Where Paddle's wheel keeps the oneDNN it runs on: ``paddle/libs/libdnnl.so.3`` in 2.6.2 (oneDNN 3.2.1,
+    no headers) and in 3.3.1. The path is not checked: a build without it is the caller's to report."""
+    return package_dir / "libs" / "libdnnl.so.3"
+
+
+def custom_op_library(build_dir: Path, name: str) -> Path:
+    """Where ``build_custom_op(name, ..., build_dir)`` leaves the shared library: Paddle 2.6.2's
+    ``paddle.utils.cpp_extension.load`` builds ``<build_directory>/<name>/<name>.so``."""
+    return Path(build_dir) / name / f"{name}.so"
+
+
+def build_custom_op(name: str, sources: list[str], build_dir: Path, include_dirs: list[str],
+                    cflags: list[str], ldflags: list[str]) -> None:
+    """Compile a C++ custom op and register it in this process with Paddle 2.6.2's JIT builder,
+    ``paddle.utils.cpp_extension.load`` (setuptools and the system compiler; a compiler error arrives as
+    RuntimeError carrying the compiler's output)."""
+    from paddle.utils.cpp_extension import load
+
+    load(name=name, sources=sources, build_directory=str(build_dir), extra_include_paths=include_dirs,
+         extra_cxx_cflags=cflags, extra_ldflags=ldflags, verbose=False)
+
+
+def register_custom_op_library(library: Path) -> list[str]:
+    """Register the ops of an already built custom-op library in this process; returns their names. Paddle
+    2.6.2: ``paddle.utils.cpp_extension.load_op_meta_info_and_register_op``, what the Python module that
+    ``load`` generates calls on import."""
+    from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+    return list(load_op_meta_info_and_register_op(str(library)))
+
+
+def custom_op_runner(op_name: str) -> Callable[..., list]:
+    """``run(*inputs, *attributes) -> outputs`` for a registered custom op in dygraph mode: Paddle 2.6.2's
+    generated wrapper calls ``paddle.base.core.eager._run_custom_op(name, *inputs, *attributes)``."""
+    import functools
+
+    from paddle.base import core
+
+    return functools.partial(core.eager._run_custom_op, op_name)
+
+
+# ppdet: what its Trainer and LearningRate read that ppdet offers no registry for.
+
+def add_trainer_callbacks(trainer: Any, *callbacks: Any) -> None:
+    """Add ``ppdet.engine.callbacks.Callback`` objects to a built ppdet Trainer, after its own. ppdet 2.6.0
+    builds the Trainer's list (``_callbacks``, called through one ``_compose_callback``) in its constructor
+    from the config; ``Trainer.register_callbacks`` appends and rebuilds the composite."""
+    trainer.register_callbacks(list(callbacks))
+
+
+def register_lr_scheduler(cls: type) -> None:
+    """Make ``cls`` usable as ``LearningRate.schedulers: [{name: <cls name>, ...}]`` in a config. ppdet 2.6.0's
+    ``LearningRate`` looks each scheduler's name up with getattr on its own module,
+    ``ppdet.optimizer.optimizer``, not in the workspace registry that ``@register`` fills."""
+    import ppdet.optimizer.optimizer as ppdet_optimizer
+
+    setattr(ppdet_optimizer, cls.__name__, cls)
+
+
+# Mixed precision: Paddle's GradScaler internals that ppmulti reads.
+
+def scaler_found_inf(scaler: Any) -> bool:
+    """Whether the scaler's last ``step`` skipped the optimizer (inf/nan gradients). GradScaler keeps it in
+    a private attribute that Paddle itself already read as a Python bool inside ``step``, so reading it
+    costs no device sync: ``_cache_founf_inf`` (sic) in Paddle 2.6, ``_cache_found_inf`` in 3.x."""
+    name = "_cache_found_inf" if paddle3() else "_cache_founf_inf"
+    return bool(getattr(scaler, name, False))
+
+
+def scaler_update(scaler: Any) -> None:
+    """``scaler.update()``, quiet, and past a Paddle 3.3 bug: when it lowers the scale it prints
+    ``float(self._scale)`` of a shape-[1] tensor, which numpy >= 2.5 refuses (``TypeError: only 0-dimensional
+    arrays can be converted to Python scalars``): the first overflow would end the run. The scale is made
+    0-d for that call and given back its shape [1]. Paddle 2.6 formats it with ``%s``, and prints the same
+    line on every overflow; ppmulti counts skipped steps in its own epoch line instead."""
+    shaped = paddle3() and getattr(scaler, "_scale", None) is not None and list(scaler._scale.shape) == [1]
+    if shaped:
+        scaler._scale = scaler._scale.reshape([])
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            scaler.update()
+    finally:
+        if shaped:
+            scaler._scale = scaler._scale.reshape([1])
