@@ -28,6 +28,7 @@ FIXED = str(REPO / "bench/configs/demo_fixed160.yml")
 DEMO = "demo"
 
 # label -> (config, ranks, env, workers, extra -o overrides)
+SPIN, SLEEP = {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "200"}, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "0"}
 CASES = {
     "1 rank, 2 threads": (DEMO, 1, {PPMULTI_CPU_THREADS: "2"}, 1, []),
     "1 rank, 1 thread": (DEMO, 1, {PPMULTI_CPU_THREADS: "1"}, 1, []),
@@ -39,10 +40,10 @@ CASES = {
     "1 rank, threads as ppmulti chooses them": (DEMO, 1, {}, 1, []),
     "1 rank, one size (160 px)": (FIXED, 1, {}, 1, []),
     "2 ranks, one size (160 px)": (FIXED, 2, {}, 1, []),
-    "1 rank, 2 threads, OpenMP spinning 200 ms (before)": (DEMO, 1, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "200"}, 1, []),
-    "1 rank, 2 threads, idle threads sleep (after)": (DEMO, 1, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "0"}, 1, []),
-    "2 ranks, 2 threads each, spinning 200 ms": (DEMO, 2, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "200"}, 1, []),
-    "2 ranks, 2 threads each, idle threads sleep": (DEMO, 2, {PPMULTI_CPU_THREADS: "2", KMP_BLOCKTIME: "0"}, 1, []),
+    "1 rank, 2 threads, OpenMP spinning 200 ms (before)": (DEMO, 1, SPIN, 1, []),
+    "1 rank, 2 threads, idle threads sleep (after)": (DEMO, 1, SLEEP, 1, []),
+    "2 ranks, 2 threads each, spinning 200 ms": (DEMO, 2, SPIN, 1, []),
+    "2 ranks, 2 threads each, idle threads sleep": (DEMO, 2, SLEEP, 1, []),
     "1 rank, Paddle's conv2d (before)": (DEMO, 1, {PPMULTI_CPU_CONV: "paddle"}, 1, []),
     "1 rank, oneDNN conv op (after)": (DEMO, 1, {PPMULTI_CPU_CONV: "onednn"}, 1, []),
     "2 ranks, Paddle's conv2d (before)": (DEMO, 2, {PPMULTI_CPU_CONV: "paddle"}, 1, []),
@@ -57,7 +58,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="global batch (default 16, as the demo)")
     ap.add_argument("--cases", help="comma-separated case numbers (1-based) to run; default all")
     ap.add_argument("--data", help="demo dataset dir (default: 128 images of 256 px generated)")
-    ap.add_argument("--out", default="bench/results/fastpath")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "fastpath"))
     args = ap.parse_args()
     from ppmulti.common.synthdata import exists, generate
     from ppmulti.common.atomic import atomic_write_text

@@ -59,9 +59,9 @@ def main() -> None:
                 raise Stop
 
     d = args.data
+    overrides = [f"{s}.dataset_dir={d}" for s in ("TrainDataset", "EvalDataset", "TestDataset")]
     trainer = Trainer(TrainOptions(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
-                                   exist_ok=True, overrides=[f"TrainDataset.dataset_dir={d}", f"EvalDataset.dataset_dir={d}",
-                                                             f"TestDataset.dataset_dir={d}", "snapshot_epoch=100000"]))
+                                   exist_ok=True, overrides=[*overrides, "snapshot_epoch=100000"]))
     trainer.register(Profile())
     try:
         trainer.train()

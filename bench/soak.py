@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         for e, v in sorted(per_epoch.items())}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| rank | RSS epochs 4-8 (MB) | RSS last 5 epochs (MB) | growth | peak (MB) |")
-    print(f"| --- | --- | --- | --- | --- |")
+    print("| rank | RSS epochs 4-8 (MB) | RSS last 5 epochs (MB) | growth | peak (MB) |")
+    print("| --- | --- | --- | --- | --- |")
     for rank, r in result["ranks"].items():
         print(f"| {rank} | {r['warm_mb']} | {r['end_mb']} | {r['growth_pct']:+.2f}% | {r['peak_mb']} |")
     print(f"{args.epochs} epochs with evaluation and a checkpoint each, {wall:.0f} s; details in {args.out}")

@@ -1,4 +1,5 @@
-"""The scaling model (ppmulti.procs.bench.scaling) against values worked out by hand, and ``ppmulti bench --predict``."""
+"""The scaling model (ppmulti.procs.bench.scaling) against values worked out by hand, and ``ppmulti bench
+--predict``."""
 
 import math
 import subprocess

@@ -7,22 +7,28 @@ from pathlib import Path
 from typing import Any
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.rundir import new_run_dir
 
 HELP = "measure training throughput, overheads, start-up and memory here; --predict multi-GPU scaling"
+DEFAULT_RUNS = "runs/bench"   # beside runs/train and runs/evolve: results never land in the source tree unasked
 
 
 def register(subparsers: Any) -> None:
     """Add ``bench`` to the ``ppmulti`` subcommands."""
-    p = subparsers.add_parser("bench", help=HELP, description=HELP + ". Measuring writes OUT/bench.md, "
-                              "bench.png and bench.json; --predict prints a markdown table and needs no GPU.")
-    p.add_argument("--out", default="bench/results", help="directory for bench.md/png/json (default bench/results)")
+    p = subparsers.add_parser("bench", help=HELP, description=HELP + ". Measuring writes bench.md, bench.png "
+                              f"and bench.json into a new run directory ({DEFAULT_RUNS}/exp, exp2, ... under the "
+                              "current directory) or --out; --predict prints a markdown table and needs no GPU.")
+    p.add_argument("--out", default=None,
+                   help=f"directory for bench.md/png/json (default: a new {DEFAULT_RUNS}/expN in the current "
+                        "directory)")
     p.add_argument("--quick", action="store_true", help="a small run (64 px, 5 steps; about a minute on 2 cores)")
     p.add_argument("--models", default="ppyoloe_s,yolov5s",
                    help="models to train, comma-separated: --cfg names (ppyoloe_s, yolov5s, ...) or 'demo' "
                         "(configs/demo/ppyoloe_demo.yml); the first is also run under ppdet's Trainer")
     p.add_argument("--ranks", default="1,2", help="rank counts to compare (default 1,2)")
     p.add_argument("--img", type=int, default=None, help="image size (default 160; --quick 64)")
-    p.add_argument("--batch", type=int, default=None, help="global batch, split across the ranks (default 16 as the demo: 8 per rank with 2; --quick 4)")
+    p.add_argument("--batch", type=int, default=None, help="global batch, split across the ranks "
+                                                             "(default 16 as the demo: 8 per rank with 2; --quick 4)")
     p.add_argument("--steps", type=int, default=None, help="steps per case (default 12; --quick 5)")
     p.add_argument("--repeat", type=int, default=1, help="interleaved rounds, medians reported (default 1)")
     p.add_argument("--workers", type=int, default=1, help="data loader workers per rank (default 1)")
@@ -60,26 +66,44 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     return values
 
 
+def output_dir(out: str | None) -> Path:
+    """Where a measuring run writes its report: ``--out`` as given, else a fresh ``runs/bench/expN``."""
+    if out:
+        path = Path(out)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"--out {out}: exists and is not a directory")
+        return path
+    return new_run_dir(Path(DEFAULT_RUNS), "exp")
+
+
+def _model_arg(model: str) -> str:
+    # a config or model yaml given by path is read by the probes, which run in their own work directory
+    return str(Path(model).resolve()) if Path(model).is_file() else model
+
+
 def run(args: argparse.Namespace) -> int:
     if args.predict:
         return _predict(args)
     from ppmulti.procs.bench import report, runner
 
-    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    models = tuple(_model_arg(m.strip()) for m in args.models.split(",") if m.strip())
     if not models:
         raise UserError("--models: give at least one model, e.g. ppyoloe_s,yolov5s")
     ranks = _ints(args.ranks, "--ranks")
     if args.data and not Path(args.data).is_dir():
         raise UserError(f"--data {args.data}: no such directory (generate one with: ppmulti data demo DIR)")
-    base = runner.quick_plan(Path(args.out)) if args.quick else runner.BenchPlan(out=Path(args.out))
-    plan = runner.BenchPlan(
-        models=models, ranks=ranks, img=args.img or base.img, batch=args.batch or base.batch,
-        steps=args.steps or base.steps, warmup=base.warmup, workers=args.workers, repeat=args.repeat,
-        train_images=base.train_images, out=Path(args.out), data=Path(args.data) if args.data else None,
-        timeout=base.timeout, one_size=not args.multi_scale, heartbeat_ab=args.heartbeat)
+    base = runner.quick_plan() if args.quick else runner.BenchPlan()
+    batch = args.batch or base.batch
     for n in ranks:
-        if plan.batch % n:
-            raise UserError(f"--batch {plan.batch} is not divisible by {n} ranks (--ranks {args.ranks})")
+        if batch % n:
+            raise UserError(f"--batch {batch} is not divisible by {n} ranks (--ranks {args.ranks})")
+    plan = runner.BenchPlan(
+        models=models, ranks=ranks, img=args.img or base.img, batch=batch,
+        steps=args.steps or base.steps, warmup=base.warmup, workers=args.workers, repeat=args.repeat,
+        train_images=base.train_images, out=output_dir(args.out),
+        data=Path(args.data).resolve() if args.data else None,
+        timeout=base.timeout, one_size=not args.multi_scale, heartbeat_ab=args.heartbeat)
+    print(f"[bench] results go to {plan.out}", flush=True)
     result = runner.measure(plan, progress=lambda s: print(s, flush=True))
     paths = report.write(result, plan.out)
     print(report.markdown(result))

@@ -21,8 +21,8 @@ def predict_report(model: str, step_s: float | None, params: float | None, gpus:
     rows = sc.predict_table(step_s, params, gpu_list, node_list, cluster)
     lines = [f"## Predicted data-parallel speed-up: {model}",
              "",
-             f"{params / 1e6:.2f}M parameters -> gradients K = {4 * params / 1e6:.1f} MB; compute {step_s * 1e3:.1f} ms "
-             f"per step on one device ({origin}).",
+             f"{params / 1e6:.2f}M parameters -> gradients K = {4 * params / 1e6:.1f} MB; "
+             f"compute {step_s * 1e3:.1f} ms per step on one device ({origin}).",
              f"Links: intra-node {_bw(cluster.intra_bandwidth)}, inter-node {_bw(cluster.inter_bandwidth)} per node; "
              f"latency {cluster.intra_latency * 1e6:g} / {cluster.inter_latency * 1e6:g} us; overlap "
              f"{cluster.overlap:.0%} of communication with backward. Speed-up = throughput against one device "
@@ -52,7 +52,8 @@ def _published_yolov5(cluster: sc.Cluster) -> str:
     pcie = sc.Cluster(intra_bandwidth=sc.LINKS["pcie4"], overlap=cluster.overlap)
     lines = [f"### Beside the published figures: {pub.name}",
              "",
-             f"Source: {pub.source}. Inputs: {pub.note}; {pub.params / 1e6:.1f}M parameters (K = {nbytes / 1e6:.0f} MB).",
+             f"Source: {pub.source}. Inputs: {pub.note}; {pub.params / 1e6:.1f}M parameters "
+             f"(K = {nbytes / 1e6:.0f} MB).",
              "",
              "| GPUs | published epoch | published speed-up | step (published) | model, NVLink A100 | model, PCIe 4 | "
              "bandwidth that explains the step alone |",

@@ -36,7 +36,7 @@ class BenchPlan:
     workers: int = 1
     repeat: int = 1                 # each case this many times, interleaved; medians reported
     train_images: int = 64
-    out: Path = Path("bench/results")
+    out: Path = Path("runs/bench/exp")   # the report's directory; `ppmulti bench` picks a fresh runs/bench/expN
     data: Path | None = None
     timeout: float = 900.0
     env: dict = field(default_factory=dict)   # extra environment for every probe (A/B variants)
@@ -58,7 +58,7 @@ class Case:
         return min(self.records, key=lambda r: r.get("rank", 0))
 
 
-def quick_plan(out: Path, data: Path | None = None) -> BenchPlan:
+def quick_plan(out: Path = BenchPlan.out, data: Path | None = None) -> BenchPlan:
     """Small enough for a CI test (about a minute on 2 cores): 64 px, batch 4, 5 steps."""
     return BenchPlan(img=64, batch=4, steps=5, warmup=1, train_images=32, out=out, data=data, timeout=300)
 
@@ -115,7 +115,9 @@ def run_case(plan: BenchPlan, kind: str, model: str, ranks: int, data: Path, wor
     for attempt in range(2):
         case = Case(label or kind, model, ranks, started_at=time.time())
         with open(log, "wb") as f:
-            proc = supervisor.start(cmd, stdout=f, stderr=supervisor.STDOUT, cwd=REPO, env={**_env(plan), **(env or {})})
+            # in the work directory: whatever a probe or ppdet writes relative to it stays out of the user's tree
+            proc = supervisor.start(cmd, stdout=f, stderr=supervisor.STDOUT, cwd=work,
+                                    env={**_env(plan), **(env or {})})
             if proc.wait(plan.timeout) is None:
                 # SIGTERM to the case's group reaches ppmulti launch, which stops Paddle's launcher and ranks
                 proc.stop()
