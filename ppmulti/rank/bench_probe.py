@@ -1,4 +1,4 @@
-"""Measuring probes, each run as its own process (or as each rank of a launch): they print/write JSON.
+"""`ppmulti bench`'s rank side: measuring probes, each run as its own process (or as each rank of a launch).
 
 ``python ppmulti/rank/bench_probe.py MODE --out FILE ...`` (the file path form is what ``ppmulti launch`` needs):
 
@@ -8,7 +8,8 @@
 - ``loader``    the training data loader alone: batches/s with the model never run.
 - ``allreduce`` all-reduce of a float32 buffer as large as the model's gradients, timed (2+ ranks).
 
-Training-side code: it never starts processes; ``ppmulti.procs.bench.runner`` does.
+Each writes one JSON record per rank. Rank-side code: it never starts processes; ``ppmulti.procs.bench.runner``
+does.
 """
 
 from __future__ import annotations

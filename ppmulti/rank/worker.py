@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
     env = _env_module()
-    # run by path, so ppmulti/rank/__init__.py has not run: prepare for paddle before the script imports it
+    # run by path: prepare for paddle before the script imports it (importing the seam runs ppmulti/rank/__init__.py,
+    # which does the same; the call says it here)
     from ppmulti.rank.compat import before_paddle_import
 
     before_paddle_import()
