@@ -14,7 +14,8 @@ from ppmulti.common.stack import check_stack
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="tools/convert_yolov5.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("weights", help="YOLOv5 .pt: a train.py checkpoint (its ema, else model) or a state_dict")
     p.add_argument("out", help="the .pdparams to write")
     p.add_argument("--cfg", default="yolov5s", help="ppmulti model to check it against: yolov5n/s/m/l/x or a .yml")

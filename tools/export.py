@@ -9,7 +9,7 @@ from ppmulti.rank.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(prog="tools/export.py", description=__doc__)
     add_model_args(p)
     p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output_inference")
     p.add_argument("--format", "--include", dest="format", choices=("paddle", "onnx"), default="paddle",

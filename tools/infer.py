@@ -9,7 +9,7 @@ from ppmulti.rank.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(prog="tools/infer.py", description=__doc__)
     add_model_args(p)
     p.add_argument("--infer_img", "--infer-img", dest="infer_img", help="one image")
     p.add_argument("--infer_dir", "--infer-dir", dest="infer_dir", help="a directory of images")
