@@ -59,7 +59,7 @@ def main() -> None:
                 raise Stop
 
     d = args.data
-    trainer = Trainer(TrainOptions(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
+    trainer = Trainer.from_options(TrainOptions(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
                                    exist_ok=True, overrides=[f"TrainDataset.dataset_dir={d}", f"EvalDataset.dataset_dir={d}",
                                                              f"TestDataset.dataset_dir={d}", "snapshot_epoch=100000"]))
     trainer.register(Profile())

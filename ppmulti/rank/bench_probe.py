@@ -110,7 +110,7 @@ def probe_train(ns, train_argv: list[str]) -> dict:
             if len(times) >= ns.steps:
                 raise _Stop
 
-    trainer = Trainer(opts)
+    trainer = Trainer.from_options(opts)
     trainer.default_hooks()
     rec = Record()
     trainer.register(rec)
