@@ -37,7 +37,8 @@ def main() -> None:
     import paddle.profiler as profiler
 
     from ppmulti.rank.engine.hooks import Hook
-    from ppmulti.rank.engine.trainer import Trainer, TrainOptions
+    from ppmulti.rank.engine.builder import build_trainer
+    from ppmulti.rank.engine.trainer import TrainOptions
 
     # no trace export: Paddle's default would write ./profiler_log into the working directory
     prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], timer_only=False, on_trace_ready=lambda p: None)
@@ -60,8 +61,9 @@ def main() -> None:
 
     d = args.data
     overrides = [f"{s}.dataset_dir={d}" for s in ("TrainDataset", "EvalDataset", "TestDataset")]
-    trainer = Trainer(TrainOptions(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
-                                   exist_ok=True, overrides=[*overrides, "snapshot_epoch=100000"]))
+    opts = TrainOptions(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
+                        exist_ok=True, overrides=[*overrides, "snapshot_epoch=100000"])
+    trainer = build_trainer(opts)
     trainer.register(Profile())
     try:
         trainer.train()

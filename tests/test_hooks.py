@@ -1,4 +1,4 @@
-"""The loop's hooks one at a time, without a model: early stop, stop on a signal, checkpoint state, order."""
+"""The hooks one at a time, then the loop built from toy parts (tests/toys.py): call order, stops, checkpoints."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
                                        EvaluationHook, Hook, Interrupted, PlotsHook, ResultsHook, ResumeHook,
                                        StopOnSignalHook, VisualDLHook)
+from ppmulti.rank.engine.trainer import TrainOptions
+from toys import Recorder, ScriptedEvaluation, toy_trainer
 
 
 def _trainer(epochs: int = 10, **kw) -> SimpleNamespace:
@@ -139,43 +141,234 @@ def test_hook_points_are_the_hook_methods():
 def test_built_in_hooks_run_in_the_documented_order():
     """EMA after the optimizer step, evaluation on the EMA weights, early stop and the checkpoint after it,
     results/plots after that; a user hook after the reporting ones; the signal vote last."""
-    from ppmulti.rank.engine.trainer import Trainer
-
-    trainer = Trainer.__new__(Trainer)
-    trainer.hooks = []
     user = Hook()
-    trainer._add(StopOnSignalHook(), user, VisualDLHook(), PlotsHook(), ResultsHook(), CheckpointHook(),
-                 ConsoleLogHook(), EarlyStopHook(), EvaluationHook(), ResumeHook.__new__(ResumeHook), EMAHook())
+    trainer = toy_trainer(hooks=[StopOnSignalHook(), user, VisualDLHook(), PlotsHook(), ResultsHook(),
+                                 CheckpointHook(), ConsoleLogHook(), EarlyStopHook(), EvaluationHook(),
+                                 ResumeHook(TrainOptions(config="toy.yml")), EMAHook()])
     order = [type(h).__name__ for h in trainer.hooks]
     assert order == ["EMAHook", "ResumeHook", "EvaluationHook", "EarlyStopHook", "ConsoleLogHook", "CheckpointHook",
                      "ResultsHook", "PlotsHook", "VisualDLHook", "Hook", "StopOnSignalHook"]
 
 
-def test_the_loop_calls_the_points_in_order_and_stops_on_the_flag():
-    """train() with a stand-in epoch: before_train, per epoch before/after_epoch, after_train, close; a hook
-    that sets stop_training ends it after that epoch."""
-    from ppmulti.rank.engine.trainer import Trainer
+# ---------------------------------------------------------------- the loop, built from toy parts
 
-    calls = []
 
-    class Spy(Hook):
-        def __getattribute__(self, name):
-            if name in HOOK_POINTS:
-                return lambda trainer, *a: calls.append((name, getattr(a[0], "epoch", a[0])) if a else name)
-            return object.__getattribute__(self, name)
+def test_the_loop_calls_every_point_in_order_per_epoch_and_step():
+    spy = Recorder()
+    trainer = toy_trainer(epochs=2, steps=2, hooks=[spy])
+    trainer.train()
+    per_epoch = lambda e: [("before_epoch", e, None), ("before_step", e, 0), ("after_step", e, 0),  # noqa: E731
+                           ("before_step", e, 1), ("after_step", e, 1), ("after_epoch", e, None)]
+    assert spy.calls == [("before_train", None, None), *per_epoch(0), *per_epoch(1),
+                         ("after_train", None, None), ("close", None, None)]
+    assert (trainer.state.epoch, trainer.state.global_step, trainer.state.step_in_epoch) == (2, 4, 0)
 
-    class StopAfterSecond(Hook):
-        def after_epoch(self, trainer, stats):
-            if stats.epoch == 1:
+
+def test_hooks_run_by_priority_at_every_point():
+    order: list[str] = []
+    late, early = Recorder(priority=90, sink=order, tag="late"), Recorder(priority=5, sink=order, tag="early")
+    toy_trainer(epochs=1, steps=1, hooks=[late, early]).train()
+    assert order == ["early", "late"] * 7   # 7 calls each: train, epoch, step, step, epoch, train, close
+
+
+def test_the_loop_trains_the_model_and_steps_the_lr_schedule():
+    import paddle
+
+    lrs, losses = [], []
+
+    class Watch(Hook):
+        def after_step(self, trainer, epoch, step, outputs, lr, data_time):
+            lrs.append(lr)
+            losses.append(outputs.losses()["loss"])
+
+    schedule = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=4, gamma=0.5)
+    trainer = toy_trainer(epochs=3, steps=4, hooks=[Watch()], schedule=schedule)
+    before = trainer.model.linear.weight.numpy().copy()
+    metrics = trainer.train()
+    assert lrs == [0.1] * 4 + [0.05] * 4 + [0.025] * 4          # the lr each step used; stepped after it
+    assert sum(losses[-4:]) < 0.5 * sum(losses[:4])            # SGD on a linear target: the loss falls
+    assert (trainer.model.linear.weight.numpy() != before).all()
+    assert metrics == {"epochs": 3, "world_size": 1, "global_batch": 1, "run_dir": None}
+
+
+def test_stop_training_in_after_step_ends_the_loop_at_that_step():
+    class StopAt(Hook):
+        def after_step(self, trainer, epoch, step, outputs, lr, data_time):
+            if (epoch, step) == (1, 1):
                 trainer.stop_training = True
 
-    trainer = Trainer.__new__(Trainer)
-    trainer.hooks, trainer._hooks_chosen, trainer.stop_training = [], True, False
-    trainer.cfg, trainer.state = {"epoch": 5}, SimpleNamespace(epoch=0)
-    trainer._log_plan = lambda: None
-    trainer.run_epoch = lambda epoch: SimpleNamespace(epoch=epoch)
-    trainer.last_metrics, trainer.world, trainer.batch, trainer.run_dir = None, 1, SimpleNamespace(global_batch=8), "r"
-    trainer.register(Spy(), StopAfterSecond())
+    spy = Recorder()
+    trainer = toy_trainer(epochs=4, steps=4, hooks=[StopAt(), spy])
     trainer.train()
-    assert calls == ["before_train", ("before_epoch", 0), ("after_epoch", 0), ("before_epoch", 1),
-                     ("after_epoch", 1), "after_train", "close"]
+    points = [c for c in spy.calls if c[0] in ("after_step", "after_epoch", "after_train", "close")]
+    assert points[-5:] == [("after_epoch", 0, None), ("after_step", 1, 0), ("after_step", 1, 1),
+                           ("after_train", None, None), ("close", None, None)]   # no after_epoch for epoch 1
+    assert (trainer.state.epoch, trainer.state.global_step, trainer.state.step_in_epoch) == (1, 6, 2)
+
+
+def test_close_runs_when_a_hook_raises():
+    class Crash(Hook):
+        def after_step(self, trainer, epoch, step, outputs, lr, data_time):
+            raise RuntimeError("boom")
+
+    spy = Recorder()
+    with pytest.raises(RuntimeError, match="boom"):
+        toy_trainer(hooks=[Crash(), spy]).train()
+    assert spy.calls[-1] == ("close", None, None) and ("after_train", None, None) not in spy.calls
+
+
+def test_evaluation_runs_on_validated_snapshot_epochs_and_always_the_last():
+    quiet = ScriptedEvaluation([0.1] * 9)
+    toy_trainer(epochs=4, steps=1, hooks=[quiet]).train()
+    assert quiet.evaluated_epochs == [4]                       # without --eval: the last epoch only
+    every_2nd = ScriptedEvaluation([0.1] * 9)
+    toy_trainer(epochs=5, steps=1, hooks=[every_2nd], cfg={"snapshot_epoch": 2}, validate=True).train()
+    assert every_2nd.evaluated_epochs == [2, 4, 5]
+
+
+def test_early_stop_hook_ends_a_toy_run_and_the_last_metrics_are_the_stopped_epoch():
+    spy = Recorder()
+    trainer = toy_trainer(epochs=8, steps=2, validate=True,
+                          hooks=[ScriptedEvaluation([0.3, 0.5, 0.4, 0.45, 0.2, 0.9]), EarlyStopHook(patience=2), spy])
+    metrics = trainer.train()
+    # best at epoch 2; epochs 3 and 4 are no better: stop after epoch 4, before epoch 5 starts
+    assert [c[1] for c in spy.calls if c[0] == "after_epoch"] == [0, 1, 2, 3]
+    assert trainer.state.epoch == 4 and metrics["epochs"] == 4 and metrics["mAP50_95"] == 0.45
+
+
+def test_checkpoint_hook_writes_last_and_best_atomically(tmp_path):
+    import paddle
+
+    from ppmulti.rank.engine.checkpoint import load_state
+
+    ckpt_hook = CheckpointHook()
+    trainer = toy_trainer(epochs=3, steps=2, run_dir=tmp_path, validate=True,
+                          hooks=[ScriptedEvaluation([0.2, 0.5, 0.3]), ckpt_hook])
+    trainer.train()
+    weights = tmp_path / "weights"
+    assert sorted(p.name for p in weights.iterdir()) == ["best.pdparams", "best.pdstate", "last.pdparams",
+                                                         "last.pdstate"]   # no temp file left beside them
+    last, best = load_state(weights / "last.pdstate"), load_state(weights / "best.pdstate")
+    assert last["train"]["epoch"] == 3 and best["train"]["epoch"] == 2       # best: the 0.5 of epoch 2
+    assert best["hooks"]["checkpoint"] == {"best_map": 0.5} and ckpt_hook.best_map == 0.5 == trainer.best_map
+    saved = paddle.load(str(weights / "last.pdparams"))
+    assert all((saved[k].numpy() == v.numpy()).all() for k, v in trainer.model.state_dict().items())
+
+    # a save that fails half-way leaves the previous file whole and no temp file
+    before = (weights / "last.pdparams").read_bytes()
+    real_save = paddle.save
+
+    def broken(obj, path, *a, **kw):
+        with open(path, "wb") as f:
+            f.write(b"half")
+        raise OSError("disk full")
+
+    paddle.save = broken
+    try:
+        with pytest.raises(OSError, match="disk full"):
+            trainer.save_checkpoint("last")
+    finally:
+        paddle.save = real_save
+    assert (weights / "last.pdparams").read_bytes() == before
+    assert not [p for p in weights.iterdir() if p.suffix == ".tmp"]
+
+
+def test_checkpoint_hook_nosave_and_save_period(tmp_path):
+    toy_trainer(epochs=4, steps=1, run_dir=tmp_path / "periodic", save_period=2, hooks=[CheckpointHook()]).train()
+    assert sorted(p.name for p in (tmp_path / "periodic/weights").glob("*.pdparams")) == [
+        "best.pdparams", "epoch2.pdparams", "epoch4.pdparams", "last.pdparams"]
+    seen = []
+
+    class Look(Hook):
+        priority = 65   # right after the checkpoint hook (60)
+
+        def after_epoch(self, trainer, stats):
+            seen.append((trainer.run_dir / "weights" / "last.pdparams").is_file())
+
+    toy_trainer(epochs=3, steps=1, run_dir=tmp_path / "nosave", nosave=True, hooks=[CheckpointHook(), Look()]).train()
+    assert seen == [False, False, True]   # --nosave: the final epoch only
+
+
+def test_a_resumed_toy_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    whole = toy_trainer(epochs=3, steps=3)
+    whole.train()
+    first = toy_trainer(epochs=2, steps=3, run_dir=tmp_path, hooks=[CheckpointHook()])
+    first.train()
+    resume = ResumeHook(TrainOptions(config="toy.yml", resume=str(tmp_path)))
+    spy = Recorder()
+    again = toy_trainer(epochs=3, steps=3, run_dir=tmp_path, hooks=[resume, CheckpointHook(), spy], seed=1)
+    again.train()
+    assert [c[1] for c in spy.calls if c[0] == "before_epoch"] == [2]      # only the epoch not yet done
+    assert again.state.global_step == 9
+    for key, value in whole.model.state_dict().items():
+        assert abs(again.model.state_dict()[key].numpy() - value.numpy()).max() < 1e-6, key
+
+
+def test_a_signal_mid_epoch_saves_and_the_resume_skips_the_steps_done(tmp_path):
+    import paddle  # noqa: F401  (its import installs C signal handlers; in a run it comes before before_train)
+
+    class Kill(Hook):
+        def after_step(self, trainer, epoch, step, outputs, lr, data_time):
+            if (epoch, step) == (1, 1):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Interrupted) as exc:
+        toy_trainer(epochs=3, steps=4, run_dir=tmp_path, hooks=[Kill(), CheckpointHook(), StopOnSignalHook()]).train()
+    assert exc.value.code == 128 + signal.SIGTERM
+    from ppmulti.rank.engine.checkpoint import load_state
+
+    train = load_state(tmp_path / "weights" / "last.pdstate")["train"]
+    assert (train["epoch"], train["step_in_epoch"], train["global_step"]) == (1, 2, 6)
+    spy = Recorder()
+    again = toy_trainer(epochs=3, steps=4, run_dir=tmp_path, hooks=[
+        ResumeHook(TrainOptions(config="toy.yml", resume=str(tmp_path))), spy])
+    again.train()
+    assert [(c[1], c[2]) for c in spy.calls if c[0] == "after_step"][:3] == [(1, 2), (1, 3), (2, 0)]
+    assert again.state.global_step == 12
+
+
+def test_results_hook_writes_a_row_per_epoch_and_metrics_json(tmp_path):
+    import csv
+    import json
+
+    trainer = toy_trainer(epochs=2, steps=2, run_dir=tmp_path, hooks=[ScriptedEvaluation([0.4]), CheckpointHook(),
+                                                                      ResultsHook()])
+    trainer.train()
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert [r["epoch"] for r in rows] == ["1", "2"] and rows[0]["mAP50"] == "" and rows[1]["mAP50_95"] == "0.40000"
+    assert float(rows[1]["loss"]) < float(rows[0]["loss"])
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert (metrics["mAP50_95"], metrics["best_mAP50_95"], metrics["epochs"]) == (0.4, 0.4, 2)
+
+
+def test_reporting_hooks_come_by_default_only_as_the_builder_asks_and_only_when_none_were_registered(tmp_path):
+    plain = toy_trainer(epochs=1, steps=1)
+    plain.train()
+    assert plain.hooks == []                      # from parts: the hooks given, nothing more
+    chosen = toy_trainer(epochs=1, steps=1, run_dir=tmp_path / "chosen", report_by_default=True)
+    chosen.register(Recorder())
+    chosen.train()
+    assert [type(h).__name__ for h in chosen.hooks] == ["Recorder"]
+    built = toy_trainer(epochs=1, steps=1, run_dir=tmp_path / "built", report_by_default=True, noplots=True)
+    built.train()
+    assert [type(h).__name__ for h in built.hooks] == ["ConsoleLogHook", "ResultsHook", "VisualDLHook"]
+    assert (tmp_path / "built/results.csv").is_file() and (tmp_path / "built/metrics.json").is_file()
+    assert list((tmp_path / "built/vdl").iterdir())
+
+
+def test_ema_hook_averages_a_toy_run_and_its_weights_are_the_ones_saved(tmp_path):
+    import paddle
+
+    from ppmulti.rank.engine.checkpoint import load_state
+
+    ema = EMAHook()
+    trainer = toy_trainer(epochs=2, steps=3, run_dir=tmp_path, cfg={"use_ema": True, "ema_decay": 0.5},
+                          hooks=[ema, CheckpointHook()])
+    trainer.train()
+    assert trainer.ema is ema.ema and ema.ema.step == 6                  # one update per optimizer step
+    shipped = paddle.load(str(tmp_path / "weights" / "last.pdparams"))
+    raw = trainer.model.state_dict()
+    gap = abs(shipped["linear.weight"].numpy() - raw["linear.weight"].numpy()).max()
+    assert gap > 1e-4                                                  # the average lags the trained weights
+    saved = load_state(tmp_path / "weights" / "last.pdstate")["hooks"]["ema"]
+    assert saved["step"] == 6 and set(saved["weights"]) == set(raw)

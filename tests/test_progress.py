@@ -241,6 +241,7 @@ def _launch_argv(log_dir: Path, *script: str, detach: bool = False) -> list[str]
             "--log_dir", str(log_dir), *script]
 
 
+@pytest.mark.slow
 def test_launch_from_a_terminal_draws_rank0_bars_there_and_keeps_logs_clean(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(_RANK_SCRIPT)
@@ -267,6 +268,7 @@ def test_launch_from_a_terminal_draws_rank0_bars_there_and_keeps_logs_clean(tmp_
     assert "a stray line from rank 1" in (tmp_path / "log" / "workerlog.1").read_text()
 
 
+@pytest.mark.slow
 def test_launch_with_piped_output_prints_plain_lines(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(_RANK_SCRIPT)
@@ -350,6 +352,7 @@ def test_two_rank_training_started_from_a_terminal_shows_bars(small_demo, tmp_pa
     assert len(logs) >= 4 and not [p for p in logs if "\r" in p.read_text()]
 
 
+@pytest.mark.slow
 def test_detached_launch_from_a_terminal_prints_plain_lines_to_its_log(tmp_path):
     # `ppmulti launch --detach` typed at a terminal: the launcher's output is the run's log file, not the
     # terminal, so rank 0 must neither draw on the terminal it came from nor put redraws into the log
@@ -393,27 +396,18 @@ def test_bars_are_taken_down_when_training_raises(rank_log):
     """A crash or Ctrl-C mid-epoch: Trainer.train's ``close`` gives the console handler back, no bar left open."""
     import logging
 
-    from ppmulti.rank.engine.hooks import ConsoleLogHook
-    from ppmulti.rank.engine.trainer import Trainer
+    from ppmulti.rank.engine.hooks import ConsoleLogHook, Hook
+    from toys import toy_trainer
 
     hook = ConsoleLogHook(stream=_Tty())
-    trainer = Trainer.__new__(Trainer)   # only what train() touches before its first epoch
-    fake = _trainer()
-    trainer.hooks, trainer.cfg, trainer.steps_per_epoch = [hook], fake.cfg, 4
-    trainer._hooks_chosen, trainer.stop_training = True, False
-    trainer.batch = SimpleNamespace(global_batch=8, per_rank=8)
-    trainer.world, trainer.conv_kernel = 1, None
-    trainer.lr_plan = SimpleNamespace(describe=lambda: "lr")
-    trainer.state = SimpleNamespace(epoch=0)
 
-    def crash(epoch):
-        hook.after_step(trainer, epoch, 0, {"loss": LossStub(1.0)}, 0.001, 0.0)   # a bar is open now
-        assert hook.bar is not None
-        raise KeyboardInterrupt
+    class Crash(Hook):   # after the console hook (50): its bar is open when the step raises
+        def after_step(self, trainer, epoch, step, outputs, lr, data_time):
+            assert hook.bar is not None
+            raise KeyboardInterrupt
 
-    trainer.run_epoch = crash
     with pytest.raises(KeyboardInterrupt):
-        trainer.train()
+        toy_trainer(epochs=2, steps=4, hooks=[hook, Crash()]).train()
     assert hook.bar is None and hook.bars is None
     logging.getLogger("ppmulti").info("after the crash")
     assert "after the crash" in rank_log[1].getvalue()   # the plain console handler is back

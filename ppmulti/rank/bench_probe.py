@@ -96,7 +96,7 @@ def _beat_cost() -> dict:
 
 def probe_train(ns, train_argv: list[str]) -> dict:
     from ppmulti.rank.engine.hooks import Hook
-    from ppmulti.rank.engine.trainer import Trainer
+    from ppmulti.rank.engine.builder import build_trainer
 
     opts = _train_args(train_argv, ns.one_size)
     times: list[float] = []
@@ -111,7 +111,7 @@ def probe_train(ns, train_argv: list[str]) -> dict:
             if len(times) >= ns.steps:
                 raise _Stop
 
-    trainer = Trainer(opts)
+    trainer = build_trainer(opts)
     trainer.default_hooks()
     rec = Record()
     trainer.register(rec)

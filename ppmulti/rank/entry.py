@@ -58,7 +58,7 @@ def check_gpu_ids(ids: list[int]) -> None:
 def train(options: TrainOptions) -> int:
     """Train one run in this process (alone, or as one rank of a launch); rank 0 prints the summary JSON."""
     from ppmulti.rank import dist
-    from ppmulti.rank.engine.trainer import train as run_training
+    from ppmulti.rank.engine.builder import train as run_training
 
     metrics = run_training(options)
     if dist.is_main():

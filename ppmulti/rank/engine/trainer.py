@@ -1,27 +1,22 @@
-"""The Trainer: builds the run from a config, then one short loop; every other task is a hook (engine.hooks)."""
+"""The Trainer: a short loop over its parts (model, loader, optimizer, lr); all else is a hook (engine.hooks)."""
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ppmulti.common.errors import UserError
 from ppmulti.rank import compat
-from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.engine import checkpoint as ckpt
-from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
-                                       EvaluationHook, Hook, PlotsHook, ResultsHook, ResumeHook,
-                                       StepOutputs, StopOnSignalHook, VisualDLHook)
+from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook,
+                                       StepOutputs, VisualDLHook)
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
-from ppmulti.rank.engine.hooks.resume import record_run_dir
-from ppmulti.rank.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
-from ppmulti.common.rundir import new_run_dir
-from ppmulti.common.errors import UserError, first_line
+from ppmulti.rank.engine.lr import BatchPlan, LRPlan, split_batch
 
 log = logging.getLogger("ppmulti")
 
@@ -88,192 +83,63 @@ class EpochMeter:
 
 
 class Trainer:
-    """One training run on this rank: built from a config, driven by ``train()``."""
+    """One training run on this rank, built from its parts and driven by ``train()``; every task besides
+    forward, backward and the optimizer step is a hook.
 
-    def __init__(self, opts: TrainOptions):
-        self.opts = opts
+    ``engine.builder.build_trainer(opts)`` builds the parts from a config as ``ppmulti train`` does;
+    a test or a script passes its own::
+
+        trainer = Trainer(model, batches, paddle.optimizer.SGD(0.1, parameters=model.parameters()),
+                          epochs=2, run_dir=tmp, hooks=[CheckpointHook()])
+        trainer.train()
+
+    The parts: ``model`` takes a batch dict and returns a dict with ``loss`` (and other ``loss*`` tensors);
+    ``loader`` is re-iterable, yields batch dicts and has a ``len()``; ``optimizer`` is a Paddle optimizer;
+    ``lr`` the schedule stepped after every optimizer step (None: a fixed lr); ``cfg`` the config keys the
+    loop and hooks read (``epoch``, ``log_iter``, ``snapshot_epoch``, ``use_ema``, ...; ``epochs=`` sets
+    ``epoch``); ``opts`` the run's TrainOptions (hooks read ``validate``, ``nosave``, ``save_period``, ...).
+
+    What hooks read besides: ``cfg``, ``opts``, ``world``, ``rank``, ``batch`` (BatchPlan), ``steps_per_epoch``,
+    ``state`` (TrainState), ``run_dir``, ``model``, ``optimizer``, ``lr``, ``lr_plan`` (LRPlan or None),
+    ``hooks``; what they set: ``stop_training``, ``interrupted``, ``last_metrics``, ``ema``.
+    """
+
+    def __init__(self, model, loader, optimizer, *, lr=None, epochs: int | None = None, cfg=None,
+                 opts: TrainOptions | None = None, run_dir: str | Path | None = None, hooks=(),
+                 state: ckpt.TrainState | None = None, batch: BatchPlan | None = None, world: int | None = None,
+                 rank: int | None = None, train_model=None, amp: MixedPrecisionHook | None = None,
+                 dataset=None, lr_plan: LRPlan | None = None, report_by_default: bool = False):
+        self.cfg = {} if cfg is None else cfg
+        if epochs is not None:
+            self.cfg["epoch"] = int(epochs)
+        if "epoch" not in self.cfg:
+            raise ValueError("Trainer: give epochs=N (or an 'epoch' key in cfg)")
+        self.opts = opts if opts is not None else TrainOptions(config="")
+        self.world = dist.world_size() if world is None else int(world)
+        self.rank = dist.rank() if rank is None else int(rank)
+        self.model = model
+        self.train_model = model if train_model is None else train_model   # the model wrapped for several ranks
+        self.loader = loader
+        self.dataset = dataset   # its set_epoch(epoch), if it has one, is called before each epoch
+        self.optimizer = optimizer
+        self.lr = _FixedLR() if lr is None else lr
+        self.lr_plan = lr_plan
+        self.steps_per_epoch = len(loader)
+        self.batch = batch if batch is not None else split_batch((getattr(loader, "batch_size", None) or 1)
+                                                                 * self.world, self.world)
+        self.state = state if state is not None else ckpt.TrainState(
+            epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch)
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        # the step's precision; the builder registers it as a hook too, a trainer from parts trains in float32
+        self.amp = amp if amp is not None else MixedPrecisionHook(amp_request(False, None, None, "cpu", False))
+        self.device = self.threads = self.conv_kernel = None   # set by the builder: facts for the log
         self.hooks: list[Hook] = []
-        self._hooks_chosen = False   # register()/default_hooks() called: train() adds no reporting hooks
+        self._hooks_chosen = not report_by_default   # False: train() adds the reporting hooks unless registered
         self.stop_training = False   # set by hooks (early stop, a signal); the loop ends at the next step
         self.interrupted = None      # StopOnSignalHook's Interruption when a signal stopped the run
         self.last_metrics: dict | None = None   # the last evaluation's (EvaluationHook)
         self.ema = None              # EMAHook's ModelEMA when the config uses EMA
-        self.world = dist.init()
-        self.rank = dist.rank()
-        self.cfg = config_mod.load(opts.config, opts.overrides)
-        notes = list(opts.config_edit(self.cfg) or []) if opts.config_edit else []
-        from ppmulti.rank.ppdet_bridge import select_device
-
-        self.device = select_device(self.cfg)
-        if self.device == "cpu":
-            self.threads = dist.set_cpu_threads()
-        self._seed(opts.seed)
-        if opts.epochs is not None:
-            self.cfg["epoch"] = int(opts.epochs)
-            _stretch_decay(self.cfg, int(opts.epochs))
-        if opts.workers is not None:
-            self.cfg["worker_num"] = int(opts.workers)
-        config_mod.check_dataset(self.cfg, "TrainDataset")
-        config_mod.check_dataset(self.cfg, "EvalDataset")
-        self.amp = MixedPrecisionHook(amp_request(opts.amp, self.cfg.get("amp"), self.cfg.get("amp_level"),
-                                                  self.device, opts.amp_default))
-        # read before the batch plan and the run directory: a resumed run keeps both
-        self.resume = ResumeHook(opts)
-        self.batch = self._batch_plan()
-        self.cfg.TrainReader["batch_size"] = self.batch.per_rank
-        self.run_dir = self._make_run_dir()
-        record_run_dir(self.run_dir)
-        self._setup_logging()
-        if self.resume.restart_note:
-            log.warning("%s", self.resume.restart_note)
-        for note in notes:
-            log.warning("%s", note)
-        if dist.is_main():
-            config_mod.dump(self.cfg, self.run_dir / "config.yml")
-        self.state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world,
-                                     global_batch=self.batch.global_batch)
-        self._build()
-        self._add(EMAHook(), self.amp, self.resume, EvaluationHook(), EarlyStopHook(opts.patience),
-                  CheckpointHook(), StopOnSignalHook())
-
-    # ----------------------------------------------------------------- setup
-    def _seed(self, seed: int) -> None:
-        import numpy as np
-        import paddle
-
-        # ranks differ in augmentation randomness but start from the same weights (see _build)
-        random.seed(seed + self.rank)
-        np.random.seed(seed + self.rank)
-        paddle.seed(seed + self.rank)
-
-    def _batch_plan(self) -> BatchPlan:
-        if self.opts.batch is not None:
-            return split_batch(int(self.opts.batch), self.world)
-        trained = self.resume.trained_global_batch
-        if trained is not None:
-            if trained % self.world == 0:
-                return split_batch(trained, self.world)
-            # not divisible: the config's per-rank batch on this world; ResumeHook rescales the LR and says so
-        per_rank = int(self.cfg.TrainReader["batch_size"])
-        return split_batch(per_rank * self.world, self.world)
-
-    def _make_run_dir(self) -> Path:
-
-        path = None
-        if dist.is_main():
-            if self.resume.run_dir is not None:
-                path = str(self.resume.run_dir)
-            elif self.opts.output:
-                path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
-                                       exist_ok=True if self.opts.exist_ok else False))
-            else:
-                path = str(new_run_dir(Path(self.cfg.get("save_dir", "output")), self.cfg["filename"],
-                                       exist_ok=self.opts.exist_ok))
-        path = dist.all_gather_object(path)[0]
-        run_dir = Path(path)
-        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-        return run_dir
-
-    def _setup_logging(self) -> None:
-        from ppmulti.rank.ranklog import setup_rank_logging
-
-        setup_rank_logging(self.run_dir, self.rank)
-
-    def _build(self) -> None:
-        import paddle
-        from paddle.distributed import fleet
-        from ppdet.core.workspace import create
-
-        from ppmulti.rank.ranklog import prints_to_log
-
-        cfg = self.cfg
-        self.dataset = create("TrainDataset")()
-        with prints_to_log():   # pycocotools' notices while the annotations load
-            self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0))
-        self.steps_per_epoch = len(self.loader)
-        if self.steps_per_epoch < 1:
-            raise UserError(f"the training set has {len(self.dataset.roidbs)} images, fewer than the per-rank "
-                            f"batch {self.batch.per_rank}; lower --batch")
-        self.lr_plan = self._scale_lr(len(self.dataset.roidbs))
-
-        paddle.seed(self.opts.seed)  # identical initial weights on every rank
-        self.model = create(cfg.architecture)
-        self.model.load_meanstd(cfg["TestReader"]["sample_transforms"])
-        self._load_initial_weights()
-        if self.opts.freeze:
-            freeze_backbone(self.model, self.opts.freeze)
-        self._maybe_sync_bn()
-        self.lr = create("LearningRate")(self.steps_per_epoch)
-        self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
-        self.amp.setup(self)   # may cast the model (O2): before it is wrapped for several ranks
-        self.conv_kernel = None
-        if self.device == "cpu":
-            from ppmulti.rank.ops.conv import setup_cpu_convs
-
-            self.conv_kernel = setup_cpu_convs(self.model, bf16=self.amp.mode == "bfloat16")
-        self.train_model = self.model
-        if self.world > 1:
-            self.train_model = fleet.distributed_model(self.model)
-            self.optimizer = fleet.distributed_optimizer(self.optimizer)
-
-    def _scale_lr(self, dataset_size: int) -> LRPlan:
-        lr_cfg = self.cfg["LearningRate"]
-        base_lr = float(lr_cfg["base_lr"])
-        ref_batch = int(self.cfg.get("ref_batch") or self.batch.global_batch)
-        warmup = None
-        for sched in lr_cfg.get("schedulers", []) or []:
-            if isinstance(sched, dict) and sched.get("name") == "LinearWarmup":
-                warmup = sched
-        plan = scale_lr(base_lr, ref_batch, self.batch.global_batch, dataset_size,
-                        warmup_steps=None if warmup is None else warmup.get("steps", 500),
-                        warmup_epochs=None if warmup is None else warmup.get("epochs"),
-                        total_steps=self.steps_per_epoch * int(self.cfg["epoch"]))
-        lr_cfg["base_lr"] = plan.lr
-        if warmup is not None:
-            warmup["steps"] = plan.warmup_steps
-            warmup["epochs"] = None
-        return plan
-
-    def _load_initial_weights(self) -> None:
-        from ppdet.utils.checkpoint import load_pretrain_weight
-
-        if self.resume.path is not None:
-            return
-        if self.opts.weights:
-            missing, unexpected = ckpt.load_weights(self.model, self.opts.weights)
-            self._report_keys(self.opts.weights, missing, unexpected)
-            return
-        pretrain = self.cfg.get("pretrain_weights")
-        if pretrain:
-            try:
-                load_pretrain_weight(self.model, pretrain)
-            except Exception as exc:  # no network, bad path
-                raise UserError(f"pretrain_weights {pretrain} could not be loaded ({type(exc).__name__}: "
-                                f"{first_line(exc)[:160]}); download it by hand and pass its path, "
-                                f"or train from scratch with -o pretrain_weights=''") from None
-
-    @staticmethod
-    def _report_keys(source, missing, unexpected) -> None:
-        if missing:
-            log.warning("%s: %d model parameters not in the file (kept initialised), e.g. %s",
-                        source, len(missing), ", ".join(missing[:3]))
-        if unexpected:
-            log.warning("%s: %d parameters in the file not used by the model, e.g. %s",
-                        source, len(unexpected), ", ".join(unexpected[:3]))
-
-    def _maybe_sync_bn(self) -> None:
-        import paddle
-
-        wanted = self.opts.sync_bn or (self.cfg.get("norm_type") == "sync_bn" and self.device != "cpu")
-        if not wanted or self.world <= 1:
-            if self.opts.sync_bn and self.world <= 1:
-                log.info("--sync-bn with one rank: nothing to synchronise, plain BatchNorm")
-            return
-        if self.device == "cpu":
-            raise UserError("--sync-bn: Paddle has no CPU kernel for sync_batch_norm, so BatchNorm "
-                            "cannot be synchronised across CPU ranks; drop --sync-bn or train on GPUs")
-        self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        log.info("BatchNorm layers converted to SyncBatchNorm across %d ranks", self.world)
+        self._add(*hooks)
 
     # ----------------------------------------------------------------- hooks
     def register(self, *hooks: Hook) -> None:
@@ -348,7 +214,8 @@ class Trainer:
 
     def _batches(self, epoch: int, meter: EpochMeter) -> Iterator[tuple[int, dict]]:
         """(step, batch) of this epoch's shuffle after the steps already done; the wait counts as data time."""
-        self.dataset.set_epoch(epoch)
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
         sampler = compat.batch_sampler(self.loader)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)   # a new shuffle every epoch, identical across ranks
@@ -376,7 +243,7 @@ class Trainer:
     def _log_plan(self) -> None:
         log.info("world size %d, global batch %d (%d per rank), %d steps per epoch; %s",
                  self.world, self.batch.global_batch, self.batch.per_rank, self.steps_per_epoch,
-                 self.lr_plan.describe())
+                 self.lr_plan.describe() if self.lr_plan is not None else f"lr {self.optimizer.get_lr():.6g}")
         if self.conv_kernel:
             log.info("CPU convolutions: %s", self.conv_kernel)
 
@@ -389,6 +256,8 @@ class Trainer:
 
     def save_checkpoint(self, name: str = "last") -> Path:
         """Write ``weights/<name>``: the inference weights, and the loop's and every hook's state for resume."""
+        if self.run_dir is None:
+            raise ValueError("Trainer.save_checkpoint: this trainer has no run_dir")
         stem = self.run_dir / "weights" / name
         heartbeat.beat("checkpoint")
         hooks = {h.name: state for h in self.hooks if h.name and (state := h.state_dict()) is not None}
@@ -404,15 +273,9 @@ class Trainer:
     def final_metrics(self) -> dict:
         out = dict(self.last_metrics or {})
         out.update({"epochs": self.state.epoch, "world_size": self.world,
-                    "global_batch": self.batch.global_batch, "run_dir": str(self.run_dir)})
+                    "global_batch": self.batch.global_batch,
+                    "run_dir": None if self.run_dir is None else str(self.run_dir)})
         return out
-
-
-def _stretch_decay(cfg, epochs: int) -> None:
-    """``--epochs`` also sets the length of the lr decay, so the schedule ends with the run."""
-    for sched in cfg["LearningRate"].get("schedulers", []) or []:
-        if isinstance(sched, dict) and "max_epochs" in sched:
-            sched["max_epochs"] = epochs
 
 
 def freeze_backbone(model, freeze: list[int]) -> list[str]:
@@ -437,7 +300,7 @@ def freeze_backbone(model, freeze: list[int]) -> list[str]:
     return names
 
 
-def train(opts: TrainOptions) -> dict:
-    """Build a Trainer from options and train it; the Python face of ``tools/train.py``."""
-    trainer = Trainer(opts)
-    return trainer.train()
+class _FixedLR:
+    """The lr schedule of a trainer given none: the optimizer's lr stays as it is."""
+
+    def step(self) -> None: ...

@@ -1,7 +1,8 @@
 """The training hooks, one concern per module; the Trainer's loop only calls them (points: ``base.HOOK_POINTS``).
 
 Built-in hooks in the order they run at every point (ascending ``priority``); "core" ones come with every
-Trainer, the reporting ones with ``Trainer.default_hooks()`` (or when no hook was chosen):
+Trainer built from options (engine.builder), the reporting ones with ``Trainer.default_hooks()`` (or, in a
+built run, when no hook was chosen). A Trainer built from parts runs the hooks it is given, no others:
 
 prio hook              module       does                                                    state in a checkpoint
 10   EMAHook           ema          builds ModelEMA; updates it right after each optimizer  ema: averaged weights,

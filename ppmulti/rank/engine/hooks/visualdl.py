@@ -20,8 +20,10 @@ def run_hparams(trainer) -> dict:
     hp = {"config": Path(trainer.opts.config).name, "architecture": str(cfg.get("architecture", "")),
           "epochs": int(cfg["epoch"]), "world_size": int(trainer.world),
           "global_batch": int(trainer.batch.global_batch), "batch_per_rank": int(trainer.batch.per_rank),
-          "lr": float(plan.lr), "base_lr": float(plan.base_lr), "ref_batch": int(plan.ref_batch),
-          "warmup_steps": int(plan.warmup_steps), "optimizer": str(opt.get("type", "")),
+          # a trainer built from parts may have no lr plan: None values are dropped below
+          "lr": plan and float(plan.lr), "base_lr": plan and float(plan.base_lr),
+          "ref_batch": plan and int(plan.ref_batch), "warmup_steps": plan and int(plan.warmup_steps),
+          "optimizer": str(opt.get("type", "")),
           "weight_decay": opt.get("weight_decay"), "momentum": opt.get("momentum"),
           "use_ema": int(bool(cfg.get("use_ema", False))), "eval_size": cfg.get("eval_height"),
           "seed": int(trainer.opts.seed), "amp": str(getattr(getattr(trainer, "amp", None), "mode", "off")), "weights": trainer.opts.weights or cfg.get("pretrain_weights") or ""}

@@ -1,0 +1,231 @@
+"""A Trainer from TrainOptions: fleet, config, device, seed, checks, batch plan, run dir, logging, parts, hooks."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+from ppmulti.common.errors import UserError, first_line
+from ppmulti.common.rundir import new_run_dir
+from ppmulti.rank import config as config_mod
+from ppmulti.rank import dist
+from ppmulti.rank.engine import checkpoint as ckpt
+from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, ResumeHook,
+                                       StopOnSignalHook)
+from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
+from ppmulti.rank.engine.hooks.amp import request as amp_request
+from ppmulti.rank.engine.hooks.resume import record_run_dir
+from ppmulti.rank.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
+from ppmulti.rank.engine.trainer import Trainer, TrainOptions, freeze_backbone
+
+log = logging.getLogger("ppmulti")
+
+
+def build_trainer(opts: TrainOptions, trainer_class: type[Trainer] = Trainer) -> Trainer:
+    """The Trainer of one run on this rank, as ``ppmulti train`` builds it (the core hooks registered; the
+    reporting ones come with ``train()`` unless hooks are registered first)."""
+    return _Build(opts).trainer(trainer_class)
+
+
+class _Build:
+    """The steps of building a run from its options, in the order they must happen (each reads the ones
+    before it): only ``trainer()`` is called from outside."""
+
+    def __init__(self, opts: TrainOptions):
+        self.opts = opts
+
+    def trainer(self, trainer_class: type[Trainer]) -> Trainer:
+        opts = self.opts
+        self.world = dist.init()
+        self.rank = dist.rank()
+        self.cfg = config_mod.load(opts.config, opts.overrides)
+        notes = list(opts.config_edit(self.cfg) or []) if opts.config_edit else []
+        from ppmulti.rank.ppdet_bridge import select_device
+
+        self.device = select_device(self.cfg)
+        self.threads = dist.set_cpu_threads() if self.device == "cpu" else None
+        self._seed(opts.seed)
+        if opts.epochs is not None:
+            self.cfg["epoch"] = int(opts.epochs)
+            stretch_decay(self.cfg, int(opts.epochs))
+        if opts.workers is not None:
+            self.cfg["worker_num"] = int(opts.workers)
+        config_mod.check_dataset(self.cfg, "TrainDataset")
+        config_mod.check_dataset(self.cfg, "EvalDataset")
+        self.amp = MixedPrecisionHook(amp_request(opts.amp, self.cfg.get("amp"), self.cfg.get("amp_level"),
+                                                  self.device, opts.amp_default))
+        # read before the batch plan and the run directory: a resumed run keeps both
+        self.resume = ResumeHook(opts)
+        self.batch = self._batch_plan()
+        self.cfg.TrainReader["batch_size"] = self.batch.per_rank
+        self.run_dir = self._make_run_dir()
+        record_run_dir(self.run_dir)
+        self._setup_logging()
+        if self.resume.restart_note:
+            log.warning("%s", self.resume.restart_note)
+        for note in notes:
+            log.warning("%s", note)
+        if dist.is_main():
+            config_mod.dump(self.cfg, self.run_dir / "config.yml")
+        state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch)
+        self._build_parts()
+        hooks = [EMAHook(), self.amp, self.resume, EvaluationHook(), EarlyStopHook(opts.patience), CheckpointHook(),
+                 StopOnSignalHook()]
+        trainer = trainer_class(self.model, self.loader, self.optimizer, lr=self.lr, cfg=self.cfg, opts=opts,
+                                run_dir=self.run_dir, state=state, batch=self.batch, world=self.world, rank=self.rank,
+                                train_model=self.train_model, amp=self.amp, dataset=self.dataset,
+                                lr_plan=self.lr_plan, hooks=hooks, report_by_default=True)
+        trainer.device, trainer.threads, trainer.conv_kernel = self.device, self.threads, self.conv_kernel
+        return trainer
+
+    def _seed(self, seed: int) -> None:
+        import numpy as np
+        import paddle
+
+        # ranks differ in augmentation randomness but start from the same weights (see _build_parts)
+        random.seed(seed + self.rank)
+        np.random.seed(seed + self.rank)
+        paddle.seed(seed + self.rank)
+
+    def _batch_plan(self) -> BatchPlan:
+        if self.opts.batch is not None:
+            return split_batch(int(self.opts.batch), self.world)
+        trained = self.resume.trained_global_batch
+        if trained is not None:
+            if trained % self.world == 0:
+                return split_batch(trained, self.world)
+            # not divisible: the config's per-rank batch on this world; ResumeHook rescales the LR and says so
+        per_rank = int(self.cfg.TrainReader["batch_size"])
+        return split_batch(per_rank * self.world, self.world)
+
+    def _make_run_dir(self) -> Path:
+        path = None
+        if dist.is_main():
+            if self.resume.run_dir is not None:
+                path = str(self.resume.run_dir)
+            elif self.opts.output:
+                path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
+                                       exist_ok=True if self.opts.exist_ok else False))
+            else:
+                path = str(new_run_dir(Path(self.cfg.get("save_dir", "output")), self.cfg["filename"],
+                                       exist_ok=self.opts.exist_ok))
+        path = dist.all_gather_object(path)[0]
+        run_dir = Path(path)
+        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        return run_dir
+
+    def _setup_logging(self) -> None:
+        from ppmulti.rank.ranklog import setup_rank_logging
+
+        setup_rank_logging(self.run_dir, self.rank)
+
+    def _build_parts(self) -> None:
+        """Dataset, loader, lr plan, model, lr schedule and optimizer; AMP and CPU convolutions set up, and
+        the model and optimizer wrapped for several ranks."""
+        import paddle
+        from paddle.distributed import fleet
+        from ppdet.core.workspace import create
+
+        from ppmulti.rank.ranklog import prints_to_log
+
+        cfg = self.cfg
+        self.dataset = create("TrainDataset")()
+        with prints_to_log():   # pycocotools' notices while the annotations load
+            self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0))
+        steps_per_epoch = len(self.loader)
+        if steps_per_epoch < 1:
+            raise UserError(f"the training set has {len(self.dataset.roidbs)} images, fewer than the per-rank "
+                            f"batch {self.batch.per_rank}; lower --batch")
+        self.lr_plan = self._scale_lr(len(self.dataset.roidbs), steps_per_epoch)
+
+        paddle.seed(self.opts.seed)  # identical initial weights on every rank
+        self.model = create(cfg.architecture)
+        self.model.load_meanstd(cfg["TestReader"]["sample_transforms"])
+        self._load_initial_weights()
+        if self.opts.freeze:
+            freeze_backbone(self.model, self.opts.freeze)
+        self._maybe_sync_bn()
+        self.lr = create("LearningRate")(steps_per_epoch)
+        self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
+        self.amp.setup(self)   # may cast the model (O2): before it is wrapped for several ranks
+        self.conv_kernel = None
+        if self.device == "cpu":
+            from ppmulti.rank.ops.conv import setup_cpu_convs
+
+            self.conv_kernel = setup_cpu_convs(self.model, bf16=self.amp.mode == "bfloat16")
+        self.train_model = self.model
+        if self.world > 1:
+            self.train_model = fleet.distributed_model(self.model)
+            self.optimizer = fleet.distributed_optimizer(self.optimizer)
+
+    def _scale_lr(self, dataset_size: int, steps_per_epoch: int) -> LRPlan:
+        lr_cfg = self.cfg["LearningRate"]
+        base_lr = float(lr_cfg["base_lr"])
+        ref_batch = int(self.cfg.get("ref_batch") or self.batch.global_batch)
+        warmup = None
+        for sched in lr_cfg.get("schedulers", []) or []:
+            if isinstance(sched, dict) and sched.get("name") == "LinearWarmup":
+                warmup = sched
+        plan = scale_lr(base_lr, ref_batch, self.batch.global_batch, dataset_size,
+                        warmup_steps=None if warmup is None else warmup.get("steps", 500),
+                        warmup_epochs=None if warmup is None else warmup.get("epochs"),
+                        total_steps=steps_per_epoch * int(self.cfg["epoch"]))
+        lr_cfg["base_lr"] = plan.lr
+        if warmup is not None:
+            warmup["steps"] = plan.warmup_steps
+            warmup["epochs"] = None
+        return plan
+
+    def _load_initial_weights(self) -> None:
+        from ppdet.utils.checkpoint import load_pretrain_weight
+
+        if self.resume.path is not None:
+            return
+        if self.opts.weights:
+            missing, unexpected = ckpt.load_weights(self.model, self.opts.weights)
+            _report_keys(self.opts.weights, missing, unexpected)
+            return
+        pretrain = self.cfg.get("pretrain_weights")
+        if pretrain:
+            try:
+                load_pretrain_weight(self.model, pretrain)
+            except Exception as exc:  # no network, bad path
+                raise UserError(f"pretrain_weights {pretrain} could not be loaded ({type(exc).__name__}: "
+                                f"{first_line(exc)[:160]}); download it by hand and pass its path, "
+                                f"or train from scratch with -o pretrain_weights=''") from None
+
+    def _maybe_sync_bn(self) -> None:
+        import paddle
+
+        wanted = self.opts.sync_bn or (self.cfg.get("norm_type") == "sync_bn" and self.device != "cpu")
+        if not wanted or self.world <= 1:
+            if self.opts.sync_bn and self.world <= 1:
+                log.info("--sync-bn with one rank: nothing to synchronise, plain BatchNorm")
+            return
+        if self.device == "cpu":
+            raise UserError("--sync-bn: Paddle has no CPU kernel for sync_batch_norm, so BatchNorm "
+                            "cannot be synchronised across CPU ranks; drop --sync-bn or train on GPUs")
+        self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        log.info("BatchNorm layers converted to SyncBatchNorm across %d ranks", self.world)
+
+
+def _report_keys(source, missing, unexpected) -> None:
+    if missing:
+        log.warning("%s: %d model parameters not in the file (kept initialised), e.g. %s",
+                    source, len(missing), ", ".join(missing[:3]))
+    if unexpected:
+        log.warning("%s: %d parameters in the file not used by the model, e.g. %s",
+                    source, len(unexpected), ", ".join(unexpected[:3]))
+
+
+def stretch_decay(cfg, epochs: int) -> None:
+    """``--epochs`` also sets the length of the lr decay, so the schedule ends with the run."""
+    for sched in cfg["LearningRate"].get("schedulers", []) or []:
+        if isinstance(sched, dict) and "max_epochs" in sched:
+            sched["max_epochs"] = epochs
+
+
+def train(opts: TrainOptions) -> dict:
+    """Build a Trainer from options and train it; the Python face of ``tools/train.py``."""
+    return build_trainer(opts).train()
