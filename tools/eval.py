@@ -53,9 +53,11 @@ def parse(argv) -> argparse.Namespace:
     for item in extra:
         name = item.split("=", 1)[0]
         if name in UNSUPPORTED:
-            raise UserError(f"{name} is a YOLOv5 val.py flag that ppmulti does not support ({UNSUPPORTED[name]}); remove it")
+            raise UserError(f"{name} is a YOLOv5 val.py flag that ppmulti does not support "
+                            f"({UNSUPPORTED[name]}); remove it")
         raise UserError(f"unknown argument {item!r}; see tools/eval.py --help")
-    for flag, value, low, high in (("--conf-thres", args.conf_thres, 0.0, 1.0), ("--iou-thres", args.iou_thres, 0.0, 1.0),
+    for flag, value, low, high in (("--conf-thres", args.conf_thres, 0.0, 1.0),
+                                   ("--iou-thres", args.iou_thres, 0.0, 1.0),
                                    ("--max-det", args.max_det, 1, None), ("--batch-size", args.batch_size, 1, None),
                                    ("--workers", args.workers, 0, None)):
         if value is not None and (value < low or (high is not None and value > high)):

@@ -1,4 +1,4 @@
-"""Export trained weights as a Paddle inference model (model.pdmodel on Paddle 2.6 / model.json on 3.x, model.pdiparams, infer_cfg.yml), or also as ONNX (--format onnx)."""
+"""Export trained weights as a Paddle inference model, or also as ONNX (--format onnx)."""
 
 import argparse
 import sys
@@ -9,7 +9,10 @@ from ppmulti.rank.tool_args import add_model_args, overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tools/export.py", description=__doc__)
+    p = argparse.ArgumentParser(prog="tools/export.py",
+                                description="Export trained weights as a Paddle inference model "
+                                            "(model.pdmodel on Paddle 2.6 / model.json on 3.x, model.pdiparams, "
+                                            "infer_cfg.yml), or also as ONNX (--format onnx).")
     add_model_args(p)
     p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output_inference")
     p.add_argument("--format", "--include", dest="format", choices=("paddle", "onnx"), default="paddle",

@@ -1,1 +1,4 @@
-"""Shared leaves: environment names, errors, /proc readers, atomic files, paths, YAML, train flags, fitness; they import neither side."""
+"""Shared leaves: imported by both sides (process and rank), importing neither.
+
+Environment names, errors, /proc readers, atomic files, paths, YAML, train flags, fitness.
+"""

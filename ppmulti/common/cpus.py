@@ -1,4 +1,7 @@
-"""This machine's cores, each rank's share of them and the CPU's feature flags (no paddle: the launcher and the bench read it too)."""
+"""This machine's cores, each rank's share of them and the CPU's feature flags; no paddle import.
+
+The launcher and the bench read it too, so it stays free of paddle.
+"""
 
 from __future__ import annotations
 

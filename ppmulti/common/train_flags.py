@@ -61,7 +61,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
 def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     """YOLOv5 train.py's flags (the ones shared with ppmulti's own are added by train_cli)."""
     g = p.add_argument_group("YOLOv5 train.py flags")
-    g.add_argument("--cfg", help="model: a ppdet .yml, a YOLOv5 model yaml, or a name (yolov5s, yolov5n.yaml, ppyoloe_s)")
+    g.add_argument("--cfg",
+                   help="model: a ppdet .yml, a YOLOv5 model yaml, or a name (yolov5s, yolov5n.yaml, ppyoloe_s)")
     g.add_argument("--data", help="dataset: a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml")
     g.add_argument("--hyp", help="YOLOv5 hyperparameter yaml, e.g. configs/hyps/hyp.scratch-low.yaml")
     g.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, help="train and val image size (pixels)")
@@ -104,7 +105,8 @@ def reject_unknown(extra: list[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tools/train.py",
-                                description="Train a detector from a ppdet config (one process, or one rank of a launch).")
+                                description="Train a detector from a ppdet config "
+                                            "(one process, or one rank of a launch).")
     add_train_flags(p)
     add_yolov5_flags(p)
     return p

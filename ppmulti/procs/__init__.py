@@ -1,1 +1,4 @@
-"""The process side: everything that starts and watches processes (launch, nodes, detached runs, evolution, bench); it imports no paddle, no ppdet and no ppmulti.rank module except the entry point ppmulti.rank.entry."""
+"""The process side: everything that starts and watches processes (launch, nodes, detached runs, evolution, bench).
+
+It imports no paddle, no ppdet and no ppmulti.rank module except the entry point ppmulti.rank.entry.
+"""

@@ -1,4 +1,7 @@
-"""The rank side: everything that runs inside one rank (trainer and hooks, configs, the ppdet bridge, models, data, ops, distribution); it starts no process."""
+"""The rank side: everything that runs inside one rank; it starts no process.
+
+The trainer and its hooks, configs, the ppdet bridge, models, data, ops, distribution.
+"""
 
 from ppmulti.rank.compat import before_paddle_import
 

@@ -23,7 +23,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
             raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
         config = yolo_config.resolve_cfg(args.cfg).config
     if not config:
-        raise UserError("no config given: pass -c CONFIG (e.g. -c configs/yolo.yml) or --cfg MODEL (e.g. --cfg yolov5s)")
+        raise UserError("no config given: pass -c CONFIG (e.g. -c configs/yolo.yml) "
+                        "or --cfg MODEL (e.g. --cfg yolov5s)")
     weights = args.weights
     if weights == "":
         overrides.append("pretrain_weights=")   # YOLOv5's --weights '': from scratch

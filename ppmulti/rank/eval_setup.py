@@ -1,4 +1,4 @@
-"""What tools/eval.py evaluates: the model's config (given, the run's, or inferred from the weights) and val.py's flags."""
+"""What tools/eval.py evaluates: the model's config (given, the run's, or inferred from weights) and val.py's flags."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def weights_file(weights: str) -> Path:
     p = Path(weights)
     if p.suffix in (".pt", ".pth"):
         raise UserError(f"--weights {weights}: a PyTorch checkpoint; convert it once with `python "
-                        f"tools/convert_yolov5.py {weights} OUT.pdparams --cfg yolov5s` (needs torch), then pass OUT.pdparams")
+                        f"tools/convert_yolov5.py {weights} OUT.pdparams --cfg yolov5s` (needs torch), "
+                        f"then pass OUT.pdparams")
     if p.is_dir():
         if (p / "weights" / "best.pdparams").is_file():
             return p / "weights" / "best.pdparams"
@@ -50,7 +51,7 @@ def weights_file(weights: str) -> Path:
 
 
 def run_config(weights: Path) -> Path | None:
-    """The config.yml of the run the weights came from (RUN/weights/x.pdparams -> RUN/config.yml), or one beside them."""
+    """The config.yml of the weights' run (RUN/weights/x.pdparams -> RUN/config.yml), or one beside them."""
     places = [weights.parent] + ([weights.parent.parent] if weights.parent.name == "weights" else [])
     return next((d / "config.yml" for d in places if (d / "config.yml").is_file()), None)
 
@@ -95,7 +96,8 @@ def resolve_model(args: argparse.Namespace) -> EvalModel:
         choice = resolve_cfg(args.cfg)
         return EvalModel(choice.config, weights, nc, dict(choice.overrides))
     if path is None:
-        raise UserError("no weights given: pass --weights W.pdparams (or a run directory), with -c CONFIG or --cfg MODEL")
+        raise UserError("no weights given: pass --weights W.pdparams (or a run directory), "
+                        "with -c CONFIG or --cfg MODEL")
     found = run_config(path)
     if found is not None:
         return EvalModel(str(found), weights, nc, note=f"model: {found} (the run's resolved config)")

@@ -1,4 +1,4 @@
-"""ppmulti's door into ppdet: registering our extensions (YOLOv5 modules, the YOLO source, LinearDecay), device choice."""
+"""ppmulti's door into ppdet: registering our extensions (YOLOv5 modules, YOLO source, LinearDecay), device choice."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""YOLOv5's --cfg/--data/--hyp/--img/--optimizer, translated onto a loaded ppdet config (pure functions on plain data)."""
+"""YOLOv5's --cfg/--data/--hyp/--img/--optimizer, mapped onto a loaded ppdet config (pure functions on plain data)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def _yolov5_model_yaml(path: Path, raw: dict) -> ModelChoice:
         try:
             pairs = [[[int(a[i]), int(a[i + 1])] for i in range(0, len(a), 2)] for a in anchors]
         except (TypeError, ValueError, IndexError):
-            raise UserError(f"{path}: anchors must be 3 lists of width,height pairs, e.g. [10,13, 16,30, 33,23]") from None
+            raise UserError(f"{path}: anchors must be 3 lists of width,height pairs, "
+                            f"e.g. [10,13, 16,30, 33,23]") from None
         if len(pairs) != 3 or any(len(level) != 3 for level in pairs):
             raise UserError(f"{path}: anchors must give 3 levels of 3 anchors (P3/8, P4/16, P5/32)")
         over["YOLOv5Head"] = {"anchors": pairs}

@@ -83,7 +83,8 @@ FLAGS: tuple[Flag, ...] = (
     # --- ssh fan-out (ppmulti/procs/launch/nodes.py): one command starts the launch on every node ---
     Flag(("--nodes",), "nodes",
          "start this launch on every node over ssh (BatchMode, your ssh config and keys), node rank = position, "
-         "e.g. 10.0.0.1,10.0.0.2; the first is the master. Replaces --nnodes/--node_rank/--master_addr/--ips/--host", metavar="HOST,HOST"),
+         "e.g. 10.0.0.1,10.0.0.2; the first is the master. Replaces --nnodes/--node_rank/--master_addr/--ips/--host",
+         metavar="HOST,HOST"),
     Flag(("--ssh-port", "--ssh_port"), "ssh_port", "with --nodes: ssh port, e.g. 2222 (default: your ssh config's)",
          metavar="PORT"),
     Flag(("--ssh-identity", "--ssh_identity"), "ssh_identity", "with --nodes: ssh key file, e.g. ~/.ssh/id_ed25519",
@@ -500,7 +501,8 @@ def restarts_of(ns: argparse.Namespace) -> Restarts:
 
 
 def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
-               device_count: int | None, spec: LauncherSpec | None = None, resolve: Resolve | None = None) -> LaunchPlan:
+               device_count: int | None, spec: LauncherSpec | None = None,
+               resolve: Resolve | None = None) -> LaunchPlan:
     """Turn parsed flags into a checked LaunchPlan; ``local_addrs`` and ``device_count`` come from the caller,
     ``spec`` (default: the installed Paddle's) says how its launcher behaves, ``resolve`` turns the host names
     a scheduler gives (SLURM's node list) into addresses (default: kept as names)."""

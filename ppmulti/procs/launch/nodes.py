@@ -331,7 +331,7 @@ DATASET_KEYS = ("TrainDataset", "EvalDataset")
 
 
 def dataset_dirs(config: dict | None, overrides: list[str], data_yaml: dict | None) -> list[tuple[str, str]]:
-    """(name, directory) of each dataset the run reads: the config's dataset_dir (after ``-o``) or a data yaml's path."""
+    """(name, directory) per dataset the run reads: the config's dataset_dir (after ``-o``) or a data yaml's path."""
     found: dict[str, str] = {}
     for key in DATASET_KEYS:
         section = (config or {}).get(key)

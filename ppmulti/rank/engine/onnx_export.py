@@ -1,4 +1,4 @@
-"""ONNX export: the Paddle inference model converted by paddle2onnx, NMS in or out of the graph, fixed or dynamic batch."""
+"""ONNX export: the inference model converted by paddle2onnx, NMS in or out of the graph, fixed or dynamic batch."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ class OnnxOptions:
             raise UserError(f"{what} with NMS in the graph: paddle2onnx's NonMaxSuppression export handles one "
                             f"image per run; add --no-nms (boxes and scores out, NMS yours) or export batch 1")
         if not 11 <= self.opset <= 17:
-            raise UserError(f"--opset {self.opset}: use 11 to 17 (NonMaxSuppression needs 10+, paddle2onnx stops at 17)")
+            raise UserError(f"--opset {self.opset}: use 11 to 17 "
+                            f"(NonMaxSuppression needs 10+, paddle2onnx stops at 17)")
 
 
 def require_paddle2onnx() -> str:
@@ -50,7 +51,8 @@ def require_paddle2onnx() -> str:
             raise UserError(f"--format onnx needs paddle2onnx, which has no release for Python "
                             f"{sys.version_info[0]}.{sys.version_info[1]} (2.1.0 stops at 3.12): export from a Python "
                             f"3.10-3.12 environment with {INSTALL}") from None
-        raise UserError(f"--format onnx needs paddle2onnx and onnx (onnxruntime to run the result): {INSTALL}") from None
+        raise UserError(f"--format onnx needs paddle2onnx and onnx (onnxruntime to run the result): "
+                        f"{INSTALL}") from None
     text = str(getattr(paddle2onnx, "__version__", "0"))
     version = tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
     if not compat.paddle2onnx_fits(version):

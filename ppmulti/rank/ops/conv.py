@@ -1,4 +1,4 @@
-"""oneDNN convolutions for CPU training: building the op once, and swapping it (float32 or bf16) into a model's Conv2D layers."""
+"""oneDNN convolutions for CPU training: the op built once, swapped (float32 or bf16) into a model's Conv2D layers."""
 
 from __future__ import annotations
 

@@ -40,5 +40,5 @@ from ppmulti.rank.engine.hooks.signals import Interrupted, Interruption, StopOnS
 from ppmulti.rank.engine.hooks.visualdl import HPARAM_METRICS, VisualDLHook, run_hparams
 
 __all__ = ["HOOK_POINTS", "Hook", "StepOutputs", "host_losses", "CheckpointHook", "ConsoleLogHook", "EarlyStopHook",
-           "EMAHook", "MixedPrecisionHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook", "Interrupted",
-           "Interruption", "StopOnSignalHook", "HPARAM_METRICS", "VisualDLHook", "run_hparams"]
+           "EMAHook", "MixedPrecisionHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook",
+           "Interrupted", "Interruption", "StopOnSignalHook", "HPARAM_METRICS", "VisualDLHook", "run_hparams"]

@@ -26,7 +26,8 @@ def run_hparams(trainer) -> dict:
           "optimizer": str(opt.get("type", "")),
           "weight_decay": opt.get("weight_decay"), "momentum": opt.get("momentum"),
           "use_ema": int(bool(cfg.get("use_ema", False))), "eval_size": cfg.get("eval_height"),
-          "seed": int(trainer.opts.seed), "amp": str(getattr(getattr(trainer, "amp", None), "mode", "off")), "weights": trainer.opts.weights or cfg.get("pretrain_weights") or ""}
+          "seed": int(trainer.opts.seed), "amp": str(getattr(getattr(trainer, "amp", None), "mode", "off")),
+          "weights": trainer.opts.weights or cfg.get("pretrain_weights") or ""}
     # VisualDL stores int, float and str; anything else (None, lists, numpy scalars) is dropped or coerced
     out = {}
     for key, value in hp.items():
