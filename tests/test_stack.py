@@ -244,8 +244,13 @@ def _child(code: str, *args: str, timeout: float = 300):
 
 
 def _culprit(proc) -> str:
+    """The step a child died in (the last one it named) and how it died."""
+    import signal
+
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("import ")]
-    return lines[-1] if lines else "(before `import paddle`)"
+    step = lines[-1] if lines else "(before `import paddle`)"
+    how = (f"died of {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exited {proc.returncode}")
+    return f"`{step}` {how}"
 
 
 def test_users_imports_after_paddle():
@@ -262,7 +267,7 @@ def test_users_imports_after_paddle():
     modules = COMPILED + [m for m in OPTIONAL if present(m)] + PPDET
     proc = _child(_IMPORTS, *modules)
     assert proc.returncode == 0 and "all imported" in proc.stdout, (
-        f"`{_culprit(proc)}` after `import paddle` exited {proc.returncode}: {proc.stderr[-1500:]}")
+        f"after `import paddle`, {_culprit(proc)}: {proc.stderr[-1500:]}")
 
 
 _ZLIB_USERS = """
@@ -305,4 +310,4 @@ def test_zlib_users_after_paddle():
     the default (docs/stacks.md)."""
     proc = _child(_ZLIB_USERS)
     assert proc.returncode == 0 and "all used" in proc.stdout, (
-        f"`{_culprit(proc)}` after `import paddle` exited {proc.returncode}: {proc.stderr[-1500:]}")
+        f"after `import paddle`, {_culprit(proc)}: {proc.stderr[-1500:]}")
