@@ -193,6 +193,8 @@ def test_install_switches_choose_the_paddle_requirement(choice, version, wanted,
     assert found.get("license") == "Apache-2.0" or found.get("license_expression") == "Apache-2.0", found
     extras = set(found.get("provides_extra", []))
     assert {"test", "export", "docs", "lint", "dev"} <= extras, extras
+    p2o = {r.split(";")[0].strip() for r in requires if r.startswith("paddle2onnx")}
+    assert p2o == {"paddle2onnx==1.3.1" if version == "2.6.2" else "paddle2onnx==2.1.0"}, p2o   # reads that Paddle's
     dev = [r for r in requires if 'extra == "dev"' in r]
     for name in ("pytest", "onnxruntime", "mkdocs", "mkdocs-material", "ruff==0.17.6"):
         assert any(r.startswith(name) for r in dev), (name, dev)
