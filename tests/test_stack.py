@@ -110,8 +110,9 @@ def _wheel(folder, name: str, version: str, requires: tuple[str, ...] = ()) -> N
 def test_installing_torch_afterwards_keeps_setuptools(tmp_path):
     """torch 2.13/2.14 require setuptools>=77.0.3; pip would upgrade an older one to the newest, without pkg_resources.
 
-    Measured: `pip install torch==2.13.0+cpu` after ppmulti on stack 1 and `pip install --dry-run --report` of torch
-    2.14.1 on stack 2 keep the setuptools ppmulti's `setuptools>=77.0.3,<81` put there, and ppdet still imports.
+    Measured: `pip install torch==2.13.0+cpu` after ppmulti on Paddle 2.6.2 and `pip install --dry-run --report` of
+    torch 2.14.1 on Paddle 3.3.1 keep the setuptools ppmulti's `setuptools>=77.0.3,<81` put there, and ppdet still
+    imports.
     This replays it offline: a stand-in torch with torch's requirement, and a setuptools 99 on offer.
     """
     import json
