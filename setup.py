@@ -32,11 +32,12 @@ PADDLE_REQUIRES = [] if PADDLE == "none" else [f"{PADDLE}=={PADDLE_VERSION}"]
 
 # Paddle 2.6.2 only, each checked on Python 3.10/3.11 + Paddle 2.6.2 (docs/stacks.md, "Pins"). Its libpaddle.so
 # carries zlib 1.2.8 with exported symbols and also links the system's libz.so.1: when `import paddle` comes first,
-# the system libz's own calls bind to Paddle's copy, and later zlib users die in inflateReset2. Cython 3.1+ modules
-# unpack their constants with zlib at import, so the Cython 3.0 builds below are the newest that import after it.
+# the system libz's own calls bind to Paddle's copy, and later zlib users die in inflateReset2. Modules built by a
+# Cython with string compression (CYTHON_COMPRESS_STRINGS) unpack their constants with zlib at import; the caps
+# below are the newest releases built without it.
 PADDLE_26_REQUIRES = [
     "protobuf<7",                         # 7.x breaks Paddle 2.6's fleet.init (FieldDescriptor has no `label`)
-    "numpy<2",                            # Paddle 2.6.2's wheel is built against numpy 1.x
+    "numpy<2",                            # the numpy line Paddle 2.6.2 was released and tested with (1.26 here)
     "scikit-learn<1.8",                   # 1.8.0+: SIGSEGV in inflateReset2 on `import paddle; import sklearn`
     "scipy<1.17",                         # 1.17.x: `zlib.error: Error -2 ... inconsistent stream state` the same way
     "pyclipper<1.4",                      # 1.4.0: SIGSEGV the same way
