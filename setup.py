@@ -1,48 +1,59 @@
-"""Install ppmulti: `pip install --no-deps paddledet==2.6.0 && pip install -e .` (README, "Set-up on a fresh machine")."""
+"""Install ppmulti: `pip install --no-deps paddledet==2.6.0 && pip install -e .` (docs/stacks.md says what and why)."""
 
 import os
 import re
+import sys
 
 from setuptools import find_packages, setup
 
-VERSION = re.search(r'__version__ = "([^"]+)"', open("ppmulti/__init__.py").read()).group(1)
+with open("ppmulti/__init__.py") as init:
+    VERSION = re.search(r'__version__ = "([^"]+)"', init.read()).group(1)
 
-# Which Paddle wheel to require: "paddlepaddle" (CPU, the default), "paddlepaddle-gpu" (CUDA, Python < 3.12:
-# PyPI has paddlepaddle-gpu 2.6.2 only), or "none" for a user who installed Paddle already (e.g.
-# paddlepaddle-gpu 3.x from Paddle's own index): pip would otherwise put a second distribution of the `paddle`
-# module beside it, because it cannot know that paddlepaddle and paddlepaddle-gpu provide the same module.
+# Both switches are read here, at install time, so the requirements below are plain lists (docs/stacks.md).
+# PPMULTI_PADDLE: which Paddle wheel to require: "paddlepaddle" (CPU, the default), "paddlepaddle-gpu" (CUDA; PyPI
+# has paddlepaddle-gpu 2.6.2 only), or "none" for a user who installed Paddle already (e.g. paddlepaddle-gpu 3.x
+# from Paddle's own index): pip would otherwise put a second distribution of the `paddle` module beside it, because
+# it cannot know that paddlepaddle and paddlepaddle-gpu provide the same module.
 PADDLE = (os.environ.get("PPMULTI_PADDLE") or "paddlepaddle").strip().lower()
 if PADDLE not in ("paddlepaddle", "paddlepaddle-gpu", "none"):
     raise SystemExit(f"error: PPMULTI_PADDLE={PADDLE!r}: use paddlepaddle (CPU), paddlepaddle-gpu or none")
 
-PY_OLD = "python_version < '3.12'"    # stack 1: Paddle 2.6.2 (its wheels stop at 3.12; 3.12 goes to stack 2)
-PY_NEW = "python_version >= '3.12'"   # stack 2: Paddle 3.3.1 (the only Paddle with 3.13 wheels)
-NO_P2O = "python_version >= '3.13'"   # no paddle2onnx wheel for it (checked on PyPI, 2026-11-23)
+# PPMULTI_PADDLE_VERSION: 3.3.1 (the default on every Python) or 2.6.2 (the opt-in, Python 3.10/3.11 only).
+PADDLE_VERSIONS = ("3.3.1", "2.6.2")
+PADDLE_VERSION = (os.environ.get("PPMULTI_PADDLE_VERSION") or PADDLE_VERSIONS[0]).strip()
+if PADDLE_VERSION not in PADDLE_VERSIONS:
+    raise SystemExit(f"error: PPMULTI_PADDLE_VERSION={PADDLE_VERSION!r}: use 3.3.1 (the default) or 2.6.2")
+PADDLE_26 = PADDLE_VERSION == "2.6.2"
+if PADDLE_26 and sys.version_info[:2] > (3, 11):
+    raise SystemExit(f"error: PPMULTI_PADDLE_VERSION=2.6.2 is tested on Python 3.10 and 3.11 only, this is Python "
+                     f"{sys.version_info[0]}.{sys.version_info[1]}: unset it (Paddle 3.3.1) or use a 3.10/3.11 venv")
 
-PADDLE_REQUIRES = [] if PADDLE == "none" else [
-    f"{PADDLE}==2.6.2; {PY_OLD}",
-    f"{PADDLE}==3.3.1; {PY_NEW}",
+PADDLE_REQUIRES = [] if PADDLE == "none" else [f"{PADDLE}=={PADDLE_VERSION}"]
+
+# Paddle 2.6.2 only, each checked on Python 3.10/3.11 + Paddle 2.6.2 (docs/stacks.md, "Pins"). Its libpaddle.so
+# carries zlib 1.2.8 with exported symbols and also links the system's libz.so.1: when `import paddle` comes first,
+# the system libz's own calls bind to Paddle's copy, and later zlib users die in inflateReset2. Modules built by a
+# Cython with string compression (CYTHON_COMPRESS_STRINGS) unpack their constants with zlib at import; the caps
+# below are the newest releases built without it.
+PADDLE_26_REQUIRES = [
+    "protobuf<7",                         # 7.x breaks Paddle 2.6's fleet.init (FieldDescriptor has no `label`)
+    "numpy<2",                            # the numpy line Paddle 2.6.2 was released and tested with (1.26 here)
+    "scikit-learn<1.8",                   # 1.8.0+: SIGSEGV in inflateReset2 on `import paddle; import sklearn`
+    "scipy<1.17",                         # 1.17.x: `zlib.error: Error -2 ... inconsistent stream state` the same way
+    "pyclipper<1.4",                      # 1.4.0: SIGSEGV the same way
+    "pycocotools<2.0.11",                 # 2.0.11+: SIGSEGV in inflateReset2 after `import paddle`
+    "lap<0.5.13",                         # the same
 ]
 
 # paddledet 2.6.0 is NOT listed: its metadata pins numpy<1.24 (no wheel for 3.12+), opencv-python<=4.6.0 and the
 # empty `sklearn` stub, and pip cannot ignore one dependency's requirements. README installs it with --no-deps
 # first; what `import ppdet`, `ppdet.modeling`, `ppdet.metrics` and ppmulti really need is declared here.
-REQUIRES = PADDLE_REQUIRES + [
-    # --- stack 1 (Paddle 2.6.2), each re-checked on Python 3.11 + Paddle 2.6.2 ---
-    f"protobuf<7; {PY_OLD}",              # 7.x breaks Paddle 2.6's fleet.init (FieldDescriptor.label); 4.25, 6.33 work
-    f"pycocotools<2.0.11; {PY_OLD}",      # 2.0.11+ segfaults in inflateReset2 when imported after Paddle 2.6
-    f"lap<0.5.13; {PY_OLD}",              # the same segfault
-    f"scipy<1.17; {PY_OLD}",              # 1.17.1 fails after a bare `import paddle` 2.6 ("zlib.error: Error -2 ...
-                                          # inconsistent stream state"); ppmulti's own order avoids all three
-                                          # (compat.before_paddle_import), the pins keep users' scripts working
-    f"numpy<2; {PY_OLD}",                 # 1.26 trains as 1.23 did; numpy 2 is stack 2's (2.5 refuses float() of
-                                          # ppmulti's [1]-shaped YOLOv5 loss parts until that fix lands)
-    # --- both stacks ---
+REQUIRES = PADDLE_REQUIRES + (PADDLE_26_REQUIRES if PADDLE_26 else []) + [
     # ppdet imports pkg_resources (model_zoo.py), which setuptools 81+ dropped. The floor is torch's own
     # (2.13/2.14 require setuptools>=77.0.3): with it already met, a later `pip install torch` (the converter)
     # keeps this setuptools instead of upgrading it to one without pkg_resources
     "setuptools>=77.0.3,<81",
-    "pycocotools",                        # COCO metric (ppdet.metrics); stack 2 takes the newest
+    "pycocotools",                        # COCO metric (ppdet.metrics)
     "lap",                                # ppdet.modeling.mot imports it (a warning line without it)
     "scikit-learn",                       # the real `sklearn` that ppdet imports (its metadata names the stub)
     "opencv-python",                      # ppdet's transforms, demo data, drawing
@@ -57,25 +68,29 @@ REQUIRES = PADDLE_REQUIRES + [
     "onednn-devel-cpu-gomp==2023.2.0; platform_machine == 'x86_64' and sys_platform == 'linux'",
 ]
 
+# tools/export.py --format onnx (not needed for training). paddle2onnx by Paddle: 1.3.1 reads Paddle 2.6's
+# model.pdmodel (2.x imports paddle.decomposition, absent in 2.6); 2.1.0 reads Paddle 3's PIR model.json (1.x knows
+# no PIR; compat.pir_interp_scale_as_float bridges Paddle 3.3.1's double interp scales). onnx edits the batch
+# dimension; onnxruntime runs the result. Python 3.13: paddle2onnx publishes no wheel (2.1.0 stops at 3.12) and
+# onnx 1.17 none either, so the extra brings onnxruntime alone there and --format onnx says to export from a
+# 3.10-3.12 environment.
+BELOW_313 = "python_version < '3.13'"
+EXPORT = ([f"paddle2onnx==1.3.1; {BELOW_313}"] if PADDLE_26 else [f"paddle2onnx==2.1.0; {BELOW_313}"]) + [
+    f"onnx<=1.17.0; {BELOW_313}", "onnxruntime"]
+TEST = ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"]
+DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5"]
+LINT = ["ruff==0.17.6"]
+
 setup(
     name="ppmulti",
     version=VERSION,
     description="Multi-GPU and multi-machine YOLO training on PaddlePaddle, built on ppdet",
+    license="Apache-2.0",
     packages=find_packages(include=["ppmulti", "ppmulti.*"]),
     package_data={"ppmulti.rank.ops": ["*.cc"]},
     # tested on 3.10-3.13; Paddle has no wheels for 3.14 yet
     python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
-    extras_require={
-        "test": ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"],
-        # tools/export.py --format onnx (not needed for training). paddle2onnx by Paddle, as the stack markers
-        # pick Paddle: 1.3.1 reads Paddle 2.6's model.pdmodel (2.x imports paddle.decomposition, absent in 2.6);
-        # 2.1.0 reads Paddle 3's PIR model.json (1.x knows no PIR; compat.pir_interp_scale_as_float bridges
-        # Paddle 3.3.1's double interp scales). onnx edits the batch dimension; onnxruntime runs the result.
-        # Python 3.13: paddle2onnx publishes no wheel (2.1.0 stops at 3.12) and onnx 1.17 none either, so the extra
-        # brings onnxruntime alone there and --format onnx says to export from a 3.10-3.12 environment.
-        "export": [f"paddle2onnx==1.3.1; {PY_OLD}", f"paddle2onnx==2.1.0; {PY_NEW} and {NO_P2O.replace('>=', '<')}",
-                   f"onnx<=1.17.0; {NO_P2O.replace('>=', '<')}", "onnxruntime"],
-    },
+    extras_require={"test": TEST, "export": EXPORT, "docs": DOCS, "lint": LINT, "dev": TEST + EXPORT + DOCS + LINT},
     entry_points={"console_scripts": ["ppmulti = ppmulti.cli:main"]},
 )

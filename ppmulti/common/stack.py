@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 from ppmulti.common.compat import installed_version
 from ppmulti.common.errors import UserError
 
-# The range CI tests (README, "The pinned stack, and why"): versions as (major, minor), both ends included.
+# The range CI tests (docs/stacks.md): versions as (major, minor), both ends included.
 PYTHONS = ((3, 10), (3, 13))
 PADDLES = ((2, 6), (3, 3))
+DEFAULT_PADDLE = "3.3.1"   # setup.py's default on every Python
+OPT_IN_PADDLE = "2.6.2"    # PPMULTI_PADDLE_VERSION=2.6.2 at install time, Python 3.10/3.11 only
+OPT_IN_PYTHONS = ((3, 10), (3, 11))
 # Both wheels install the same `paddle` module; with both present, the files of whichever came last win.
 PADDLE_DISTS = ("paddlepaddle", "paddlepaddle-gpu")
 PPDET_DIST = "paddledet"
-INSTALL_HINT = "see README, 'Set-up on a fresh machine'"
+INSTALL_HINT = "see docs/stacks.md"
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ def _text(version: tuple[int, ...]) -> str:
 
 def current_stack() -> Stack:
     """This interpreter's stack, from importlib.metadata and the import system only (nothing imported)."""
-    names = (*PADDLE_DISTS, PPDET_DIST, "setuptools")
+    names = (*PADDLE_DISTS, PPDET_DIST, "setuptools", "protobuf")
     dists = {n: v for n in names if (v := installed_version(n)) is not None}
     return Stack(python=tuple(sys.version_info[:3]), dists=dists,
                  has_pkg_resources=importlib.util.find_spec("pkg_resources") is not None,
@@ -57,16 +60,21 @@ def problem(stack: Stack, need_paddle: bool = True) -> str | None:
         both = " and ".join(f"{n} {_text(v)}" for n, v in paddles.items())
         return (f"two Paddle distributions are installed ({both}) and both provide the `paddle` module: "
                 f"run `pip uninstall -y {' '.join(paddles)}`, then install the one you want "
-                f"(README, 'On a CUDA machine'; keep yours with PPMULTI_PADDLE=none)")
+                f"(docs/stacks.md, 'GPU'; keep yours with PPMULTI_PADDLE=none)")
     if paddles:
         name, version = next(iter(paddles.items()))
         lo, hi = PADDLES
         if not lo <= tuple(version[:2]) <= hi:
             side = "older" if tuple(version[:2]) < lo else "newer"
             return (f"{name} {_text(version)} is {side} than ppmulti supports (Paddle {_text(lo)} to {_text(hi)}): "
-                    f"install {name}==2.6.2 (Python < 3.12) or {name}==3.3.1 ({INSTALL_HINT})")
+                    f"install {name}=={DEFAULT_PADDLE} (or {OPT_IN_PADDLE} on Python 3.10/3.11) ({INSTALL_HINT})")
+        if tuple(version[:2]) < (3,):
+            found = _paddle2_problem(name, version, stack)
+            if found:
+                return found
     elif need_paddle and not stack.has_paddle_module:
-        return f"Paddle is not installed: pip install paddlepaddle==3.3.1 (or 2.6.2 on Python < 3.12) ({INSTALL_HINT})"
+        return (f"Paddle is not installed: pip install paddlepaddle=={DEFAULT_PADDLE} "
+                f"(or {OPT_IN_PADDLE} on Python 3.10/3.11) ({INSTALL_HINT})")
     if PPDET_DIST in stack.dists:
         if not stack.has_pkg_resources:
             have = f"setuptools {_text(stack.dists['setuptools'])}" if "setuptools" in stack.dists else "no setuptools"
@@ -74,6 +82,19 @@ def problem(stack: Stack, need_paddle: bool = True) -> str | None:
                     f"pip install \"setuptools>=77.0.3,<81\"")
     elif need_paddle:
         return f"ppdet is not installed: pip install --no-deps paddledet==2.6.0 ({INSTALL_HINT})"
+    return None
+
+
+def _paddle2_problem(name: str, version: tuple[int, ...], stack: Stack) -> str | None:
+    """What breaks Paddle 2.6 that setup.py's opt-in pins keep out, when something installed it anyway."""
+    lo, hi = OPT_IN_PYTHONS
+    if not lo <= tuple(stack.python[:2]) <= hi:
+        return (f"{name} {_text(version)} is tested on Python 3.10 and 3.11 only, this is Python "
+                f"{_text(stack.python[:3])}: pip install {name}=={DEFAULT_PADDLE} ({INSTALL_HINT})")
+    protobuf = stack.dists.get("protobuf")
+    if protobuf and protobuf[:1] >= (7,):
+        return (f"protobuf {_text(protobuf)} breaks {name} {_text(version)}'s fleet.init (FieldDescriptor has no "
+                f"'label'): pip install \"protobuf<7\" ({INSTALL_HINT})")
     return None
 
 
