@@ -1,4 +1,4 @@
-"""Mixed precision: flag/key mapping, the device's say, Paddle's O1 lists, GradScaler state and resume, CPU bf16 training."""
+"""Mixed precision: flags and keys, the device's say, Paddle's O1 lists, GradScaler state and resume, CPU bf16."""
 
 from __future__ import annotations
 
@@ -290,7 +290,8 @@ def test_scaler_state_resumes_from_last_pdstate(small_demo, tmp_path):
     log = (out / "train.log").read_text()
     assert "AMP skipped 2 steps, loss scale 256" in log and "2 steps of epoch 1 skipped (inf/nan gradients)" in log
 
-    again = run_tool(["-c", SCALER_RUN, *_demo_args(small_demo, out, "--amp", "--epochs", "3")[1:], "--resume", str(out)])
+    again = run_tool(["-c", SCALER_RUN, *_demo_args(small_demo, out, "--amp", "--epochs", "3")[1:],
+                      "--resume", str(out)])
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert _amp_state(out) == (64.0, 4)      # from the saved 256, not a fresh 1024; the count carried on
     metrics = json.loads((out / "metrics.json").read_text())

@@ -311,8 +311,8 @@ def test_worker_info_and_torch_variables():
 
 # --- architecture ----------------------------------------------------------------------------------------
 def test_launcher_side_never_imports_paddle():
-    code = ("import sys, ppmulti.procs.launch.flags, ppmulti.procs.launch.plan, ppmulti.procs.launch.runner, ppmulti.procs.launch.command, "
-            "ppmulti.rank.worker, ppmulti.common.envvars; print('paddle' in sys.modules)")
+    code = ("import sys, ppmulti.procs.launch.flags, ppmulti.procs.launch.plan, ppmulti.procs.launch.runner, "
+            "ppmulti.procs.launch.command, ppmulti.rank.worker, ppmulti.common.envvars; print('paddle' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

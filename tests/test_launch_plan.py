@@ -50,7 +50,8 @@ def test_master_of_reads_both_spellings():
 NODES = [
     ("one_node", [], {}, set(), Nodes()),
     ("standalone", ["--standalone"], {}, set(), Nodes()),
-    ("host_from_pod_ip", [], {E.POD_IP: "10.0.0.5"}, set(), Nodes(host="10.0.0.5", notes=("--host 10.0.0.5 from POD_IP",))),
+    ("host_from_pod_ip", [], {E.POD_IP: "10.0.0.5"}, set(),
+     Nodes(host="10.0.0.5", notes=("--host 10.0.0.5 from POD_IP",))),
     ("master_default_port", ["--nnodes", "2", "--node_rank", "1", "--master_addr", "h"], {}, set(),
      Nodes(2, 1, "h", P.DEFAULT_MASTER_PORT, None, notes=("--master_port 29500 (torchrun's default)",))),
     ("master_named_port", ["--nnodes", "3", "--node_rank", "2", "--master", "h:7000"], {}, set(),
@@ -352,7 +353,8 @@ CLUSTER = [
     ("srun_flags_that_agree", ["--nnodes", "2", "--node_rank", "1"], NODE1, 0,
      (2, 1, "10.1.0.7", 29500, "10.1.0.8", "slurm-41-0", 1, "cpu")),
     ("flags_win_master_port_job_host", ["--master_addr", "10.9.0.7", "--master_port", "6000", "--job_id", "j",
-                                        "--host", "10.9.0.8"], NODE1, 0, (2, 1, "10.9.0.7", 6000, "10.9.0.8", "j", 1, "cpu")),
+                                        "--host", "10.9.0.8"], NODE1, 0,
+     (2, 1, "10.9.0.7", 6000, "10.9.0.8", "j", 1, "cpu")),
     ("master_port_variable", [], {**NODE1, E.MASTER_PORT: "29700"}, 0,
      (2, 1, "10.1.0.7", 29700, "10.1.0.8", "slurm-41-0", 1, "cpu")),
     ("master_addr_variable", [], {**NODE1, E.MASTER_ADDR: "n1"}, 0,
@@ -413,7 +415,8 @@ def test_cluster_conflicts_are_one_line(argv, environ, needle):
 def test_cluster_notes_say_where_each_value_came_from():
     notes = cluster_plan([], NODE1).notes
     assert notes[:5] == ("--nnodes 2 from SLURM_STEP_NUM_NODES", "--node_rank 1 from SLURM_NODEID",
-                         "--master_addr 10.1.0.7: gpu07 from SLURM_STEP_NODELIST", "--host 10.1.0.8: this node's address",
+                         "--master_addr 10.1.0.7: gpu07 from SLURM_STEP_NODELIST",
+                         "--host 10.1.0.8: this node's address",
                          "--job_id slurm-41-0 from SLURM_JOB_ID")
     argv, _ = to_paddle(cluster_plan([], NODE1), PADDLE_2_6)
     assert argv[3:argv.index(WORKER_PATH)] == ["--nproc_per_node", "1", "--master", "10.1.0.7:29501", "--nnodes", "2",

@@ -1,4 +1,4 @@
-"""The Paddle-3 fixes in the version seam: failing unfixed and right fixed on Paddle 3; on 2.6 not needed and not applied."""
+"""The Paddle-3 fixes in the version seam: failing unfixed and right fixed on Paddle 3; not applied on 2.6."""
 
 from __future__ import annotations
 
@@ -276,5 +276,6 @@ def test_paddle_import_filter_is_narrow():
             warnings.warn_explicit(text, UserWarning, "x.py", 1, module=where)
         warnings.warn_explicit(f"{_CCACHE}. Please be aware ...", DeprecationWarning, "x.py", 1, module=module)
     assert [(str(w.message), w.category) for w in seen] == [
-        (f"{_CCACHE}. Please be aware ...", UserWarning), ("another warning from Paddle's extension utils", UserWarning),
+        (f"{_CCACHE}. Please be aware ...", UserWarning),
+        ("another warning from Paddle's extension utils", UserWarning),
         (f"{_CCACHE}. Please be aware ...", DeprecationWarning)]

@@ -100,7 +100,8 @@ def _wheel(folder, name: str, version: str, requires: tuple[str, ...] = ()) -> N
     import zipfile
 
     info = f"{name}-{version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    meta = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires))
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
         whl.writestr(f"{info}/METADATA", meta)
         whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
