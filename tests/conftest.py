@@ -165,6 +165,18 @@ def two_rank_run(small_demo, tmp_path_factory) -> TrainedRun:
                         "--batch", "8", "--epochs", "2", "--eval", "--output", str(out)], cwd=root, out=out)
 
 
+@pytest.fixture(scope="session")
+def quick_bench(tmp_path_factory) -> Path:
+    """``ppmulti bench --quick --heartbeat``, run once: every probe as real processes (2 gloo ranks included), plus
+    the first model on 2 ranks again without the watchdog's progress reports. Its output directory (bench.md,
+    bench.json, bench.png). Read by test_perf_bench and test_heartbeat_bench."""
+    out = tmp_path_factory.mktemp("bench") / "results"
+    proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "bench", "--quick", "--heartbeat", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
 def one_line_error(proc, *needles) -> None:
     """A CLI refusal as a user sees it: exit 2, no traceback, one ``error:`` line holding every needle."""
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])

@@ -3,21 +3,16 @@ table, JSON and PNG come out with every row and positive numbers. Also the repor
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
 from ppmulti.procs.bench import report
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-
-def test_bench_quick_measures_every_row(tmp_path):
-    out = tmp_path / "results"
-    r = subprocess.run([sys.executable, "-m", "ppmulti.cli", "bench", "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_bench_quick_measures_every_row(quick_bench):
+    out = quick_bench
     md = (out / "bench.md").read_text()
     rows = [line for line in md.splitlines() if re.match(r"^\| (ppyoloe_s|yolov5s) \| [12] \|", line)]
     assert len(rows) == 4, md
