@@ -1,10 +1,12 @@
-"""Shared fixtures: the repo paths, a small demo dataset, launches killed at teardown, and a runner for the CLI tools."""
+"""Shared fixtures: the repo paths, a small demo dataset, the trained runs several modules read, launches killed at
+teardown, a runner for the CLI tools, and the `slow` lane's rules (multiproc implies slow; the op built first)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,12 +16,27 @@ CONFIGS = REPO / "configs"
 DEMO_CONFIG = CONFIGS / "demo" / "ppyoloe_demo.yml"
 
 
-def pytest_sessionstart(session):
-    """Build the oneDNN conv op before any test runs, so no single test's timeout pays for the compiler.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every ``multiproc`` test is ``slow`` too, marked so in its module: ``-m "not slow"`` must never start one.
+    Checked before ``-m`` deselects anything, so the rule holds whichever lane runs."""
+    unmarked = [item.nodeid for item in items
+                if item.get_closest_marker("multiproc") and not item.get_closest_marker("slow")]
+    if unmarked:
+        raise pytest.UsageError("multiproc tests must also be marked slow: " + ", ".join(unmarked[:10])
+                                + (f" and {len(unmarked) - 10} more" if len(unmarked) > 10 else ""))
+
+
+def pytest_collection_finish(session):
+    """Build the oneDNN conv op before the first test when a ``slow`` test is selected (they train, and their
+    ranks would otherwise compile it inside a test's timeout); the fast lane never pays for the compiler, and
+    its few tests of the op build it themselves.
 
     A machine that cannot build it still runs the suite: training falls back to Paddle's kernel with one
     warning, and tests/test_onednn_conv.py fails with the reason.
     """
+    if not any(item.get_closest_marker("slow") for item in session.items):
+        return
     from ppmulti.rank.ops.conv import OpUnavailable, build_op
 
     try:
@@ -73,6 +90,97 @@ def run_tool(args: list[str], cwd: Path | None = None, timeout: float = 600, env
         full_env.update(env)
     return subprocess.run([sys.executable, *args], cwd=cwd or REPO, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+
+# ----------------------------------------------------------------------------- trained runs, once per session
+# Several modules read the same kind of finished training. Each is trained once per test session, the first time a
+# test asks for it, and then only read: a test that changes a run works on its own copy (shutil.copytree into its
+# tmp_path). Each assertion still checks the artefacts of a real training made by the real command.
+
+SECRET_VAR, SECRET = "PPMULTI_TEST_TOKEN", "zz-marker-7f3a9c21"   # a value no output or file of a run may hold
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """A finished training: its run directory, the directory it ran in, and what its command printed."""
+
+    path: Path
+    cwd: Path
+    stdout: str
+    stderr: str
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without launcher, cluster, Paddle-flag or ppmulti variables, ppmulti importable, and
+    ``SECRET_VAR=SECRET`` set: what the session's runs start in, so tests can look for the value in their output."""
+    from launching import launch_env
+
+    env = {k: v for k, v in launch_env().items() if not k.startswith(("FLAGS_", "PPMULTI_"))}
+    env[SECRET_VAR] = SECRET
+    return env
+
+
+def _train_once(args: list[str], cwd: Path, out: Path) -> TrainedRun:
+    """``python ARGS`` in ``cwd`` and ``clean_env()``, which must succeed."""
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900,
+                          env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return TrainedRun(out, cwd, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def ppyoloe_run(small_demo, tmp_path_factory) -> TrainedRun:
+    """PP-YOLOE (the demo config) trained 4 epochs in one process on ``small_demo``, evaluated and checkpointed
+    every epoch (static assigner for epoch 1 only), output piped. Read by test_train and test_onnx_export."""
+    root = tmp_path_factory.mktemp("ppyoloe_run")
+    out = root / "demo"
+    return _train_once([str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
+                        "PPYOLOEHead.static_assigner_epoch=1", "snapshot_epoch=1", "--epochs", "4", "--eval",
+                        "--output", str(out)], cwd=root, out=out)
+
+
+@pytest.fixture(scope="session")
+def yolov5_run(small_demo, tmp_path_factory) -> TrainedRun:
+    """YOLOv5n trained 4 epochs in one process with YOLOv5's own flags (README's YOLOv5 line, tiny): YOLO-format
+    ``small_demo``, --cfg by name, --hyp, --img 128, AdamW, cosine LR, validated every epoch (YOLOv5's default),
+    a checkpoint every epoch, no plots, in PROJECT/exp. Read by test_yolo_flags, test_eval_tool, test_onnx_export."""
+    runs = tmp_path_factory.mktemp("yolov5_run")
+    return _train_once([str(REPO / "tools/train.py"), "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n",
+                        "--weights", "", "--img", "128", "--epochs", "4", "--batch", "8",
+                        "--hyp", str(REPO / "configs/hyps/hyp.demo.yaml"), "--optimizer", "AdamW", "--cos-lr",
+                        "--device", "cpu", "--workers", "0", "--project", str(runs), "--name", "exp",
+                        "--save-period", "1", "--noplots"], cwd=runs, out=runs / "exp")
+
+
+@pytest.fixture(scope="session")
+def two_rank_run(small_demo, tmp_path_factory) -> TrainedRun:
+    """PP-YOLOE (the demo config) trained 2 epochs by ``ppmulti launch --nproc_per_node 2`` (2 gloo ranks, global
+    batch 8), evaluated and checkpointed every epoch; output piped, not a terminal; started in a clean environment
+    (``clean_env()``), Paddle's logs under ``cwd``/log. Read by test_distributed, test_plots and test_quiet_console."""
+    root = tmp_path_factory.mktemp("two_rank_run")
+    out = root / "run"
+    return _train_once(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(REPO / "tools" / "train.py"),
+                        "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "snapshot_epoch=1",
+                        "--batch", "8", "--epochs", "2", "--eval", "--output", str(out)], cwd=root, out=out)
+
+
+@pytest.fixture(scope="session")
+def quick_bench(tmp_path_factory) -> Path:
+    """``ppmulti bench --quick --heartbeat``, run once: every probe as real processes (2 gloo ranks included), plus
+    the first model on 2 ranks again without the watchdog's progress reports. Run as a user would, without
+    ``--out``, from a fresh directory: its output directory (runs/bench/exp: bench.md, bench.json, bench.png),
+    beside ``console.txt`` (what it printed) and ``source_tree.txt`` (the repo's top level before and after, which
+    a bench must not change). Read by test_perf_bench and test_heartbeat_bench."""
+    cwd = tmp_path_factory.mktemp("bench")
+    tree = sorted(p.name for p in REPO.iterdir() if not p.name.startswith("."))
+    proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "bench", "--quick", "--heartbeat"],
+                          capture_output=True, text=True, timeout=900, cwd=cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (cwd / "console.txt").write_text(proc.stdout)
+    after = sorted(p.name for p in REPO.iterdir() if not p.name.startswith("."))
+    (cwd / "source_tree.txt").write_text("\n".join(tree) + "\n--\n" + "\n".join(after))
+    return cwd / "runs" / "bench" / "exp"
 
 
 def one_line_error(proc, *needles) -> None:

@@ -101,6 +101,7 @@ def _one_error_line(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "terminate"])
 def test_board_serves_the_run_scalars_over_http(tmp_path, stop):
@@ -215,6 +216,7 @@ def test_epochs_shorter_than_the_log_interval_still_have_loss_curves(tmp_path):
     assert scalars["epoch/lr"] == {1: 0.5, 2: 0.25}
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_board_serves_data_time_per_rank_throughput_and_hparams(tmp_path):
     logdir = _write_run_with_hook(tmp_path / "run")

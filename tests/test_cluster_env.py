@@ -198,12 +198,14 @@ def _wait(ready, seconds: float, what: str, root: Path, procs: list[subprocess.P
 LAUNCH = [sys.executable, "-m", "ppmulti.cli", "launch"]
 
 
+@pytest.mark.slow   # a real SLURM: munged, slurmctld and two slurmd
 def test_scontrol_expands_as_ppmulti_does(slurm):
     for text, hosts in HOSTLISTS:
         shown = slurm.run(["scontrol", "show", "hostnames", text], timeout=30)
         assert shown.stdout.split() == hosts, (text, shown.stderr)
 
 
+@pytest.mark.slow   # a real SLURM: munged, slurmctld and two slurmd
 def test_srun_two_nodes_plan_from_slurms_variables(slurm, tmp_path):
     """Each node's dry run under srun -N2: node count, rank, node 0's resolved address, its own, the job id."""
     proc = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--chdir", str(tmp_path), "-l", *LAUNCH, "--dry-run",
@@ -216,6 +218,7 @@ def test_srun_two_nodes_plan_from_slurms_variables(slurm, tmp_path):
     assert f"# --master_addr {ADDRS[0]}: {slurm.nodes[0]} from SLURM_STEP_NODELIST" in proc.stdout
 
 
+@pytest.mark.slow   # a real SLURM: munged, slurmctld and two slurmd
 def test_batch_script_without_srun_is_refused_in_one_line(slurm, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/sh\n#SBATCH -N2\n{shlex.join(LAUNCH)} --dry-run t.py\necho rc=$?\n")
@@ -229,6 +232,7 @@ def test_batch_script_without_srun_is_refused_in_one_line(slurm, tmp_path):
     assert "rc=2" in out
 
 
+@pytest.mark.slow   # a real SLURM: munged, slurmctld and two slurmd
 def test_evolution_candidates_under_srun_train_on_their_node_alone(slurm, tmp_path):
     """Under srun -N2 (one evolution worker per node) SLURM says "2 nodes", but the environment a candidate gets
     holds no node count from SLURM: a candidate that launches several devices plans its own node alone."""
@@ -253,8 +257,8 @@ def _one_run(out: Path) -> None:
     assert "world size 2, global batch 8 (4 per rank)" in (out / "train.log").read_text()
 
 
-@pytest.mark.multiproc
 @pytest.mark.slow
+@pytest.mark.multiproc
 def test_srun_two_nodes_train_together(slurm, small_demo, tmp_path):
     out = tmp_path / "run"
     proc = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--chdir", str(tmp_path), *LAUNCH,
@@ -264,8 +268,8 @@ def test_srun_two_nodes_train_together(slurm, small_demo, tmp_path):
     _one_run(out)
 
 
-@pytest.mark.multiproc
 @pytest.mark.slow
+@pytest.mark.multiproc
 def test_sbatch_two_nodes_train_together(slurm, small_demo, tmp_path):
     """README's sbatch script: srun starts one launch per node; the port comes from MASTER_PORT."""
     out = tmp_path / "run"
@@ -284,6 +288,7 @@ def test_sbatch_two_nodes_train_together(slurm, small_demo, tmp_path):
     _one_run(out)
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_pytorchjob_variables_two_pods_all_reduce(tmp_path):
     """Two "pods" on this machine with only Kubeflow's variables (WORLD_SIZE=2 pods, RANK, MASTER_ADDR as a name

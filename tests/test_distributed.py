@@ -11,18 +11,16 @@ import pytest
 from conftest import DEMO_CONFIG, REPO, demo_overrides, run_tool
 from launching import Launches, free_ports, launch_env
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
 
 def _train_args(data, out, *extra):
     return [str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(data), *extra, "--output", str(out)]
 
 
-def test_two_ranks_train_eval_checkpoint(small_demo, tmp_path):
-    out = tmp_path / "run"
-    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
-                     *_train_args(small_demo, out, "--batch", "8", "--epochs", "2", "--eval")], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_two_ranks_train_eval_checkpoint(two_rank_run):
+    """`ppmulti launch --nproc_per_node 2 tools/train.py --batch 8 --epochs 2 --eval` (conftest.two_rank_run)."""
+    out = two_rank_run.path
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["global_batch"] == 8
     assert metrics["images"] == 16                     # every val image scored once across the 2 shards

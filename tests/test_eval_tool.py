@@ -111,16 +111,11 @@ def test_bad_val_flags_are_refused_by_name(argv, message):
 
 
 # ----------------------------------------------------------------------------- real runs
-@pytest.fixture(scope="module")
-def yolo_run(small_demo, tmp_path_factory) -> Path:
-    """YOLOv5n trained 4 epochs on the YOLO-format demo the YOLOv5 way, validated every epoch."""
-    runs = tmp_path_factory.mktemp("evalruns")
-    proc = run_tool([str(REPO / "tools/train.py"), "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n", "--weights", "",
-                     "--img", "128", "--epochs", "4", "--batch", "8", "--hyp", str(REPO / "configs/hyps/hyp.demo.yaml"),
-                     "--optimizer", "AdamW", "--cos-lr", "--device", "cpu", "--workers", "0",
-                     "--project", str(runs), "--name", "exp", "--noplots"], cwd=runs)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return runs / "exp"
+@pytest.fixture
+def yolo_run(yolov5_run) -> Path:
+    """The session's YOLOv5n run (conftest.yolov5_run): 4 epochs on the YOLO-format demo the YOLOv5 way,
+    validated every epoch."""
+    return yolov5_run.path
 
 
 def _eval(args: list[str], cwd: Path) -> tuple[dict, str]:

@@ -122,6 +122,7 @@ threads = [threading.Thread(target=e.worker, args=(s,)) for s in spec.slots]
 """
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_generation_budget_holds_across_processes(tmp_path):
     """4 processes x 2 worker threads claim slots under one lock: exactly N rows, each slot once."""

@@ -120,6 +120,7 @@ for i in range(n):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_concurrent_appends_from_processes(tmp_path):
     workers, per_worker = 4, 100

@@ -21,7 +21,6 @@ from ppmulti.common import envvars as E
 from ppmulti.common.errors import UserError
 from ppmulti.procs.launch import nodes as N
 
-pytestmark = pytest.mark.multiproc
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -389,6 +388,8 @@ def _wait_files(paths: list[Path], proc: subprocess.Popen, seconds: float) -> No
         time.sleep(0.2)
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_nodes_over_ssh_all_reduce_prefixed_output_and_node_logs(ssh_hosts, fan, tmp_path):
     out, port = tmp_path / "out", free_ports(2, ("127.0.0.1", ""))
     t = time.time()
@@ -438,6 +439,8 @@ def _make_sites(sites: Path, differ: str) -> None:
     ("dataset", "dataset TrainDataset.dataset_dir data/ds differs from node0 127.0.0.2's: 3 files"),
     ("dataset_missing", "EvalDataset.dataset_dir data/val: no such directory"),
 ], ids=["code", "config", "dataset", "dataset_missing"])
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_preflight_mismatch_starts_nothing_and_names_node_and_difference(ssh_hosts, fan, differ, needle):
     _make_sites(ssh_hosts.sites, differ)
     site = ssh_hosts.sites / "a"
@@ -452,6 +455,8 @@ def test_preflight_mismatch_starts_nothing_and_names_node_and_difference(ssh_hos
     assert "nothing started" in messages and "starting" not in messages and not (site / "log").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_unreachable_node_is_named_within_seconds(ssh_hosts, fan):
     dead = "127.0.0.5"
     t = time.time()
@@ -467,6 +472,8 @@ def test_unreachable_node_is_named_within_seconds(ssh_hosts, fan):
     assert "nothing started" in messages
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_missing_remote_directory_is_a_preflight_problem(ssh_hosts, fan, tmp_path):
     proc = fan.start("--nodes", "127.0.0.2,127.0.0.3", "--ssh-config", str(ssh_hosts.config), "--remote-cwd",
                      str(tmp_path / "not there"), ALLREDUCE, "out")
@@ -484,6 +491,8 @@ def test_node_side_never_imports_paddle():
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_failing_node_stops_the_others_and_is_named(ssh_hosts, fan, tmp_path):
     out = tmp_path / "out"
     proc = fan.start("--nodes", "127.0.0.2,127.0.0.3", "--ssh-config", str(ssh_hosts.config), "--master_port",
@@ -500,6 +509,8 @@ def test_a_failing_node_stops_the_others_and_is_named(ssh_hosts, fan, tmp_path):
     assert not Path(f"/proc/{pid0}/cmdline").exists() or not Path(f"/proc/{pid0}/cmdline").read_bytes()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
 def test_stopping_the_fan_out_leaves_nothing_on_any_node(ssh_hosts, fan, tmp_path, how):
     """SIGINT: the fan-out stops every node itself. SIGKILL: the ssh sessions' EOF still stops them."""

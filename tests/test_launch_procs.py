@@ -15,7 +15,7 @@ import pytest
 
 from launching import ALLREDUCE, REPO, SLEEPER, free_ports, launch_env
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
 
 def _records(out: Path, n: int) -> list[dict]:

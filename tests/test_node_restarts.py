@@ -12,7 +12,7 @@ import pytest
 from test_distributed import _rank_pid, _train_args
 from launching import Launches, free_ports, launch_env
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
 
 def test_sigkill_on_node_1_restarts_both_nodes_from_the_last_checkpoint(small_demo, tmp_path):

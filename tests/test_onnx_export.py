@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEMO_CONFIG, demo_overrides, one_line_error, run_tool
+from conftest import DEMO_CONFIG, one_line_error, run_tool
 
 from ppmulti.rank import compat
 
-pytestmark = pytest.mark.slow
 
 # paddle2onnx has no wheel for Python 3.13 (setup.py's export extra installs none there; README's test command
 # still passes). CI's stacks are 3.11 and 3.12, where every test below runs.
@@ -27,21 +26,13 @@ SCORE_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module", params=["ppyoloe", "yolov5"])
-def model(request, small_demo, tmp_path_factory):
-    """(name, config, overrides, weights, dataset root): a PP-YOLOE (the demo config) or a YOLOv5n (YOLOv5's
-    flags) trained for 3 epochs on the demo set, and the run's own config.yml. Trained, not freshly built: a
-    fresh head scores every anchor of a class almost alike, and NMS then keeps boxes by tie order, which two
-    runtimes need not share."""
-    name = request.param
-    run = tmp_path_factory.mktemp(name) / "run"
-    if name == "ppyoloe":
-        args = ["-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo, SIZE)]
-    else:
-        args = ["--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n", "--weights", "", "--img", str(SIZE),
-                "--batch", "8", "--optimizer", "AdamW", "--device", "cpu", "--workers", "0", "--noval", "--noplots"]
-    proc = run_tool(["tools/train.py", *args, "--epochs", "3", "--output", str(run)])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return name, run / "config.yml", [], run / "weights" / "last.pdparams", small_demo
+def model(request, small_demo):
+    """(name, config, overrides, weights, dataset root): the session's PP-YOLOE run (the demo config) or YOLOv5n run
+    (YOLOv5's flags), both trained 4 epochs on the demo set (conftest), with the run's own config.yml. Trained, not
+    freshly built: a fresh head scores every anchor of a class almost alike, and NMS then keeps boxes by tie order,
+    which two runtimes need not share."""
+    run = request.getfixturevalue(f"{request.param}_run").path
+    return request.param, run / "config.yml", [], run / "weights" / "last.pdparams", small_demo
 
 
 def _export(model, out: Path, *flags: str) -> Path:
@@ -93,6 +84,7 @@ class Runtimes:
         return ours, theirs
 
 
+@pytest.mark.slow
 @needs_p2o
 def test_without_nms_dynamic_batch_matches_paddle(model, tmp_path):
     onnx_file = _export(model, tmp_path, "--no-nms", "--dynamic")
@@ -116,7 +108,7 @@ def _match(paddle_dets: np.ndarray, onnx_dets: np.ndarray) -> int:
     """Detections (class, score, x1, y1, x2, y2) of one image from both runtimes. Each Paddle detection is paired
     with an ONNX one of the same class, score within SCORE_ATOL and corners within BOX_ATOL. What stays unpaired
     must be a tie: on the other side's unpaired list there is a detection of the same class whose score is within
-    TIE, and at most 10% of the detections are unpaired (3 epochs leave
+    TIE, and at most 10% of the detections are unpaired (4 epochs leave
     many near-equal low scores, ~0.01, so ties cascade). Returns how many were paired."""
     free = list(range(len(onnx_dets)))
     lone_paddle = []
@@ -136,6 +128,7 @@ def _match(paddle_dets: np.ndarray, onnx_dets: np.ndarray) -> int:
     return len(paddle_dets) - len(lone_paddle)
 
 
+@pytest.mark.slow
 @needs_p2o
 def test_with_nms_in_the_graph_matches_paddle(model, tmp_path):
     # no top-k cut: before NMS, every candidate of a class (nms_top_k); after it, every kept box (keep_top_k).
@@ -192,6 +185,7 @@ def test_interp_scale_doubles_become_floats():
     assert compat.pir_interp_scale_as_float(program) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not compat.paddle3(), reason="Paddle 2.6 writes model.pdmodel, which paddle2onnx 1.3.1 reads as is")
 @needs_p2o
 def test_paddle3_program_needs_the_interp_scale_fix(model, tmp_path):

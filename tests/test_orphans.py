@@ -11,7 +11,7 @@ import pytest
 
 from launching import WATCH, Launches, launch_env, wait_for
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
 
 def _processes_of(out: Path) -> set[int]:

@@ -1,5 +1,5 @@
 """results.png and PR_curve.png: the PR extraction against hand-made COCO answers, the drawing, and a real
-2-rank training that leaves both images (and its VisualDL log) in the run directory."""
+2-rank training (the session's two_rank_run) that leaves both images (and its VisualDL log) in the run directory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import DEMO_CONFIG, REPO, demo_overrides, run_tool
+from conftest import DEMO_CONFIG
 
 CATS = [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}, {"id": 7, "name": "unseen"}]
 GT_BOXES = {  # image id -> [(category, x, y, w, h)]; category 7 has no ground truth anywhere
@@ -103,20 +103,17 @@ def test_plots_are_drawn_from_results_csv_and_a_curve(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_two_rank_training_writes_plots_plain_lines_and_visualdl(small_demo, tmp_path):
+def test_two_rank_training_writes_plots_plain_lines_and_visualdl(two_rank_run):
     from visualdl import LogReader
 
-    out = tmp_path / "run"
-    proc = run_tool([str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
-                     "snapshot_epoch=1", "--device", "cpu", "--nproc", "2", "--batch", "8", "--epochs", "2",
-                     "--eval", "--output", str(out)], cwd=tmp_path, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = two_rank_run.path
     for name in ("results.png", "PR_curve.png"):
         width, height = _png_size(out / name)
         assert width >= 400 and height >= 300, (name, width, height)
     # output is a pipe here: plain per-interval lines, no bar redraws
-    assert "\r" not in proc.stdout and "\r" not in proc.stderr
-    assert re.search(r"epoch 1/2 step 2/\d+ loss=.* img/s \(global\)", proc.stdout), proc.stdout[-2000:]
+    stdout, stderr = two_rank_run.stdout, two_rank_run.stderr
+    assert "\r" not in stdout and "\r" not in stderr
+    assert re.search(r"epoch 1/2 step 2/\d+ loss=.* img/s \(global\)", stdout), stdout[-2000:]
     log_text = (out / "train.log").read_text()
     assert re.search(r"epoch 2/2 step \d+/\d+ loss=", log_text) and re.search(r"INFO eval \d+/\d+", log_text)
 

@@ -14,7 +14,8 @@ import pytest
 from ppmulti.common import procfs
 from ppmulti.procs import supervisor as S
 
-pytestmark = pytest.mark.multiproc
+# Real processes, but only bare `python -c` children of this test (no launcher, no ranks, no paddle), each test done
+# in a few seconds: the supervisor's own logic, in the fast lane.
 
 
 def _py(code: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""A short real training on the demo data, then eval, infer, export and resume from its checkpoints."""
+"""A short real training on the demo data (the session's ppyoloe_run), then eval, infer, export and resume."""
 
 from __future__ import annotations
 
@@ -12,17 +12,11 @@ from conftest import DEMO_CONFIG, demo_overrides, run_tool
 
 from ppmulti.rank import compat
 
-pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def trained(small_demo, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "demo"
-    proc = run_tool(["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
-                     "PPYOLOEHead.static_assigner_epoch=1", "snapshot_epoch=1", "--epochs", "4", "--eval",
-                     "--output", str(out)])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+@pytest.fixture
+def trained(ppyoloe_run) -> Path:
+    """The session's PP-YOLOE run (conftest.ppyoloe_run): 4 epochs, evaluated and checkpointed every epoch."""
+    return ppyoloe_run.path
 
 
 def _rows(run: Path) -> list[dict]:
@@ -30,6 +24,7 @@ def _rows(run: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_run_directory_contents(trained):
     for name in ("config.yml", "results.csv", "metrics.json", "train.log", "weights/last.pdparams",
                  "weights/best.pdparams", "weights/last.pdstate"):
@@ -45,6 +40,7 @@ def test_run_directory_contents(trained):
     assert metrics["epochs"] == 4 and metrics["images"] == 16
 
 
+@pytest.mark.slow
 def test_visualdl_log_on_rank0(trained):
     from visualdl import LogReader
 
@@ -57,6 +53,7 @@ def test_visualdl_log_on_rank0(trained):
     assert len(reader.get_data("scalar", "eval/mAP50")) == 4
 
 
+@pytest.mark.slow
 def test_training_lowers_the_box_losses(trained):
     rows = _rows(trained)
     first, last = rows[0], rows[-1]
@@ -66,6 +63,7 @@ def test_training_lowers_the_box_losses(trained):
     assert float(last["loss_dfl"]) < float(first["loss_dfl"])
 
 
+@pytest.mark.slow
 def test_eval_from_checkpoint_matches_training(trained, small_demo):
     proc = run_tool(["tools/eval.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
                      "--weights", str(trained / "weights/last.pdparams")])
@@ -76,6 +74,7 @@ def test_eval_from_checkpoint_matches_training(trained, small_demo):
     assert result["mAP50_95"] == pytest.approx(metrics["mAP50_95"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_infer_draws_pngs(trained, small_demo, tmp_path):
     out = tmp_path / "infer"
     proc = run_tool(["tools/infer.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
@@ -89,6 +88,7 @@ def test_infer_draws_pngs(trained, small_demo, tmp_path):
     assert len(records) == 16 and all("detections" in r for r in records)
 
 
+@pytest.mark.slow
 def test_export_inference_model(trained, small_demo, tmp_path):
     proc = run_tool(["tools/export.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
                      "--weights", str(trained / "weights/best.pdparams"), "--output_dir", str(tmp_path)])
@@ -113,6 +113,7 @@ def test_export_inference_model(trained, small_demo, tmp_path):
     assert boxes.ndim == 2 and boxes.shape[1] == 6   # class, score, x1, y1, x2, y2
 
 
+@pytest.mark.slow
 def test_resume_continues_where_it_stopped(small_demo, tmp_path):
     out = tmp_path / "r"
     base = ["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "epoch=2",

@@ -13,7 +13,6 @@ from launching import WATCH, free_ports, launch_env, wait_for
 
 from ppmulti.common import heartbeat as H
 
-pytestmark = pytest.mark.multiproc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,6 +62,8 @@ def test_collectives_inside_the_forward_pass_count_as_waiting(tmp_path, monkeypa
 
 
 # --- stalls are named ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_rank_sleeping_in_a_step_is_named_with_its_stack(launches, tmp_path):
     out, log = tmp_path / "out", tmp_path / "log"
     proc = launches.start("--nproc_per_node", "2", "--hang-timeout", "6", "--log_dir", str(log),
@@ -77,6 +78,8 @@ def test_a_rank_sleeping_in_a_step_is_named_with_its_stack(launches, tmp_path):
     assert "all_reduce" in (log / "stacks.rank0.txt").read_text()       # the victim waits in the collective
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_stopped_rank_is_named_and_max_restarts_brings_every_rank_back(launches, tmp_path):
     out, log = tmp_path / "out", tmp_path / "log"
     proc = launches.start("--nproc_per_node", "2", "--hang-timeout", "6", "--max_restarts", "1", "--log_dir", str(log),
@@ -94,6 +97,7 @@ def test_a_stopped_rank_is_named_and_max_restarts_brings_every_rank_back(launche
 
 
 @pytest.mark.slow
+@pytest.mark.multiproc
 def test_the_issue_case_gloo_gives_up_first_and_the_stopped_rank_is_still_the_cause(launches, tmp_path):
     """Default --hang-timeout (minutes): gloo's own 30 s timeout kills the waiting rank 0 first; the stopped
     rank 1 is named, rank 0 only as the one that lost its peer."""
@@ -111,6 +115,8 @@ def test_the_issue_case_gloo_gives_up_first_and_the_stopped_rank_is_still_the_ca
 
 
 # --- slow but moving ranks are left alone ------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("mode", ["slow-eval", "slow-checkpoint", "slow-build"])
 def test_slow_but_moving_ranks_never_trigger_it(launches, tmp_path, mode):
     """Rank 0 spends 15 s (three hang timeouts; under gloo's 30 s) evaluating (reporting per batch), saving
@@ -124,6 +130,8 @@ def test_slow_but_moving_ranks_never_trigger_it(launches, tmp_path, mode):
 
 
 # --- two nodes -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_across_two_loopback_nodes_the_stalled_node_names_it_and_the_other_reports_a_victim(launches, tmp_path):
     start = free_ports(2) + 1
     common = ["--ips", "127.0.0.2,127.0.0.3", "--start_port", str(start), "--rdzv-timeout", "60",
@@ -142,6 +150,7 @@ def test_across_two_loopback_nodes_the_stalled_node_names_it_and_the_other_repor
 
 # --- the real trainer -----------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.multiproc
 def test_the_trainer_reports_its_phases_and_a_stall_in_forward_is_named(launches, small_demo, tmp_path):
     """ppmulti's own training (PP-YOLOE, whose head all-reduces inside forward): start-up, the first steps'
     op build, evaluation and checkpoints pass under a 20 s timeout; rank 1 held in forward at step 8 is named."""
