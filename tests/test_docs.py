@@ -18,13 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 
-# (b) Commands that a named test really runs (with its own paths, sizes and epochs). Checked: the test exists, and
-# its module uses the command's program and every one of its flags.
+# (b) Commands that a named test, or a session fixture of conftest that tests read, really runs (with its own paths,
+# sizes and epochs). Checked: the test or fixture exists, and its module uses the command's program and every flag.
 TESTED = {
     "ppmulti demo": "tests/test_cli.py::test_demo_command_end_to_end",
     "ppmulti data demo dataset/demo": "tests/test_cli.py::test_data_demo_command",
     "ppmulti data demo dataset/demo --format yolo": "tests/test_cli.py::test_data_demo_command",
-    "python tools/train.py -c configs/demo/ppyoloe_demo.yml --eval": "tests/test_train.py::test_run_directory_contents",
+    "python tools/train.py -c configs/demo/ppyoloe_demo.yml --eval": "tests/conftest.py::ppyoloe_run",
     "python tools/eval.py -c configs/demo/ppyoloe_demo.yml --weights output/ppyoloe_demo/weights/best.pdparams":
         "tests/test_train.py::test_eval_from_checkpoint_matches_training",
     "python tools/infer.py -c configs/demo/ppyoloe_demo.yml --weights output/ppyoloe_demo --infer_dir "
@@ -37,7 +37,7 @@ TESTED = {
         "tests/test_train.py::test_resume_continues_where_it_stopped",
     "python tools/train.py --data dataset/demo/data.yaml --cfg yolov5n --weights '' --img 160 --epochs 30 --batch 16 "
     "--hyp configs/hyps/hyp.demo.yaml --optimizer AdamW --cos-lr --device cpu --workers 1":
-        "tests/test_yolo_flags.py::test_short_yolov5_training_from_flags",
+        "tests/conftest.py::yolov5_run",
     "python tools/eval.py --data dataset/demo/data.yaml --weights runs/train/exp/weights/best.pdparams --img 160":
         "tests/test_eval_tool.py::test_eval_with_and_without_the_runs_config_matches_the_runs_own_evaluation",
     "python tools/train.py -c configs/demo/ppyoloe_demo.yml --device cpu --nproc 2":
