@@ -182,7 +182,8 @@ def _write_run_with_hook(run: Path, log_iter: int = 2) -> Path:
             hook.after_step(trainer, epoch, step, {"loss": LossStub(2.0 - epoch), "loss_cls": LossStub(0.5)},
                             0.002, data_time)
         hook.after_epoch(trainer, SimpleNamespace(
-            epoch=epoch, images_per_s=22.5, losses=EPOCH_LOSS[epoch + 1], lr=EPOCH_LR[epoch + 1], per_rank_images_per_s=RANK_IPS[epoch + 1],
+            epoch=epoch, images_per_s=22.5, losses=EPOCH_LOSS[epoch + 1], lr=EPOCH_LR[epoch + 1],
+            per_rank_images_per_s=RANK_IPS[epoch + 1],
             metrics={"mAP50": MAP50[2 * epoch + 1], "mAP50_95": MAP50[2 * epoch + 1] / 2,
                      "per_rank_images_per_s": [40.0, 36.0]}))
     hook.after_train(trainer)
@@ -224,7 +225,8 @@ def test_board_serves_data_time_per_rank_throughput_and_hparams(tmp_path):
         assert runs == [str(logdir)]
         tags = set(_api(port, "scalar/tags")["tags"][0])
         assert {"train/loss", "train/loss_cls", "train/lr", "train/images_per_s", "train/data_time",
-                "epoch/loss", "epoch/loss_cls", "epoch/lr", "epoch/images_per_s", "epoch/images_per_s_rank0", "epoch/images_per_s_rank1",
+                "epoch/loss", "epoch/loss_cls", "epoch/lr", "epoch/images_per_s",
+                "epoch/images_per_s_rank0", "epoch/images_per_s_rank1",
                 "eval/mAP50", "eval/mAP50_95", "eval/images_per_s_rank0", "eval/images_per_s_rank1"} <= tags
 
         def scalars(tag):

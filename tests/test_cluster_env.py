@@ -139,8 +139,10 @@ def slurm(tmp_path_factory):
         "ReturnToService=2\nSchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
         "SlurmUser=root\nSlurmdUser=root\nJobAcctGatherType=jobacct_gather/none\n"
         "AccountingStorageType=accounting_storage/none\nKillWait=5\n"
-        f"NodeName={nodes[0]} NodeHostname={socket.gethostname()} NodeAddr={ADDRS[0]} Port={port1} CPUs=1 State=UNKNOWN\n"
-        f"NodeName={nodes[1]} NodeHostname={socket.gethostname()} NodeAddr={ADDRS[1]} Port={port2} CPUs=1 State=UNKNOWN\n"
+        f"NodeName={nodes[0]} NodeHostname={socket.gethostname()} NodeAddr={ADDRS[0]} Port={port1} "
+        "CPUs=1 State=UNKNOWN\n"
+        f"NodeName={nodes[1]} NodeHostname={socket.gethostname()} NodeAddr={ADDRS[1]} Port={port2} "
+        "CPUs=1 State=UNKNOWN\n"
         f"PartitionName=p Nodes={nodes[0]},{nodes[1]} Default=YES MaxTime=INFINITE State=UP\n")
     for node in nodes:
         (root / "spool" / node).mkdir()
@@ -189,8 +191,8 @@ def _wait(ready, seconds: float, what: str, root: Path, procs: list[subprocess.P
     deadline = time.time() + seconds
     while not ready():
         if time.time() > deadline or any(p.poll() is not None for p in procs):
-            logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(root.glob("*.log"))
-                             if p.is_file())
+            logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+                             for p in sorted(root.glob("*.log")) if p.is_file())
             pytest.fail(f"test SLURM: no {what} within {seconds}s\n{logs}")
         time.sleep(0.3)
 
@@ -297,7 +299,8 @@ def test_pytorchjob_variables_two_pods_all_reduce(tmp_path):
     launches = Launches(tmp_path)
     try:
         procs = [launches.start("--log_dir", str(tmp_path / f"log{rank}"), ALLREDUCE, str(out),
-                                env=launch_env(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="localhost", MASTER_PORT=str(port)))
+                                env=launch_env(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="localhost",
+                                               MASTER_PORT=str(port)))
                  for rank in range(2)]
         codes = [launches.wait(p, timeout=300) for p in procs]
         assert codes == [0, 0], [launches.output(p)[-2000:] for p in procs]

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
 
 def _train_args(data, out, *extra):
-    return [str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(data), *extra, "--output", str(out)]
+    return [str(REPO / "tools" / "train.py"), "-c", str(DEMO_CONFIG), "-o", *demo_overrides(data), *extra,
+            "--output", str(out)]
 
 
 def test_two_ranks_train_eval_checkpoint(two_rank_run):
@@ -79,8 +80,8 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path, repo):
     script = str(repo / "tests" / "fixtures" / "equivalence_train.py")
     one = run_tool([script, str(tmp_path / "one.npz"), "8", "6"])
     assert one.returncode == 0, one.stderr[-2000:]
-    two = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path / "two.npz"), "8", "6"],
-                   cwd=tmp_path)
+    two = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path / "two.npz"),
+                    "8", "6"], cwd=tmp_path)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
     half = run_tool([script, str(tmp_path / "half.npz"), "4", "6"])
     assert half.returncode == 0
@@ -193,7 +194,8 @@ def _sigterm_when_logged(tmp_path, train_args, log, text: str) -> tuple[int, flo
 
     launches = Launches(tmp_path)
     try:
-        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), *train_args, env=launch_env())
+        proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), *train_args,
+                              env=launch_env())
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
             if log.is_file() and text in log.read_text():

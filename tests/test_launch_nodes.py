@@ -1,4 +1,4 @@
-"""ppmulti launch --nodes: the pure per-node mapping and preflight pieces, then real ssh fan-outs through a test sshd."""
+"""ppmulti launch --nodes: pure per-node mapping and preflight pieces, then real ssh fan-outs through a test sshd."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def _fake_python(tmp_path: Path) -> Path:
     fake.parent.mkdir()
     fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
                     f"print(json.dumps({{'argv': sys.argv[1:], 'cwd': os.getcwd(), "
-                    f"'pythonpath': os.environ.get('PYTHONPATH'), 'unbuffered': os.environ.get('PYTHONUNBUFFERED')}}))\n")
+                    f"'pythonpath': os.environ.get('PYTHONPATH'), "
+                    f"'unbuffered': os.environ.get('PYTHONUNBUFFERED')}}))\n")
     fake.chmod(0o755)
     return fake
 

@@ -122,7 +122,8 @@ def _match(paddle_dets: np.ndarray, onnx_dets: np.ndarray) -> int:
     lone_onnx = onnx_dets[free]
     lone = len(lone_paddle) + len(lone_onnx)
     assert lone <= 0.10 * (len(paddle_dets) + len(onnx_dets)), (lone_paddle, lone_onnx)
-    for mine, theirs in ((np.array(lone_paddle).reshape(-1, 6), lone_onnx), (lone_onnx, np.array(lone_paddle).reshape(-1, 6))):
+    for mine, theirs in ((np.array(lone_paddle).reshape(-1, 6), lone_onnx),
+                         (lone_onnx, np.array(lone_paddle).reshape(-1, 6))):
         for row in mine:
             assert any(t[0] == row[0] and abs(t[1] - row[1]) <= TIE for t in theirs), (row, theirs)
     return len(paddle_dets) - len(lone_paddle)

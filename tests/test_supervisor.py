@@ -94,7 +94,8 @@ def test_stop_tree_stops_the_group_then_sweeps_what_ignored_sigterm_elsewhere():
     tag = f"t{uuid.uuid4().hex}"
     stubborn = """
         import signal, subprocess, sys, time
-        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+        code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print(1, flush=True); time.sleep(60)")
         g = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
         g.stdout.readline()
         print(g.pid, flush=True)

@@ -117,7 +117,8 @@ def test_export_inference_model(trained, small_demo, tmp_path):
 def test_resume_continues_where_it_stopped(small_demo, tmp_path):
     out = tmp_path / "r"
     base = ["tools/train.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "epoch=2",
-            "LearningRate.schedulers=[{name: CosineDecay, max_epochs: 2}, {name: LinearWarmup, start_factor: 0., steps: 2}]"]
+            "LearningRate.schedulers=[{name: CosineDecay, max_epochs: 2}, "
+            "{name: LinearWarmup, start_factor: 0., steps: 2}]"]
     proc = run_tool(base + ["--epochs", "1", "--output", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["epoch"] for r in _rows(out)] == ["1"]
