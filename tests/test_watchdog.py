@@ -1,4 +1,4 @@
-"""The hang watchdog for real: gloo ranks stalled by a switch or a signal are named with their stacks; slow ranks are not."""
+"""The hang watchdog for real: ranks stalled by a switch or a signal are named with their stacks; slow ones are not."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def test_a_stopped_rank_is_named_and_max_restarts_brings_every_rank_back(launche
     os.kill(pid, signal.SIGSTOP)                        # the signal the issue used, on the first start only
     assert launches.wait(proc, 300) == 0, launches.output(proc)[-3000:]
     text = launches.output(proc)
-    assert "hang: rank 1 on node 0 made no progress" in text and "(stopped: SIGSTOP or a debugger)" in text, text[-3000:]
+    assert ("hang: rank 1 on node 0 made no progress" in text
+            and "(stopped: SIGSTOP or a debugger)" in text), text[-3000:]
     assert "restarting every rank (1 of 1 restarts)" in text
     assert (out / "pid0.1").is_file() and (out / "pid1.1").is_file() and (out / "done0").is_file()
     stack1 = (log / "stacks.rank1.txt").read_text()
