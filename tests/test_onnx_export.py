@@ -14,7 +14,7 @@ from ppmulti.rank import compat
 
 
 # paddle2onnx has no wheel for Python 3.13 (setup.py's export extra installs none there; README's test command
-# still passes). CI's stacks are 3.11 and 3.12, where every test below runs.
+# still passes). CI's full suites run on 3.11 (Paddle 3.3.1) and 3.10 (Paddle 2.6.2), where every test below runs.
 needs_p2o = pytest.mark.skipif(sys.version_info >= (3, 13), reason="paddle2onnx publishes no Python 3.13 wheel")
 
 SIZE = 128
