@@ -305,7 +305,7 @@ def _paddle_26_with_shared_zlib() -> bool:
     return bool(version) and tuple(version[:2]) < (3,) and "zlib" not in sys.builtin_module_names
 
 
-@pytest.mark.xfail(_paddle_26_with_shared_zlib(), strict=False,
+@pytest.mark.xfail(_paddle_26_with_shared_zlib(), strict=True,
                    reason="Paddle 2.6.2's libpaddle.so exports its own zlib 1.2.8; with an interpreter whose zlib "
                           "is a separate module, zlib users after `import paddle` break (docs/stacks.md)")
 def test_zlib_users_after_paddle():
