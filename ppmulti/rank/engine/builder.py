@@ -106,7 +106,7 @@ class _Build:
                 path = str(self.resume.run_dir)
             elif self.opts.output:
                 path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
-                                       exist_ok=True if self.opts.exist_ok else False))
+                                       exist_ok=bool(self.opts.exist_ok)))
             else:
                 path = str(new_run_dir(Path(self.cfg.get("save_dir", "output")), self.cfg["filename"],
                                        exist_ok=self.opts.exist_ok))
