@@ -185,10 +185,11 @@ def export_model(cfg, model, output_dir: str) -> Path:
     return dst
 
 
-def export(config: str, overrides: list[str], weights: str | None, output_dir: str, nms: bool = True) -> Path:
+def export(config: str, overrides: list[str], weights: str | None, output_dir: str, nms: bool = True,
+           edit: Callable[[Any], None] | None = None) -> Path:
     """Write a Paddle inference model with ppdet's exporter (see ``export_model``); ``nms=False`` leaves NMS
-    out of the graph (``leave_nms_out``)."""
-    cfg, model = build_model(config, overrides, weights)
+    out of the graph (``leave_nms_out``); ``edit`` changes the loaded config first."""
+    cfg, model = build_model(config, overrides, weights, edit)
     if not nms:
         leave_nms_out(model)
     return export_model(cfg, model, output_dir)
