@@ -52,8 +52,8 @@ def resolve_source(source: str) -> list[Path]:
         raise UserError(f"--source {text}: no such file or folder")
     videos = [p for p in files if p.suffix.lower() in VIDEO_SUFFIXES]
     if videos:
-        more = f" and {len(videos) - 1} more" if len(videos) > 1 else ""
-        raise UserError(f"--source {text}: {videos[0]}{more} is a video; {IMAGES_ONLY}")
+        what = f"{videos[0]} and {len(videos) - 1} more are videos" if len(videos) > 1 else f"{videos[0]} is a video"
+        raise UserError(f"--source {text}: {what}; {IMAGES_ONLY}")
     images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     if not images:
         raise UserError(f"--source {text}: no images ({'/'.join(IMAGE_SUFFIXES)}) found")
