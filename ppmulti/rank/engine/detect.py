@@ -308,8 +308,8 @@ def run_detect(backend, images: Sequence[Path], opts: DetectOptions) -> dict:
     total = len(images)
     tic = time.time()
     found = 0
+    t0 = time.time()
     for n, pred in enumerate(backend.predict(images), 1):
-        t0 = time.time()
         img = Image.open(pred.path).convert("RGB")
         width, height = img.size
         dets = nms_done(pred.dets, opts.nms) if pred.dets is not None else nms_raw(pred.boxes, pred.scores, opts.nms)
@@ -328,5 +328,6 @@ def run_detect(backend, images: Sequence[Path], opts: DetectOptions) -> dict:
         counts = np.unique(dets[:, 5].astype(int), return_counts=True) if len(dets) else ([], [])
         what = ", ".join(f"{k} {names.get(int(c), c)}" for c, k in zip(*counts)) or "(no detections)"
         log.info("image %d/%d %s: %dx%d %s, %.1fms", n, total, pred.path, width, height, what,
-                 (time.time() - t0) * 1000)
+                 (time.time() - t0) * 1000)   # reading, inference, NMS and writing
+        t0 = time.time()
     return {"images": total, "detections": found, "seconds": round(time.time() - tic, 3)}
