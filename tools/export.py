@@ -134,7 +134,7 @@ def run(args) -> int:
         return run_yolov5(args, opts)
     from ppmulti.rank.eval_setup import detect_edit
 
-    edit = detect_edit(args.imgsz, args.use_gpu)
+    edit = detect_edit(args.imgsz, args.use_gpu, one_image=False)
     if args.formats == ["onnx"]:
         from ppmulti.rank.engine.onnx_export import export_onnx
 
@@ -158,7 +158,7 @@ def run_yolov5(args, opts) -> int:
     if model.note:
         print(model.note, file=sys.stderr)
     weights = Path(model.weights)
-    edit = detect_edit(args.imgsz, args.use_gpu, model)
+    edit = detect_edit(args.imgsz, args.use_gpu, model, one_image=False)
     with tempfile.TemporaryDirectory(prefix=".export-", dir=weights.parent) as tmp:
         written = []
         if "onnx" in args.formats:

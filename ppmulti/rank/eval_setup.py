@@ -177,8 +177,10 @@ def resolve_onnx_model(args: argparse.Namespace) -> tuple[str, str]:
     return str(found), f"model: {found} (the run's resolved config), run by onnxruntime"
 
 
-def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None = None) -> Callable[[Any], None]:
-    """tools/detect.py's edit of the loaded config: the model's overrides, --imgsz, one image per batch, device."""
+def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None = None,
+                one_image: bool = True) -> Callable[[Any], None]:
+    """tools/detect.py's (and export's) edit of the loaded config: the model's overrides, --imgsz, the device, and
+    with ``one_image`` one image per TestReader batch."""
 
     def edit(cfg) -> None:
         from ppdet.core.workspace import merge_config
@@ -193,7 +195,8 @@ def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None
                             f"has num_classes={cfg['num_classes']}; pass the config the weights were trained with")
         if imgsz:
             apply_imgsz(cfg, int(imgsz))
-        cfg["TestReader"]["batch_size"] = 1
+        if one_image:
+            cfg["TestReader"]["batch_size"] = 1
         if use_gpu is not None:
             cfg["use_gpu"] = use_gpu
 
