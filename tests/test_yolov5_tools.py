@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, one_line_error, run_tool
 
 from ppmulti.common.errors import UserError
-from ppmulti.rank.engine import detect
+from ppmulti.rank.engine import detect, labels
 
 
 def _tool(name: str):
@@ -179,9 +179,9 @@ def test_detections_from_a_graph_with_nms_get_the_same_filters():
 
 def test_labels_in_yolov5_format():
     dets = np.array([[-5, 10, 50, 30, 0.87654321, 2]], dtype=np.float64)
-    clipped = detect.clip_boxes(dets, 100, 40)
-    assert detect.label_lines(clipped, 100, 40, save_conf=False) == ["2 0.25 0.5 0.5 0.5"]
-    assert detect.label_lines(clipped, 100, 40, save_conf=True) == ["2 0.25 0.5 0.5 0.5 0.876543"]
+    clipped = labels.clip_boxes(dets, 100, 40)
+    assert labels.label_lines(clipped, 100, 40, save_conf=False) == ["2 0.25 0.5 0.5 0.5"]
+    assert labels.label_lines(clipped, 100, 40, save_conf=True) == ["2 0.25 0.5 0.5 0.5 0.876543"]
 
 
 # ----------------------------------------------------------------------------- bad input, as a user sees it
@@ -216,7 +216,7 @@ def _ok(proc) -> str:
 
 
 def _labels(folder: Path) -> dict[str, np.ndarray]:
-    return {p.stem: detect.read_label_file(p) for p in sorted(folder.glob("*.txt"))}
+    return {p.stem: labels.read_label_file(p) for p in sorted(folder.glob("*.txt"))}
 
 
 def _same_boxes(a: np.ndarray, b: np.ndarray) -> int:

@@ -85,7 +85,7 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
 def write_val_outputs(evaluator, result: dict, outputs: ValOutputs) -> Path:
     """The results directory of one evaluation (see ``ValOutputs``); returns its path."""
     from ppmulti.common.rundir import new_run_dir
-    from ppmulti.rank.engine.detect import clip_boxes, label_lines
+    from ppmulti.rank.engine.labels import clip_boxes, label_lines
 
     save_dir = new_run_dir(outputs.project, outputs.name, outputs.exist_ok)
     atomic_write_text(save_dir / "results.json", json.dumps(result, indent=2) + "\n")
