@@ -255,25 +255,63 @@ class ScanReport:
         return text
 
 
-def scan(spec: DataSpec, split: str, single_cls: bool = False, threads: int = 8) -> tuple[list[dict], ScanReport]:
-    """ppdet records (im_file, im_id, h, w, gt_bbox in pixels, gt_class, is_crowd) for one split."""
-    files = image_files(spec, split)
+def scan_files(files: list[Path], nc: int, single_cls: bool = False, threads: int = 8) -> dict[str, np.ndarray]:
+    """Open every image header and label file: the scan as arrays (what the scan cache stores).
 
+    ``status`` is "" for a usable image, else why not; ``wh`` its size; ``counts`` its label rows, stacked in
+    ``labels``; ``notes`` what reading its labels repaired (clipped, dropped, duplicates).
+    """
     def one(path: Path):
         size = image_size(path)
         if isinstance(size, str):
-            return path, size, None, None
-        labels, notes = read_labels(label_path(path), spec.nc, single_cls)
-        return path, size, labels, notes
+            return size, (0, 0), np.zeros((0, 5), np.float32), LabelNotes()
+        labels, notes = read_labels(label_path(path), nc, single_cls)
+        return "", size, labels, notes
 
     with ThreadPoolExecutor(max(1, threads)) as pool:
         results = list(pool.map(one, files))
+    n = len(files)
+    labels = [r[2] for r in results]
+    return {
+        "files": np.array([str(p) for p in files], dtype=str).reshape(n),
+        "status": np.array([r[0] for r in results], dtype=str).reshape(n),
+        "wh": np.array([r[1] for r in results], np.int64).reshape(n, 2),
+        "counts": np.array([len(lb) for lb in labels], np.int64).reshape(n),
+        "labels": (np.concatenate(labels) if labels else np.zeros((0, 5))).astype(np.float32).reshape(-1, 5),
+        "notes": np.array([(r[3].clipped, r[3].dropped, r[3].duplicates) for r in results],
+                          np.int64).reshape(n, 3),
+    }
+
+
+def scan(spec: DataSpec, split: str, single_cls: bool = False, threads: int = 8,
+         use_cache: bool = True) -> tuple[list[dict], ScanReport]:
+    """ppdet records (im_file, im_id, h, w, gt_bbox in pixels, gt_class, is_crowd) for one split.
+
+    The files are opened once per node: the result is kept in a scan cache (``labels/<split>.ppmulti.cache``)
+    that later starts and the other ranks read while every image and label has its recorded size and mtime.
+    """
+    from ppmulti.rank.data.cache import cached_scan
+
+    files = image_files(spec, split)
+
+    def compute() -> dict[str, np.ndarray]:
+        return scan_files(files, spec.nc, single_cls, threads)
+
+    if use_cache:
+        arrays, how = cached_scan(files, [label_path(p) for p in files], f"nc={spec.nc}|single={single_cls}",
+                                  compute)
+        log.debug("%s: %s", split, how)
+    else:
+        arrays = compute()
     records, report = [], ScanReport()
-    for path, size, labels, notes in results:
-        if isinstance(size, str):
-            report.corrupt.append((str(path), size))
+    offsets = np.concatenate([[0], np.cumsum(arrays["counts"])])
+    for i, path in enumerate(files):
+        status = str(arrays["status"][i])
+        if status:
+            report.corrupt.append((str(path), status))
             continue
-        w, h = size
+        w, h = (int(v) for v in arrays["wh"][i])
+        labels = arrays["labels"][offsets[i]:offsets[i + 1]]
         n = len(labels)
         boxes = labels[:, 1:] * np.array([w, h, w, h], np.float32)
         records.append({
@@ -282,11 +320,12 @@ def scan(spec: DataSpec, split: str, single_cls: bool = False, threads: int = 8)
             "gt_class": labels[:, :1].astype(np.int32).reshape(n, 1),
             "is_crowd": np.zeros((n, 1), np.int32),
         })
+        clipped, dropped, duplicates = (int(v) for v in arrays["notes"][i])
         report.boxes += n
         report.background += n == 0
-        report.clipped += notes.clipped
-        report.dropped += notes.dropped
-        report.duplicates += notes.duplicates
+        report.clipped += clipped
+        report.dropped += dropped
+        report.duplicates += duplicates
     report.images = len(records)
     if report.corrupt:
         shown = ", ".join(f"{p} ({why})" for p, why in report.corrupt[:3])
@@ -348,8 +387,12 @@ def _dataset_class():
         """A YOLOv5 dataset yaml's split as a ppdet dataset (``name: YOLODataSet, data: x.yaml, split: val``)."""
 
         def __init__(self, data: str = "", split: str = "train", data_fields=("image",), sample_num: int = -1,
-                     single_cls: bool = False, allow_empty: bool = True, repeat: int = 1, **kwargs):
+                     single_cls: bool = False, allow_empty: bool = True, repeat: int = 1, cache=None, **kwargs):
+            from ppmulti.rank.data.cache import parse_cache
+
             self.data, self.split = data, split
+            self.cache = parse_cache(cache)   # --cache: None, "ram" or "disk" (see image_store)
+            self._stores: dict = {}
             self.single_cls, self.allow_empty = single_cls, allow_empty
             self.spec = load_data_yaml(data)
             super().__init__(dataset_dir=str(self.spec.root), image_dir="", anno_path=None,
@@ -376,6 +419,21 @@ def _dataset_class():
             image_keys = ("im_file", "im_id", "h", "w")
             self.roidbs = [{k: v for k, v in r.items() if k in image_keys or k in self.data_fields}
                            for r in records]
+
+        def image_store(self, size: int, augment: bool = True):
+            """This split's images as a store (``images.make_store``) honouring ``cache``, built once per size and
+            resize rule. Call it in the rank's main process (e.g. when the pipeline is set up): with a RAM cache
+            the loader's workers then inherit the node's one copy instead of building their own."""
+            from ppmulti.rank.data.images import make_store
+
+            if self.roidbs is None:
+                self.parse_dataset()
+            key = (int(size), bool(augment))
+            if key not in self._stores:
+                files = [r["im_file"] for r in self.roidbs]
+                shapes = [(int(r["h"]), int(r["w"])) for r in self.roidbs]
+                self._stores[key] = make_store(files, int(size), augment, self.cache, shapes)
+            return self._stores[key]
 
         def get_anno(self):
             if self.roidbs is None:
