@@ -197,7 +197,7 @@ def shared_pixels(key: str, nbytes: int, fill: Callable[[np.ndarray], None], loc
     count_path, lock_file = path + ".maps", path + ".lock"
     from filelock import FileLock
 
-    with FileLock(lock_file, timeout=LOCK_TIMEOUT):
+    with FileLock(lock_file, timeout=LOCK_TIMEOUT), _unlink_on_error(lock_file, count_path):
         if not os.path.exists(path):
             check_ram(nbytes, os.path.dirname(path))
             building = path + ".building"
@@ -233,6 +233,18 @@ def shared_pixels(key: str, nbytes: int, fill: Callable[[np.ndarray], None], loc
                 f.write(str(mapped))
     _MAPPED[key] = pixels
     return pixels
+
+
+@contextlib.contextmanager
+def _unlink_on_error(*paths: str) -> Iterator[None]:
+    """A rank that fails (a refusal, a bad image) leaves no lock or count file behind in /dev/shm."""
+    try:
+        yield
+    except BaseException:
+        for p in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        raise
 
 
 def fill_parallel(n: int, one: Callable[[int], None]) -> None:
