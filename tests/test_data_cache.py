@@ -275,3 +275,57 @@ def test_cache_values_and_config_hook():
     assert cfg["TrainDataset"]["cache"] == "ram"
     with pytest.raises(UserError, match="works with YOLOv5 data yamls"):
         cache.apply_cache({"TrainDataset": {"name": "COCODataSet"}}, "disk")
+
+
+# ----------------------------------------------------------------------------- 2 ranks under ppmulti launch
+def _cache_files() -> set[str]:
+    return set(_segments())
+
+
+def _ranks(launches, tmp_path: Path, small_demo: Path, mode: str, size: int, *extra: str) -> tuple[int, Path]:
+    from launching import FIXTURES
+
+    out = tmp_path / f"out-{mode}-{'-'.join(extra) or 'ok'}"
+    out.mkdir()
+    proc = launches.start("--nproc_per_node", "2", "--log_dir", str(out / "log"), str(FIXTURES / "cache_ranks.py"),
+                          str(small_demo / "data.yaml"), str(out), mode, str(size), *extra)
+    return launches.wait(proc, 300), out
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_ranks_hold_one_copy_and_leave_nothing_in_shm(launches, tmp_path, small_demo):
+    """Summed PSS (RSS counts a shared page in every process; PSS splits it between them) of 2 ranks with
+    --cache ram stays within 1.2 copies of the cache above what the same ranks hold without one."""
+    import json
+
+    before = _cache_files()
+    size = 1024     # 48 demo images of 128 px, enlarged: 151 MB decoded, far above the ranks' own noise
+    rc, plain = _ranks(launches, tmp_path, small_demo, "none", size)
+    assert rc == 0, (plain / "log").glob("*")
+    rc, ram = _ranks(launches, tmp_path, small_demo, "ram", size)
+    assert rc == 0
+    p = [json.loads((plain / f"rank{r}.json").read_text()) for r in range(2)]
+    r = [json.loads((ram / f"rank{r}.json").read_text()) for r in range(2)]
+    copy = r[0]["nbytes"]
+    assert copy > 100e6 and r[1]["nbytes"] == copy
+    assert r[0]["checksum"] == r[1]["checksum"] == p[0]["checksum"]       # the same pixels as decoding
+    assert len(r[0]["inodes"]) == 1 and r[0]["inodes"] == r[1]["inodes"]    # both ranks map one file
+    assert not r[0]["segment_left"] and not r[1]["segment_left"]            # unlinked while still in use
+    extra = sum(x["pss"] for x in r) - sum(x["pss"] for x in p)
+    assert extra <= 1.2 * copy, f"2 ranks hold {extra / copy:.2f} copies"
+    assert sum(x["rss"] for x in r) - sum(x["rss"] for x in p) > 1.5 * copy  # what RSS would have claimed
+    assert _cache_files() == before
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_rank_killed_before_mapping_leaves_no_cache_in_shm(launches, tmp_path, small_demo):
+    import json
+
+    before = _cache_files()
+    rc, out = _ranks(launches, tmp_path, small_demo, "ram", 256, "die")
+    assert rc != 0
+    seen = json.loads((out / "segment").read_text())
+    assert seen["exists"], "the cache should still be linked while rank 1 has not mapped it"
+    assert not os.path.exists(seen["path"]) and _cache_files() == before
