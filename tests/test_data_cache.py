@@ -329,3 +329,49 @@ def test_a_rank_killed_before_mapping_leaves_no_cache_in_shm(launches, tmp_path,
     seen = json.loads((out / "segment").read_text())
     assert seen["exists"], "the cache should still be linked while rank 1 has not mapped it"
     assert not os.path.exists(seen["path"]) and _cache_files() == before
+
+
+# ----------------------------------------------------------------------------- COCO json
+def test_coco_json_parse_is_cached_and_follows_the_json(tmp_path, user_cache, small_demo, monkeypatch):
+    import shutil
+
+    from ppmulti.rank import compat
+
+    compat.import_ppdet()
+    from ppdet.data.source.coco import COCODataSet
+
+    from ppmulti.rank.data import coco
+
+    root = tmp_path / "demo"
+    shutil.copytree(small_demo, root)
+    cls = coco.register_source()
+    kwargs = dict(dataset_dir=str(root), image_dir="images/train", anno_path="annotations/instances_train.json",
+                  data_fields=["image", "gt_bbox", "gt_class", "is_crowd"], allow_empty=True)
+    parses = []
+    real = COCODataSet.parse_dataset
+    monkeypatch.setattr(COCODataSet, "parse_dataset", lambda self: parses.append(1) or real(self))
+
+    def roidbs(klass):
+        ds = klass(**kwargs)
+        ds.parse_dataset()
+        return ds
+
+    want = roidbs(COCODataSet)
+    first, second = roidbs(cls), roidbs(cls)
+    assert len(parses) == 2          # ppdet's own, then the cached class's first start; the second reads the cache
+    assert (root / "annotations" / "instances_train.json.ppmulti.cache").is_file()
+    for got in (first, second):
+        assert got.catid2clsid == want.catid2clsid and got.cname2cid == want.cname2cid
+        assert len(got.roidbs) == len(want.roidbs)
+        for a, b in zip(got.roidbs, want.roidbs):
+            assert set(a) == set(b) and a["im_file"] == b["im_file"] and (a["h"], a["w"]) == (b["h"], b["w"])
+            for k in ("im_id", "gt_bbox", "gt_class", "is_crowd"):
+                np.testing.assert_array_equal(a[k], b[k])
+    anno = root / "annotations" / "instances_train.json"
+    anno.write_text(anno.read_text().replace('"iscrowd": 0', '"iscrowd": 0 '))
+    _bump(anno)
+    roidbs(cls)
+    assert len(parses) == 3
+    cfg = {"TrainDataset": {"name": "COCODataSet"}, "EvalDataset": {"name": "YOLODataSet"}}
+    coco.swap_in(cfg)
+    assert cfg == {"TrainDataset": {"name": coco.NAME}, "EvalDataset": {"name": "YOLODataSet"}}

@@ -81,32 +81,34 @@ SCAN_FIELDS = ("files", "status", "wh", "counts", "labels", "notes")
 
 
 def _check_scan(arrays: dict[str, np.ndarray], n: int) -> bool:
+    if any(k not in arrays for k in SCAN_FIELDS):
+        return False
     files, status, wh, counts, labels, notes = (arrays[k] for k in SCAN_FIELDS)
     return (len(files) == n and len(status) == n and wh.shape == (n, 2) and counts.shape == (n,)
             and notes.shape == (n, 3) and labels.ndim == 2 and labels.shape[1] == 5
             and int(counts.sum()) == len(labels) and bool((counts >= 0).all()))
 
 
-def read_scan(path: Path, key: str, n: int) -> dict[str, np.ndarray] | None:
-    """The cached scan at ``path`` if it was made for ``key``; a missing, stale, foreign or corrupt file is None
-    (never unpickled: arrays only)."""
+def read_arrays(path: Path, key: str, check: Callable[[dict[str, np.ndarray]], bool]) -> dict[str, np.ndarray] | None:
+    """The arrays cached at ``path`` if they were made for ``key`` and pass ``check``; a missing, stale, foreign
+    or corrupt file is None (never unpickled: arrays only)."""
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
             if str(z["version"]) != SCAN_VERSION or str(z["key"]) != key:
                 return None
-            arrays = {k: z[k] for k in SCAN_FIELDS}
-        if not _check_scan(arrays, n):
+            arrays = {k: z[k] for k in z.files if k not in ("version", "key")}
+        if not check(arrays):
             raise ValueError("inconsistent arrays")
         return arrays
     except Exception as exc:  # a truncated zip, a foreign file, a missing field: rebuild
-        log.warning("scan cache %s is unreadable (%s); rebuilding it", path, type(exc).__name__)
+        log.warning("cache %s is unreadable (%s); rebuilding it", path, type(exc).__name__)
         return None
 
 
-def write_scan(path: Path, key: str, arrays: dict[str, np.ndarray]) -> Path | None:
-    """Write the scan atomically; on a read-only place fall back to the user cache dir; None if neither works."""
+def write_arrays(path: Path, key: str, arrays: dict[str, np.ndarray]) -> Path | None:
+    """Write atomically; on a read-only place fall back to the user cache dir; None if neither works."""
     from ppmulti.common.atomic import atomic_path
 
     for target in (path, shm.user_cache_dir() / "scan" / path.name):
@@ -118,33 +120,40 @@ def write_scan(path: Path, key: str, arrays: dict[str, np.ndarray]) -> Path | No
                     f.write(buf.getbuffer())
             return target
         except OSError as exc:
-            log.info("cannot write the scan cache %s (%s)", target, exc.strerror or exc)
+            log.info("cannot write the cache %s (%s)", target, exc.strerror or exc)
     return None
 
 
-def _read_any(path: Path, key: str, n: int) -> dict[str, np.ndarray] | None:
-    arrays = read_scan(path, key, n)
+def _read_any(path: Path, key: str, check) -> dict[str, np.ndarray] | None:
+    arrays = read_arrays(path, key, check)
     fallback = shm.user_cache_dir() / "scan" / path.name   # where it went when the folder was read-only
     if arrays is None and fallback != path and fallback.is_file():
-        arrays = read_scan(fallback, key, n)
+        arrays = read_arrays(fallback, key, check)
     return arrays
+
+
+def cached_arrays(path: Path, key: str, compute: Callable[[], dict[str, np.ndarray]],
+                  check: Callable[[dict[str, np.ndarray]], bool]) -> tuple[dict[str, np.ndarray], str]:
+    """``compute()``'s arrays, read from ``path`` when it holds them for ``key``, else computed once per node (the
+    first rank builds them under a lock, the others wait and read them). Returns (arrays, what happened)."""
+    arrays = _read_any(path, key, check)
+    if arrays is None:
+        with build_lock(path):
+            arrays = _read_any(path, key, check)   # another rank may have built it while this one waited
+            if arrays is None:
+                arrays = compute()
+                where = write_arrays(path, key, arrays)
+                return arrays, (f"cache {where} written" if where else "cache not written")
+    return arrays, f"cache {path} read"
 
 
 def cached_scan(images: Sequence[Path], labels: Sequence[Path], extra: str,
                 compute: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], str]:
-    """The scan of ``images``: read from its cache when every file is as it was, else computed once per node
-    (the first rank builds it under a lock, the others wait and read it). Returns (arrays, what happened)."""
-    path = scan_cache_path(labels[0])
-    key = scan_key(images, labels, extra)
-    arrays = _read_any(path, key, len(images))
-    if arrays is None:
-        with build_lock(path):
-            arrays = _read_any(path, key, len(images))   # another rank may have built it while this one waited
-            if arrays is None:
-                arrays = compute()
-                where = write_scan(path, key, arrays)
-                return arrays, (f"scan cache {where} written" if where else "scan cache not written")
-    return arrays, f"scan cache {path} read"
+    """The scan of ``images`` (``yolo.scan_files``), kept in ``scan_cache_path`` and valid while every image and
+    label file has the size and mtime it had."""
+    n = len(images)
+    return cached_arrays(scan_cache_path(labels[0]), scan_key(images, labels, extra), compute,
+                         lambda a: _check_scan(a, n))
 
 
 # ----------------------------------------------------------------------------- RAM: one copy per node
@@ -334,8 +343,8 @@ def prebuild_cache(dataset, cfg) -> None:
     t0 = time.perf_counter()
     store = dataset.image_store(train_size(cfg), augment=True)
     if dataset.cache == "ram":
-        log.info("--cache ram: %d images, %.2f GiB decoded, one copy shared by the ranks of this node (%.1f s)",
-                 len(store), store.nbytes / (1 << 30), time.perf_counter() - t0)
+        log.info("--cache ram: %d images, %.0f MB decoded, one copy shared by the ranks of this node (%.1f s)",
+                 len(store), store.nbytes / 1e6, time.perf_counter() - t0)
     else:
         log.info("--cache disk: %d images, %d decoded now (%.1f s)", len(store), store.written,
                  time.perf_counter() - t0)

@@ -10,6 +10,7 @@ from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.rundir import new_run_dir
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
+from ppmulti.rank.data import coco as coco_cache
 from ppmulti.rank.data.cache import apply_cache, prebuild_cache
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, ResumeHook,
@@ -43,6 +44,7 @@ class _Build:
         self.cfg = config_mod.load(opts.config, opts.overrides)
         notes = list(opts.config_edit(self.cfg) or []) if opts.config_edit else []
         apply_cache(self.cfg, opts.cache)
+        coco_cache.swap_in(self.cfg)   # a COCO json's parse is read from its cache after the first start
         from ppmulti.rank.ppdet_bridge import select_device
 
         self.device = select_device(self.cfg)
