@@ -114,7 +114,7 @@ def image_files(spec: DataSpec, split: str) -> list[Path]:
     files: list[Path] = []
     for entry in spec.splits[split]:
         if entry.is_dir():
-            files += sorted(p for p in entry.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            files += _images_under(entry)
         elif entry.is_file() and entry.suffix.lower() == ".txt":
             for line in entry.read_text().splitlines():
                 line = line.strip()
@@ -131,14 +131,26 @@ def image_files(spec: DataSpec, split: str) -> list[Path]:
     return files
 
 
+def _images_under(directory: Path) -> list[Path]:
+    """Every image below ``directory``, in the order of their path components (as sorting Paths gives): os.walk
+    is several times faster than Path.rglob on a folder of 100,000 images."""
+    found = []
+    for dirpath, _dirs, names in os.walk(directory, followlinks=True):
+        found += [os.path.join(dirpath, n) for n in names if os.path.splitext(n)[1].lower() in IMAGE_SUFFIXES]
+    found.sort(key=lambda p: p.split(os.sep))
+    return [Path(p) for p in found]
+
+
 def label_path(image: Path) -> Path:
     """YOLOv5's rule: the last ``images`` directory of the path becomes ``labels``, the suffix ``.txt``."""
-    parts = list(image.parts)
-    for i in range(len(parts) - 2, -1, -1):
-        if parts[i] == "images":
-            parts[i] = "labels"
-            break
-    return Path(*parts).with_suffix(".txt")
+    text, sep = str(image), os.sep   # string operations: 100,000 images at every start
+    mark = f"{sep}images{sep}"
+    i = text.rfind(mark)
+    if i >= 0:
+        text = f"{text[:i]}{sep}labels{sep}{text[i + len(mark):]}"
+    elif text.startswith(f"images{sep}"):
+        text = f"labels{sep}{text[len(mark) - 1:]}"
+    return Path(os.path.splitext(text)[0] + ".txt")
 
 
 # ----------------------------------------------------------------------------- labels and images
@@ -163,10 +175,15 @@ def read_labels(path: Path, nc: int, single_cls: bool = False) -> tuple[np.ndarr
     malformed line stops with the file and line named; boxes reaching outside the image are clipped.
     """
     notes = LabelNotes()
-    if not path.is_file():
+    try:
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return np.zeros((0, 5), np.float32), notes
+    fast = _read_boxes_fast(text, nc, single_cls)
+    if fast is not None:
+        return fast
     rows = []
-    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         fields = line.split()
         if not fields:
             continue
@@ -199,16 +216,44 @@ def read_labels(path: Path, nc: int, single_cls: bool = False) -> tuple[np.ndarr
             notes.dropped += 1
             continue
         rows.append([0.0 if single_cls else float(int(cls)), *clipped])
-    if not rows:
-        return np.zeros((0, 5), np.float32), notes
-    arr = np.asarray(rows, np.float32)
-    unique = np.unique(arr, axis=0)
-    notes.duplicates = len(arr) - len(unique)
-    if notes.duplicates:
-        # keep the file's order for the rows that stay
-        _, first = np.unique(arr, axis=0, return_index=True)
-        arr = arr[np.sort(first)]
+    return _dedupe(np.asarray(rows, np.float32).reshape(-1, 5), notes)
+
+
+def _dedupe(arr: np.ndarray, notes: LabelNotes) -> tuple[np.ndarray, LabelNotes]:
+    """Drop repeated rows, keeping the file's order of the first ones."""
+    if len(arr) > 1:
+        first = list(dict.fromkeys(map(tuple, arr.tolist())).keys())
+        notes.duplicates = len(arr) - len(first)
+        if notes.duplicates:
+            arr = np.asarray(first, np.float32).reshape(-1, 5)
     return arr, notes
+
+
+def _read_boxes_fast(text: str, nc: int, single_cls: bool) -> tuple[np.ndarray, LabelNotes] | None:
+    """``read_labels`` for the common file (every line 'class cx cy w h', all valid) in a few array operations;
+    None for anything else, which the line-by-line reader then handles (and names the bad line)."""
+    fields = [line.split() for line in text.splitlines()]
+    fields = [f for f in fields if f]
+    notes = LabelNotes()
+    if not fields:
+        return np.zeros((0, 5), np.float32), notes
+    if any(len(f) != 5 for f in fields):
+        return None
+    try:
+        v = np.array(fields, np.float64)
+    except ValueError:
+        return None
+    cls, cx, cy, w, h = v.T
+    if (not np.isfinite(v).all() or (cls < 0).any() or (cls != np.floor(cls)).any() or (cls >= nc).any()
+            or (w < 0).any() or (h < 0).any()):
+        return None
+    box = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+    clipped = np.clip(box, 0.0, 1.0)
+    notes.clipped = int((clipped != box).any(1).sum())
+    keep = (clipped[:, 2] - clipped[:, 0] > 0) & (clipped[:, 3] - clipped[:, 1] > 0)
+    notes.dropped = int((~keep).sum())
+    out = np.concatenate([np.zeros((len(v), 1)) if single_cls else cls[:, None], clipped], 1)[keep]
+    return _dedupe(out.astype(np.float32).reshape(-1, 5), notes)
 
 
 def image_size(path: Path) -> tuple[int, int] | str:
