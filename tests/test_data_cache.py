@@ -375,3 +375,29 @@ def test_coco_json_parse_is_cached_and_follows_the_json(tmp_path, user_cache, sm
     cfg = {"TrainDataset": {"name": "COCODataSet"}, "EvalDataset": {"name": "YOLODataSet"}}
     coco.swap_in(cfg)
     assert cfg == {"TrainDataset": {"name": coco.NAME}, "EvalDataset": {"name": "YOLODataSet"}}
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_loopback_nodes_each_build_their_own_copy(launches, tmp_path, small_demo):
+    """Two ``ppmulti launch`` nodes on one machine: each node's ranks share a cache named by its own launch, so
+    each node builds one (as on two real machines), and neither leaves anything in /dev/shm."""
+    import json
+
+    from launching import FIXTURES, free_ports
+
+    before = _cache_files()
+    port = free_ports(2)
+    out = tmp_path / "out"
+    out.mkdir()
+    common = ["--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+              "--rdzv-timeout", "60"]
+    script = [str(FIXTURES / "cache_ranks.py"), str(small_demo / "data.yaml"), str(out), "ram", "256"]
+    nodes = [launches.start(*common, "--node_rank", str(r), "--log_dir", str(tmp_path / f"l{r}"), *script)
+             for r in (1, 0)]
+    for node in nodes:
+        assert launches.wait(node, 200) == 0, launches.output(node)[-3000:]
+    r = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+    assert r[0]["checksum"] == r[1]["checksum"] and r[0]["nbytes"] == r[1]["nbytes"] > 0
+    assert len(r[0]["inodes"]) == len(r[1]["inodes"]) == 1 and r[0]["inodes"] != r[1]["inodes"]
+    assert _cache_files() == before
