@@ -63,6 +63,7 @@ def test_scan_cache_built_once_reused_and_invalidated(tmp_path, user_cache, open
     assert len(opened) == 6
     cache_file = tmp_path / "d" / "labels" / "train.ppmulti.cache"
     assert cache_file.is_file() and not (tmp_path / "d" / "labels" / "train.cache").exists()   # not YOLOv5's name
+    assert not os.path.exists(shm.lock_path(str(cache_file)))      # the builder's lock file goes with the build
     second, report2 = yolo.scan(spec, "train")
     assert len(opened) == 6, "the second scan opened images"
     assert report1.line("train") == report2.line("train")

@@ -70,7 +70,5 @@ def user_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 def lock_path(what: str) -> str:
     """A node-local lock file for building ``what`` (a cache path) once: in the temp dir, so that no lock file
-    is left in a dataset folder."""
-    d = Path(tempfile.gettempdir()) / "ppmulti-locks"
-    d.mkdir(parents=True, exist_ok=True)
-    return str(d / (hashlib.sha1(str(what).encode()).hexdigest()[:20] + ".lock"))
+    is left in a dataset folder (the builder removes it when done)."""
+    return os.path.join(tempfile.gettempdir(), f"ppmulti-lock-{hashlib.sha1(str(what).encode()).hexdigest()[:20]}")

@@ -47,8 +47,15 @@ def build_lock(what: str | os.PathLike) -> Iterator[None]:
     """One process of the node builds ``what`` at a time; the others wait here, then find it built."""
     from filelock import FileLock
 
-    with FileLock(shm.lock_path(str(what)), timeout=LOCK_TIMEOUT):
-        yield
+    path = shm.lock_path(str(what))
+    with FileLock(path, timeout=LOCK_TIMEOUT):
+        try:
+            yield
+        finally:
+            # removed while held: a rank already waiting on it re-reads the finished cache; a later one finds
+            # the cache and never locks (if the build failed, two may rebuild at once: atomic writes, no harm)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def threads() -> int:
