@@ -236,6 +236,18 @@ def test_launcher_leftovers_are_the_launch_own_only(tmp_path):
         f"{shm.CACHE_PREFIX}{mine}-r0-abc", f"{shm.CACHE_PREFIX}{mine}-r0-abc.lock"]
 
 
+def test_a_dead_lone_process_cache_is_removed_by_the_next(tmp_path):
+    d = tmp_path / "shm"
+    d.mkdir()
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0,))
+    child.start()
+    child.join()
+    dead, alive = f"{shm.CACHE_PREFIX}p{child.pid}-abc.building", f"{shm.CACHE_PREFIX}p{os.getppid()}-abc"
+    for name in (dead, alive, f"{shm.CACHE_PREFIX}{shm.launch_tag('/x')}-r0-abc"):
+        (d / name).write_bytes(b"x")
+    assert shm.dead_lone_leftovers(str(d)) == [str(d / dead)]
+
+
 def test_disk_store_writes_once_and_follows_a_changed_image(tmp_path, user_cache, monkeypatch):
     files = _images(tmp_path)
     store = images.make_store(files, 32, True, cache="disk")

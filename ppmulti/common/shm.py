@@ -61,6 +61,25 @@ def launch_leftovers(launch_dir: str, directory: str | None = None) -> list[str]
     return [os.path.join(directory, n) for n in names if n.startswith(prefix)]
 
 
+def dead_lone_leftovers(directory: str | None = None) -> list[str]:
+    """RAM-cache files of lone processes (``<prefix>p<pid>-...``, no launcher to sweep them) whose process is
+    gone: one killed while it built its cache. The next RAM cache built on the node removes them."""
+    from ppmulti.common.procfs import alive
+
+    directory = directory or shm_dir()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    left = []
+    for name in names:
+        if name.startswith(CACHE_PREFIX + "p"):
+            pid = name[len(CACHE_PREFIX) + 1:].split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+                left.append(os.path.join(directory, name))
+    return left
+
+
 def user_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """$XDG_CACHE_HOME/ppmulti, else ~/.cache/ppmulti: caches of datasets whose folders are read-only."""
     env = os.environ if environ is None else environ

@@ -209,6 +209,9 @@ def shared_pixels(key: str, nbytes: int, fill: Callable[[np.ndarray], None], loc
     """
     if key in _MAPPED:
         return _MAPPED[key]
+    for stale in shm.dead_lone_leftovers():
+        with contextlib.suppress(OSError):
+            os.unlink(stale)
     path = shm.segment_path(key)
     count_path, lock_file = path + ".maps", path + ".lock"
     from filelock import FileLock
