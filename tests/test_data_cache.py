@@ -414,3 +414,17 @@ def test_two_loopback_nodes_each_build_their_own_copy(launches, tmp_path, small_
     assert r[0]["checksum"] == r[1]["checksum"] and r[0]["nbytes"] == r[1]["nbytes"] > 0
     assert len(r[0]["inodes"]) == len(r[1]["inodes"]) == 1 and r[0]["inodes"] != r[1]["inodes"]
     assert _cache_files() == before
+
+
+def test_exif_rotated_jpeg_scans_and_caches_as_opencv_decodes_it(tmp_path, launch_dir):
+    from PIL import Image
+
+    path = tmp_path / "sideways.jpg"
+    exif = Image.Exif()
+    exif[yolo.EXIF_ORIENTATION] = 6               # stored 60 wide x 40 high, shown 40 wide x 60 high
+    Image.new("RGB", (60, 40), (10, 200, 30)).save(path, exif=exif)
+    assert cv2.imread(str(path)).shape[:2] == (60, 40)
+    assert yolo.image_size(path) == (40, 60)
+    assert images.image_shapes([str(path)]) == [(60, 40)]
+    store = images.make_store([str(path)], 32, True, cache="ram")
+    np.testing.assert_array_equal(store.load(0).image, images.decode(str(path), 32, True).image)

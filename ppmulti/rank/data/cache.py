@@ -23,7 +23,7 @@ log = logging.getLogger("ppmulti")
 
 CACHE_MODES = ("ram", "disk")
 SCAN_SUFFIX = ".ppmulti.cache"        # YOLOv5 writes labels/<split>.cache; this name cannot collide with it
-SCAN_VERSION = "1"
+SCAN_VERSION = "2"
 RAM_SAFETY = 0.1                      # YOLOv5's check_cache_ram margin: need bytes * 1.1 < MemAvailable
 LOCK_TIMEOUT = 3600.0                 # s a rank waits for another to build a cache (12,800 COCO images: ~1 min)
 

@@ -60,17 +60,20 @@ class ImageStore:
 
 
 def image_shapes(files: list[str]) -> list[tuple[int, int]]:
-    """(h, w) of every file from its header (PIL reads no pixels): what a cache needs to lay its images out."""
-    from PIL import Image
+    """(h, w) of every file as OpenCV decodes it, from its header (no pixels read; EXIF rotation applied): what a
+    cache needs to lay its images out when the scan's sizes are not given."""
+    from pathlib import Path
 
     from ppmulti.rank.data.cache import fill_parallel
+    from ppmulti.rank.data.yolo import image_size
 
     out: list[tuple[int, int]] = [(0, 0)] * len(files)
 
     def one(i: int) -> None:
-        with Image.open(files[i]) as im:
-            w, h = im.size
-        out[i] = (h, w)
+        size = image_size(Path(files[i]))
+        if isinstance(size, str):
+            raise OSError(f"cannot use image {files[i]}: {size}")
+        out[i] = (size[1], size[0])
 
     fill_parallel(len(files), one)
     return out
@@ -131,7 +134,7 @@ class DiskStore(ImageStore):
         super().__init__(files, size, augment)
         from ppmulti.rank.data.cache import build_lock, fill_parallel, npy_path
 
-        self.orig = list(shapes) if shapes is not None else None
+        self.orig = list(shapes) if shapes is not None else image_shapes(self.files)
         self.paths = [npy_path(f, self.size, self.augment) for f in self.files]
         missing = [i for i, p in enumerate(self.paths) if not p.is_file()]
         if missing:
@@ -155,8 +158,7 @@ class DiskStore(ImageStore):
         except (OSError, ValueError):   # removed or damaged since: decode it again
             return self._write(index)
         h, w = image.shape[:2]
-        orig = self.orig[index] if self.orig is not None else (h, w)
-        return Loaded(image, orig, (h, w))
+        return Loaded(image, self.orig[index], (h, w))
 
 
 def make_store(files: list[str], size: int, augment: bool = True, cache: str | None = None,

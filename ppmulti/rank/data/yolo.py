@@ -19,6 +19,7 @@ from ppmulti.common.paths import IMAGE_SUFFIXES
 log = logging.getLogger("ppmulti")
 
 MIN_IMAGE_SIDE = 2                     # pixels; smaller images are counted as corrupt
+EXIF_ORIENTATION = 0x0112              # the EXIF tag; 5-8 mean the camera held the picture sideways
 TRAIN_FIELDS = ["image", "gt_bbox", "gt_class", "is_crowd"]
 
 
@@ -262,9 +263,11 @@ def image_size(path: Path) -> tuple[int, int] | str:
 
     try:
         with Image.open(path) as im:
-            im.verify()
             width, height = im.size
             fmt = im.format
+            if "exif" in im.info and im.getexif().get(EXIF_ORIENTATION) in (5, 6, 7, 8):
+                width, height = height, width   # OpenCV decodes it rotated (YOLOv5's exif_size does the same)
+            im.verify()
     except FileNotFoundError:
         return "missing"
     except Exception as exc:  # PIL raises many types for broken files
