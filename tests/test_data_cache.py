@@ -428,3 +428,11 @@ def test_exif_rotated_jpeg_scans_and_caches_as_opencv_decodes_it(tmp_path, launc
     assert images.image_shapes([str(path)]) == [(60, 40)]
     store = images.make_store([str(path)], 32, True, cache="ram")
     np.testing.assert_array_equal(store.load(0).image, images.decode(str(path), 32, True).image)
+
+
+def test_the_store_is_built_at_the_size_the_pipeline_loads():
+    cfg = {"TrainReader": {"sample_transforms": [{"YOLOv5Mosaic": {"img_size": 320}}, {"YOLOv5HSV": {}}]},
+           "YOLOv5Loss": {"img_size": 640}, "eval_height": 640}
+    assert cache.train_size(cfg) == 320
+    assert cache.train_size({"YOLOv5Loss": {"img_size": 416}, "eval_height": 640}) == 416
+    assert cache.train_size({"eval_height": 256}) == 256

@@ -336,7 +336,12 @@ def apply_cache(cfg, mode: str | None) -> None:
 
 
 def train_size(cfg) -> int:
-    """The training image size of a loaded config (--imgsz sets eval_height too)."""
+    """The size the training pipeline loads images at: YOLOv5Mosaic's img_size (the op that reads the store),
+    else YOLOv5Loss's img_size, else eval_height (--imgsz sets them all)."""
+    for op in (cfg.get("TrainReader") or {}).get("sample_transforms") or []:
+        body = op.get("YOLOv5Mosaic") if isinstance(op, dict) else None
+        if isinstance(body, dict) and body.get("img_size"):
+            return int(body["img_size"])
     loss = cfg.get("YOLOv5Loss")
     if loss is not None and dict(loss).get("img_size"):
         return int(dict(loss)["img_size"])
