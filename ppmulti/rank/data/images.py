@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+
+MIN_IMAGE_SIDE = 2                     # pixels; smaller images are counted as corrupt
+EXIF_ORIENTATION = 0x0112              # the EXIF tag; 5-8 mean the camera held the picture sideways
 
 
 @dataclass(frozen=True)
@@ -59,13 +65,35 @@ class ImageStore:
         return decode(self.files[index], self.size, self.augment)
 
 
+def image_size(path: Path) -> tuple[int, int] | str:
+    """(width, height) of a readable image, or why it cannot be used (missing, corrupt, truncated)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            width, height = im.size
+            fmt = im.format
+            if "exif" in im.info and im.getexif().get(EXIF_ORIENTATION) in (5, 6, 7, 8):
+                width, height = height, width   # OpenCV decodes it rotated (YOLOv5's exif_size does the same)
+            im.verify()
+    except FileNotFoundError:
+        return "missing"
+    except Exception as exc:  # PIL raises many types for broken files
+        return f"unreadable ({type(exc).__name__})"
+    if width < MIN_IMAGE_SIDE or height < MIN_IMAGE_SIDE:
+        return f"too small ({width}x{height})"
+    if fmt == "JPEG":
+        with open(path, "rb") as f:
+            f.seek(-2, os.SEEK_END)
+            if f.read() != b"\xff\xd9":
+                return "truncated JPEG"
+    return width, height
+
+
 def image_shapes(files: list[str]) -> list[tuple[int, int]]:
     """(h, w) of every file as OpenCV decodes it, from its header (no pixels read; EXIF rotation applied): what a
     cache needs to lay its images out when the scan's sizes are not given."""
-    from pathlib import Path
-
     from ppmulti.rank.data.cache import fill_parallel
-    from ppmulti.rank.data.yolo import image_size
 
     out: list[tuple[int, int]] = [(0, 0)] * len(files)
 

@@ -15,11 +15,10 @@ import numpy as np
 
 from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.paths import IMAGE_SUFFIXES
+from ppmulti.rank.data.images import EXIF_ORIENTATION, MIN_IMAGE_SIDE, image_size  # noqa: F401  (re-exported)
 
 log = logging.getLogger("ppmulti")
 
-MIN_IMAGE_SIDE = 2                     # pixels; smaller images are counted as corrupt
-EXIF_ORIENTATION = 0x0112              # the EXIF tag; 5-8 mean the camera held the picture sideways
 TRAIN_FIELDS = ["image", "gt_bbox", "gt_class", "is_crowd"]
 
 
@@ -255,31 +254,6 @@ def _read_boxes_fast(text: str, nc: int, single_cls: bool) -> tuple[np.ndarray, 
     notes.dropped = int((~keep).sum())
     out = np.concatenate([np.zeros((len(v), 1)) if single_cls else cls[:, None], clipped], 1)[keep]
     return _dedupe(out.astype(np.float32).reshape(-1, 5), notes)
-
-
-def image_size(path: Path) -> tuple[int, int] | str:
-    """(width, height) of a readable image, or why it cannot be used (missing, corrupt, truncated)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            width, height = im.size
-            fmt = im.format
-            if "exif" in im.info and im.getexif().get(EXIF_ORIENTATION) in (5, 6, 7, 8):
-                width, height = height, width   # OpenCV decodes it rotated (YOLOv5's exif_size does the same)
-            im.verify()
-    except FileNotFoundError:
-        return "missing"
-    except Exception as exc:  # PIL raises many types for broken files
-        return f"unreadable ({type(exc).__name__})"
-    if width < MIN_IMAGE_SIDE or height < MIN_IMAGE_SIDE:
-        return f"too small ({width}x{height})"
-    if fmt == "JPEG":
-        with open(path, "rb") as f:
-            f.seek(-2, os.SEEK_END)
-            if f.read() != b"\xff\xd9":
-                return "truncated JPEG"
-    return width, height
 
 
 @dataclass
