@@ -162,3 +162,24 @@ def test_use_data_yaml_sets_datasets_and_classes(small_demo, repo):
 
     gt = COCO(ev.get_anno())
     assert len(gt.getImgIds()) == 16 and [c["name"] for c in gt.loadCats(gt.getCatIds())] == ["object"]
+
+
+def test_fast_label_reader_matches_the_line_by_line_one(tmp_path, monkeypatch):
+    from ppmulti.rank.data import yolo
+
+    rng = np.random.default_rng(5)
+    files = []
+    for i in range(40):
+        rows = rng.uniform(-0.2, 1.2, (int(rng.integers(0, 6)), 4))
+        rows[:, 2:] = np.abs(rows[:, 2:]) * rng.integers(0, 2, (len(rows), 1))   # some zero-size boxes
+        lines = [f"{int(rng.integers(0, 3))} " + " ".join(f"{x:.6f}" for x in r) for r in rows]
+        lines += lines[:int(rng.integers(0, 2))]                                   # duplicates
+        p = tmp_path / f"{i}.txt"
+        p.write_text("\n".join(lines) + ("\n\n" if i % 2 else ""))
+        files.append(p)
+    fast = [yolo.read_labels(p, 3, single_cls=i % 3 == 0) for i, p in enumerate(files)]
+    monkeypatch.setattr(yolo, "_read_boxes_fast", lambda *a: None)
+    slow = [yolo.read_labels(p, 3, single_cls=i % 3 == 0) for i, p in enumerate(files)]
+    for (a, na), (b, nb) in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype == np.float32 and na == nb

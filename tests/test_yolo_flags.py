@@ -106,12 +106,21 @@ def test_run_dir_flags_and_weights_from_scratch():
 
 @pytest.mark.parametrize("argv, message", [
     (["--rect"], "--rect is a YOLOv5 flag that ppmulti does not support"),
-    (["--cache", "ram"], "--cache is a YOLOv5 flag"),
+    (["--quad"], "--quad is a YOLOv5 flag"),
     (["--bogus"], "unknown flag --bogus"),
 ])
 def test_unsupported_flags_are_refused_by_name(argv, message):
     with pytest.raises(UserError, match=message):
         parse(["--cfg", "yolov5n", *argv])
+
+
+def test_cache_flag_as_yolov5_spells_it():
+    assert parse(["--cfg", "yolov5n"]).cache is None
+    assert parse(["--cfg", "yolov5n", "--cache"]).cache == "ram"       # bare --cache is ram, as in YOLOv5
+    assert parse(["--cfg", "yolov5n", "--cache", "disk"]).cache == "disk"
+    assert options_from_args(_args("--cfg", "yolov5n", "--cache", "ram")).cache == "ram"
+    with pytest.raises(SystemExit):
+        parse(["--cfg", "yolov5n", "--cache", "gpu"])
 
 
 def test_unsupported_flag_exits_2_with_one_line(repo):

@@ -130,6 +130,7 @@ PPMULTI_CONSOLE_TTY = "PPMULTI_CONSOLE_TTY"
 # what ppmulti otherwise keeps in their log files only (pycocotools' notices). Set by --verbose for the ranks.
 PPMULTI_VERBOSE = "PPMULTI_VERBOSE"
 PYTHONPATH = "PYTHONPATH"
+XDG_CACHE_HOME = "XDG_CACHE_HOME"                      # the user cache dir (ppmulti/common/shm.py)
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"                  # node output is streamed line by line through ssh
 # --- detached runs and evolution (ppmulti/procs/runs/detach.py, evolve_run.py) ---
 PPMULTI_HOME = "PPMULTI_HOME"                        # where detached runs are recorded (default ~/.ppmulti)

@@ -11,7 +11,6 @@ from ppmulti.common.paths import TRAIN_SCRIPT
 # YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name.
 UNSUPPORTED = {
     "--rect": "rectangular training batches",
-    "--cache": "caching decoded images in RAM/disk",
     "--image-weights": "sampling images by class weights",
     "--multi-scale": "random +-50% image size per batch (configs set BatchRandomResize sizes instead)",
     "--quad": "the quad dataloader",
@@ -84,6 +83,9 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
                    help="class label smoothing epsilon (YOLOv5 models)")
     g.add_argument("--noautoanchor", action="store_true",
                    help="accepted: ppmulti never recomputes anchors (they come from the model config)")
+    g.add_argument("--cache", nargs="?", const="ram", default=None, choices=("ram", "disk"),
+                   help="cache decoded training images: ram (bare --cache; one shared copy per node, not per rank) "
+                        "or disk (.npy files beside the images)")
     g.add_argument("--noplots", action="store_true", help="do not write results.png and PR_curve.png")
     # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",

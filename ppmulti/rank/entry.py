@@ -43,7 +43,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
                         patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
                         noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
-                        amp_default=yolo_style)
+                        amp_default=yolo_style, cache=getattr(args, "cache", None))
 
 
 def check_gpu_ids(ids: list[int]) -> None:

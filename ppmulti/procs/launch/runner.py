@@ -45,6 +45,7 @@ from typing import Mapping, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common import heartbeat as heartbeat_record
+from ppmulti.common import shm
 from ppmulti.common.compat import collective_timeout_env
 from ppmulti.common.errors import UserError
 from ppmulti.common.procfs import alive, exit_code
@@ -448,7 +449,8 @@ def _sweep_ranks(launch_dir: str, dog: Watchdog, out: TextIO | None) -> None:
     swept = supervisor.sweep(E.PPMULTI_LAUNCH_DIR, launch_dir)
     if swept.left:
         _log(f"{len(swept.left)} process(es) of the ranks could not be stopped: pid {swept.left}", out)
-    for path in dog.shared_memory_left():
+    # and the ranks' RAM cache (--cache ram) when one died while it was being built and mapped
+    for path in dog.shared_memory_left() + shm.launch_leftovers(launch_dir):
         try:
             os.unlink(path)
         except OSError:

@@ -10,6 +10,8 @@ from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.rundir import new_run_dir
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
+from ppmulti.rank.data import coco as coco_cache
+from ppmulti.rank.data.cache import apply_cache, prebuild_cache
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, ResumeHook,
                                        StopOnSignalHook)
@@ -41,6 +43,8 @@ class _Build:
         self.rank = dist.rank()
         self.cfg = config_mod.load(opts.config, opts.overrides)
         notes = list(opts.config_edit(self.cfg) or []) if opts.config_edit else []
+        apply_cache(self.cfg, opts.cache)
+        coco_cache.swap_in(self.cfg)   # a COCO json's parse is read from its cache after the first start
         from ppmulti.rank.ppdet_bridge import select_device
 
         self.device = select_device(self.cfg)
@@ -133,6 +137,7 @@ class _Build:
         self.dataset = create("TrainDataset")()
         with prints_to_log():   # pycocotools' notices while the annotations load
             self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0))
+        prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
         steps_per_epoch = len(self.loader)
         if steps_per_epoch < 1:
             raise UserError(f"the training set has {len(self.dataset.roidbs)} images, fewer than the per-rank "

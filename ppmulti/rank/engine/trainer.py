@@ -45,6 +45,7 @@ class TrainOptions:
     noplots: bool = False           # no results.png / PR_curve.png (YOLOv5's --noplots; evolution candidates)
     amp: bool | None = None         # --amp / --no-amp; None: the config's amp key, else amp_default
     amp_default: bool = False       # YOLOv5-style runs: AMP on GPUs unless --no-amp or amp: false
+    cache: str | None = None        # --cache: "ram" (one copy per node) or "disk" decoded training images
 
 
 @dataclass
