@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from ppmulti.common import train_flags
+from ppmulti.common import gpu_switches, train_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run
 from ppmulti.rank.engine.trainer import TrainOptions
@@ -29,13 +30,15 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     if weights == "":
         overrides.append("pretrain_weights=")   # YOLOv5's --weights '': from scratch
         weights = None
-    output = args.output or train_flags.run_output(getattr(args, "project", None), getattr(args, "name", None))
+    project, name = getattr(args, "project", None), getattr(args, "name", None)
+    asked = args.output or train_flags.run_output(project, name)   # a run directory the user named
+    output = asked or train_flags.run_output(project, name, yolo=yolo_style)
     validate = args.eval or (yolo_style and not getattr(args, "noval", False))
     if getattr(args, "patience", None) and not validate:
         raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
     resume = args.resume
     if resume is True:
-        resume = str(newest_run(output))
+        resume = str(newest_run(asked))   # the user's --project/--name, else runs/train and output/
     return TrainOptions(config=config, overrides=overrides, validate=validate, resume=resume,
                         batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
                         sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
@@ -43,7 +46,18 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
                         patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
                         noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
-                        amp_default=yolo_style)
+                        amp_default=yolo_style,
+                        switches=gpu_switches.resolve(getattr(args, "deterministic", None),
+                                                      bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
+                                                      os.environ),
+                        record=run_record(args) if yolo_style else None)
+
+
+def run_record(args: argparse.Namespace) -> dict:
+    """The flags as YOLOv5 keeps them in a run's opt.yaml (plain values), with the model it trains named."""
+    record = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, list, type(None)))}
+    record["model"] = args.cfg or args.config
+    return record
 
 
 def check_gpu_ids(ids: list[int]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.gpu_switches import Switches
 from ppmulti.rank import compat
 from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.engine import checkpoint as ckpt
@@ -45,6 +46,8 @@ class TrainOptions:
     noplots: bool = False           # no results.png / PR_curve.png (YOLOv5's --noplots; evolution candidates)
     amp: bool | None = None         # --amp / --no-amp; None: the config's amp key, else amp_default
     amp_default: bool = False       # YOLOv5-style runs: AMP on GPUs unless --no-amp or amp: false
+    switches: Switches = field(default_factory=Switches)   # --deterministic / --cudnn-benchmark, as Paddle flags
+    record: dict | None = None      # the command line's flags, written as the run's opt.yaml (as YOLOv5 does)
 
 
 @dataclass
