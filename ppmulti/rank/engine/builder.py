@@ -106,8 +106,8 @@ class _Build:
             os.environ.setdefault(key, value)
         done, absent = compat.set_defined_flags(switches.flags)
         log.info("%s mode (%s): %s%s", switches.mode, switches.why,
-                 ", ".join(f"{k}={switches.flags[k]}" for k in done) or "no flag to set",
-                 f"; not in this Paddle build: {', '.join(absent)}" if absent else "")
+                 f"set {', '.join(f'{k}={switches.flags[k]}' for k in done)}" if done else "nothing to set",
+                 f"; this Paddle build has no {', '.join(absent)}" if absent else "")
 
     def _batch_plan(self) -> BatchPlan:
         if self.opts.batch is not None:
