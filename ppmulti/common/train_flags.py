@@ -42,7 +42,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
                    help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
     p.add_argument("--epochs", type=int, help="number of epochs (overrides the config's epoch)")
-    p.add_argument("--output", metavar="DIR", help="run directory (default: save_dir/<config name>, numbered)")
+    p.add_argument("--output", metavar="DIR", help="run directory (default: runs/train/exp for YOLOv5 command lines, "
+                        "save_dir/<config name> for -c ones; numbered unless --exist-ok)")
     p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
                    help="reuse the run directory instead of numbering a new one")
     p.add_argument("--sync-bn", "--sync_bn", dest="sync_bn", action="store_true",

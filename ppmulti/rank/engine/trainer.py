@@ -32,7 +32,7 @@ class TrainOptions:
     resume: str | None = None
     batch: int | None = None        # global batch; default: TrainReader.batch_size x world size
     epochs: int | None = None
-    output: str | None = None       # run directory; default: save_dir/<config name>[N]
+    output: str | None = None       # run directory; default: save_dir/<config name>[N] (entry: runs/train/exp)
     exist_ok: bool = False
     sync_bn: bool = False
     seed: int = 0
