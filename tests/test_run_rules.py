@@ -148,3 +148,28 @@ def test_gpu_ranks_get_nvidia_smi_order_unless_the_user_chose():
     lone = {}
     E.set_visible_gpu(1, lone)        # one GPU, no launcher (tools/train.py --device 1)
     assert lone == {E.FLAGS_SELECTED_GPUS: "1", E.CUDA_DEVICE_ORDER: "PCI_BUS_ID"}
+
+
+def test_resume_without_model_flags_reads_the_run(tmp_path, monkeypatch):
+    """YOLOv5's `train.py --resume`: no other flag; the run's config.yml is the config, its opt.yaml the flags."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "train" / "exp"
+    (run / "weights").mkdir(parents=True)
+    (run / "weights" / "last.pdstate").write_text("x")
+    (run / "config.yml").write_text("epoch: 3\n")
+    (run / "opt.yaml").write_text(yaml.safe_dump({"model": "yolov5n", "noval": True, "seed": 5, "save_period": 2,
+                                                  "cudnn_benchmark": True}))
+    opts = _options("--resume")
+    assert _path(opts.resume) == "runs/train/exp" and _path(opts.config) == "runs/train/exp/config.yml"
+    assert (opts.seed, opts.save_period, opts.validate, opts.switches.mode) == (5, 2, False, "benchmark")
+    assert opts.amp_default and opts.record is None          # a YOLOv5 run; its opt.yaml is kept as written
+    assert _options("--resume", "--seed", "9").seed == 9       # a flag given again wins
+    assert _path(_options("--resume", "runs/train/exp/weights/last").config) == "runs/train/exp/config.yml"
+    (run / "opt.yaml").unlink()                                 # a -c run: its config, ppdet's defaults
+    opts = _options("--resume")
+    assert _path(opts.config) == "runs/train/exp/config.yml" and not opts.amp_default and opts.seed == 0
+    (run / "config.yml").unlink()
+    with pytest.raises(UserError, match="no config given"):
+        _options("--resume")

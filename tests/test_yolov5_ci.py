@@ -96,6 +96,17 @@ def test_export_onnx_then_detect_from_it(ci):
                   "--source", "data/images/val", "--device", "cpu"], cwd=root))
 
 
+def test_bare_resume_continues_the_newest_run(ci):
+    """`train.py --resume` with no other flag (YOLOv5's spelling): the newest run, its config and flags."""
+    root, _ = ci
+    proc = run_tool([str(REPO / "tools" / "train.py"), "--resume", "--epochs", "2"], cwd=root, timeout=600)
+    _ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "resumed from runs/train/exp/weights/last.pdstate at epoch 1" in out
+    assert [r["epoch"] for r in csv.DictReader((root / "runs/train/exp/results.csv").open())] == ["1", "2"]
+    assert not (root / "runs" / "train" / "exp2").exists()
+
+
 @pytest.fixture(scope="module")
 def two_ranks(ci):
     """The same training on 2 gloo ranks (4 images: 2 per rank), YOLOv5's DDP line with ppmulti's CPU spelling."""

@@ -39,3 +39,11 @@ def newest_run(output: str | None) -> Path:
         raise UserError(f"--resume without a path: no run with weights/last.pdstate under "
                         f"{' or '.join(map(str, roots))}; pass the run directory")
     return max(found, key=lambda p: p.stat().st_mtime).parent.parent
+
+
+def run_of(resume: str | Path) -> Path:
+    """The run directory of a ``--resume`` path: the directory itself, or the run of ``RUN/weights/last[.pdstate]``."""
+    path = Path(resume)
+    if path.is_dir():
+        return path
+    return path.parent.parent if path.parent.name == "weights" else path.parent
