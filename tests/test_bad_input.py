@@ -21,7 +21,8 @@ def _train(capsys, *argv: str) -> str:
 
 
 @pytest.fixture
-def base(small_demo):
+def base(small_demo, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # a refused run may have made its output/<config> directory: not in the checkout
     return ["-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo)]
 
 

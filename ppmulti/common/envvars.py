@@ -67,6 +67,9 @@ PADDLE_SOT_SWITCH = "ENABLE_FALL_BACK"                  # Paddle 2.6's to_static
 # --- Read by older launchers / users, ignored by Paddle 2.6's new launcher ---
 FLAGS_START_PORT = "FLAGS_START_PORT"                  # the legacy fleetrun's --start_port
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# --- CUDA settings ppmulti gives every GPU rank unless the user set them (see set_device_order) ---
+CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"                # PCI_BUS_ID: GPU ids as nvidia-smi numbers them
+CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG"    # :4096:8 makes cuBLAS deterministic (--deterministic)
 # --- Read by Paddle 3.x's launcher only (a user knob, kept: not launch state) ---
 # In master mode its worker ports become FLAGS_FIXED_PORT + node_rank + i instead of random free ports
 # (context/node.py get_free_ports), so two nodes on one host overlap by all but one port.
@@ -257,7 +260,15 @@ def clean_launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
             and not (k.startswith(_PADDLE_PREFIX) and k not in _USER_PADDLE_SETTINGS)}
 
 
+def set_device_order(environ: MutableMapping[str, str] | None = None) -> None:
+    """GPU ids in nvidia-smi's order (CUDA's default puts the fastest GPU first), unless the user chose an order;
+    CUDA reads it once, when it starts: set it before anything asks for the GPU count."""
+    env = os.environ if environ is None else environ
+    env.setdefault(CUDA_DEVICE_ORDER, "PCI_BUS_ID")
+
+
 def set_visible_gpu(gpu_id: int, environ: MutableMapping[str, str] | None = None) -> None:
     """Make a lone process use GPU ``gpu_id``: Paddle's plain "gpu" device reads FLAGS_selected_gpus."""
     env = os.environ if environ is None else environ
+    set_device_order(env)
     env[FLAGS_SELECTED_GPUS] = str(int(gpu_id))

@@ -12,16 +12,23 @@ RUN_DIR_MARKER = "run_dir"   # in a launch's directory: the run that a restarted
 
 
 def new_run_dir(base: Path | str, name: str, exist_ok: bool = False) -> Path:
-    """Create and return a fresh run directory ``base/name`` (or the next free ``nameN``)."""
+    """Create and return a fresh run directory ``base/name``, else the first free of ``name2``, ``name3``, ...
+    (YOLOv5's increment_path: the lowest free number, so a deleted ``exp2`` is taken again before ``exp4``);
+    with ``exist_ok`` ``base/name`` itself, existing or not. Each directory is claimed by its mkdir, so two runs
+    started at once never share one."""
     base = Path(base)
-    candidate = base / name
-    if not exist_ok:
-        n = 2
-        while candidate.exists():
-            candidate = base / f"{name}{n}"
+    if exist_ok:
+        (base / name).mkdir(parents=True, exist_ok=True)
+        return base / name
+    base.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        candidate = base / (name if n == 1 else f"{name}{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
             n += 1
-    candidate.mkdir(parents=True, exist_ok=True)
-    return candidate
 
 
 def newest_run(output: str | None) -> Path:
@@ -32,3 +39,11 @@ def newest_run(output: str | None) -> Path:
         raise UserError(f"--resume without a path: no run with weights/last.pdstate under "
                         f"{' or '.join(map(str, roots))}; pass the run directory")
     return max(found, key=lambda p: p.stat().st_mtime).parent.parent
+
+
+def run_of(resume: str | Path) -> Path:
+    """The run directory of a ``--resume`` path: the directory itself, or the run of ``RUN/weights/last[.pdstate]``."""
+    path = Path(resume)
+    if path.is_dir():
+        return path
+    return path.parent.parent if path.parent.name == "weights" else path.parent

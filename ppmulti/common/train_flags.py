@@ -41,12 +41,21 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
                    help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
     p.add_argument("--epochs", type=int, help="number of epochs (overrides the config's epoch)")
-    p.add_argument("--output", metavar="DIR", help="run directory (default: save_dir/<config name>, numbered)")
+    p.add_argument("--output", metavar="DIR", help="run directory (default: runs/train/exp for YOLOv5 command lines, "
+                        "save_dir/<config name> for -c ones; numbered unless --exist-ok)")
     p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
                    help="reuse the run directory instead of numbering a new one")
     p.add_argument("--sync-bn", "--sync_bn", dest="sync_bn", action="store_true",
                    help="convert BatchNorm to SyncBatchNorm across ranks (GPU only)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed (rank r seeds its augmentation with SEED + r; the initial weights with SEED)")
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                   help="deterministic GPU kernels (FLAGS_cudnn_deterministic, FLAGS_embedding_deterministic, "
+                        "CUBLAS_WORKSPACE_CONFIG) in every rank; default: on for YOLOv5 command lines "
+                        "(--cfg/--data/--hyp, as YOLOv5 trains), off for -c lines")
+    p.add_argument("--cudnn-benchmark", "--cudnn_benchmark", dest="cudnn_benchmark", action="store_true",
+                   help="let cuDNN time its convolution algorithms and keep the fastest "
+                        "(FLAGS_cudnn_exhaustive_search, torch's cudnn.benchmark); not with --deterministic")
     p.add_argument("--workers", type=int, help="data loader worker processes per rank")
     p.add_argument("--weights", metavar="PDPARAMS", help="initial weights (.pdparams); '' trains from scratch")
     p.add_argument("--device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
@@ -65,8 +74,9 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data", help="dataset: a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml")
     g.add_argument("--hyp", help="YOLOv5 hyperparameter yaml, e.g. configs/hyps/hyp.scratch-low.yaml")
     g.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, help="train and val image size (pixels)")
-    g.add_argument("--project", help="runs go to PROJECT/NAME (default runs/train when --name is given)")
-    g.add_argument("--name", help="run name under --project (default exp; exp2, exp3, ... when taken)")
+    g.add_argument("--project", help="runs go to PROJECT/NAME (default runs/train for YOLOv5 command lines)")
+    g.add_argument("--name", help="run name under --project (default exp; exp2, exp3, ... when taken, "
+                                  "unless --exist-ok)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, help="SGD (Nesterov momentum), Adam or AdamW")
     g.add_argument("--cos-lr", "--cos_lr", dest="cos_lr", action="store_true", help="cosine lr decay (default linear)")
     g.add_argument("--single-cls", "--single_cls", dest="single_cls", action="store_true",
@@ -162,11 +172,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_output(project: str | None, name: str | None) -> str | None:
-    """``--project/--name`` -> the run directory (numbered by the trainer unless --exist-ok)."""
-    if project is None and name is None:
+DEFAULT_PROJECT = os.path.join("runs", "train")
+DEFAULT_NAME = "exp"
+
+
+def run_output(project: str | None, name: str | None, yolo: bool = False) -> str | None:
+    """``--project/--name`` -> the run directory (numbered by the trainer unless --exist-ok): YOLOv5 command
+    lines default to ``runs/train/exp`` as YOLOv5 does; ``-c`` lines without either keep ppdet's
+    ``save_dir/<config name>`` (None here)."""
+    if project is None and name is None and not yolo:
         return None
-    return os.path.join(project or os.path.join("runs", "train"), name or "exp")
+    return os.path.join(project or DEFAULT_PROJECT, name or DEFAULT_NAME)
 
 
 EDIT_FLAGS = ("cfg", "data", "hyp", "imgsz", "optimizer", "cos_lr", "single_cls", "label_smoothing")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
+from ppmulti.common.envvars import in_paddle_worker, set_device_order, set_visible_gpu
 from ppmulti.common.errors import exit_on_user_error
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse, parse_device, relaunch_argv
@@ -20,9 +20,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         from ppmulti.procs.runs.evolve_run import evolve_from_train
 
         return evolve_from_train(args, argv)
+    kind, ids, nranks = parse_device(args.device, args.nproc)
+    if kind == "gpu":
+        set_device_order()   # before paddle starts CUDA: --device ids follow nvidia-smi
     from ppmulti.rank import entry
 
-    kind, ids, nranks = parse_device(args.device, args.nproc)
     if kind in ("cpu", "gpu"):
         args.opt = list(args.opt or []) + [[f"use_gpu={'true' if kind == 'gpu' else 'false'}"]]
     options = entry.options_from_args(args)   # checks the flags before any process starts

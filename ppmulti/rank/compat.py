@@ -320,6 +320,22 @@ def set_num_threads(threads: int) -> None:
     paddle.base.core.set_num_threads(threads)
 
 
+def set_defined_flags(flags: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Set the Paddle flags this build defines: (set, absent). The cuDNN flags exist only in CUDA builds, and
+    ``FLAGS_cpu_deterministic`` only before Paddle 3; ``paddle.set_flags`` raises ValueError for a flag it lacks."""
+    import paddle
+
+    done, absent = [], []
+    for name, value in flags.items():
+        try:
+            paddle.set_flags({name: value})
+        except ValueError:
+            absent.append(name)
+        else:
+            done.append(name)
+    return done, absent
+
+
 def batch_sampler(loader: Any) -> Any:
     """The batch sampler of a ppdet reader (TrainReader, EvalReader ...), or None. ppdet 2.6.0's
     ``BaseDataLoader`` (ppdet/data/reader.py) keeps the sampler it built or was given in the private

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from ppmulti.common import train_flags
+from ppmulti.common import gpu_switches, train_flags
 from ppmulti.common.errors import UserError
-from ppmulti.common.rundir import newest_run
+from ppmulti.common.rundir import newest_run, run_of
 from ppmulti.rank.engine.trainer import TrainOptions
 
 
@@ -18,10 +19,23 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     overrides = [item for group in (args.opt or []) for item in group]
     config = args.config
     yolo_style = train_flags.yolo_style(args)
+    project, name = getattr(args, "project", None), getattr(args, "name", None)
+    asked = args.output or train_flags.run_output(project, name)   # a run directory the user named
+    resume = args.resume
+    if resume is True:
+        resume = str(newest_run(asked))   # the user's --project/--name, else runs/train and output/
+    noval = getattr(args, "noval", False)
     if getattr(args, "cfg", None):
         if args.config:
             raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
         config = yolo_config.resolve_cfg(args.cfg).config
+    elif not config and resume and (run_of(resume) / "config.yml").is_file():
+        # YOLOv5's bare --resume needs no other flag: the run's own resolved config (and its opt.yaml) say it all
+        config = str(run_of(resume) / "config.yml")
+        record = _read_record(run_of(resume))
+        if record is not None:
+            args = _with_record(args, record)
+            yolo_style, noval = True, bool(getattr(args, "noval", False))
     if not config:
         raise UserError("no config given: pass -c CONFIG (e.g. -c configs/yolo.yml) "
                         "or --cfg MODEL (e.g. --cfg yolov5s)")
@@ -29,13 +43,10 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     if weights == "":
         overrides.append("pretrain_weights=")   # YOLOv5's --weights '': from scratch
         weights = None
-    output = args.output or train_flags.run_output(getattr(args, "project", None), getattr(args, "name", None))
-    validate = args.eval or (yolo_style and not getattr(args, "noval", False))
+    output = asked or train_flags.run_output(project, name, yolo=yolo_style)
+    validate = args.eval or (yolo_style and not noval)
     if getattr(args, "patience", None) and not validate:
         raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
-    resume = args.resume
-    if resume is True:
-        resume = str(newest_run(output))
     return TrainOptions(config=config, overrides=overrides, validate=validate, resume=resume,
                         batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
                         sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
@@ -43,7 +54,43 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
                         patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
                         noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
-                        amp_default=yolo_style, cache=getattr(args, "cache", None))
+                        amp_default=yolo_style, cache=getattr(args, "cache", None),
+                        switches=gpu_switches.resolve(getattr(args, "deterministic", None),
+                                                      bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
+                                                      os.environ),
+                        record=run_record(args) if train_flags.yolo_style(args) else None)
+
+
+# the flags a bare YOLOv5 --resume takes back from the run's opt.yaml unless given again (YOLOv5 restores them all;
+# the model, data, size and hyperparameters are in config.yml already)
+RESUMED_FLAGS = ("noval", "nosave", "save_period", "patience", "freeze", "noplots", "seed", "deterministic",
+                 "cudnn_benchmark", "amp", "sync_bn", "workers", "cache")
+
+
+def _with_record(args: argparse.Namespace, record: dict) -> argparse.Namespace:
+    defaults = vars(train_flags.build_parser().parse_args([]))
+    merged = argparse.Namespace(**vars(args))
+    for key in RESUMED_FLAGS:
+        if key in record and getattr(merged, key, None) == defaults.get(key):
+            setattr(merged, key, record[key])
+    return merged
+
+
+def _read_record(run) -> dict | None:
+    import yaml
+
+    try:
+        record = yaml.safe_load((run / "opt.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def run_record(args: argparse.Namespace) -> dict:
+    """The flags as YOLOv5 keeps them in a run's opt.yaml (plain values), with the model it trains named."""
+    record = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, list, type(None)))}
+    record["model"] = args.cfg or args.config
+    return record
 
 
 def check_gpu_ids(ids: list[int]) -> None:

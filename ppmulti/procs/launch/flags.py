@@ -564,6 +564,9 @@ def launch_env(plan: LaunchPlan, environ: Mapping[str, str]) -> tuple[dict[str, 
     child = E.clean_launcher_env(environ)
     removed = sorted(k for k in environ if k not in child)
     child.update(changes)
+    if plan.device == "gpu" and E.CUDA_DEVICE_ORDER not in environ:
+        changes = {**changes, E.CUDA_DEVICE_ORDER: "PCI_BUS_ID"}   # --devices ids as nvidia-smi numbers them
+        child[E.CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
     changed = {k: v for k, v in changes.items() if environ.get(k) != v}
     removed = [k for k in removed if k not in changes]
     return child, changed, removed

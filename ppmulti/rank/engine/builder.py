@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+import os
 import random
 from pathlib import Path
 
@@ -70,10 +73,13 @@ class _Build:
             log.warning("%s", self.resume.restart_note)
         for note in notes:
             log.warning("%s", note)
+        self._apply_switches()
         if dist.is_main():
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
-        state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch)
+            if opts.record is not None:
+                _write_record(self.run_dir / "opt.yaml", opts.record)
         self._build_parts()
+        state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch)
         hooks = [EMAHook(), self.amp, self.resume, EvaluationHook(), EarlyStopHook(opts.patience), CheckpointHook(),
                  StopOnSignalHook()]
         trainer = trainer_class(self.model, self.loader, self.optimizer, lr=self.lr, cfg=self.cfg, opts=opts,
@@ -91,6 +97,21 @@ class _Build:
         random.seed(seed + self.rank)
         np.random.seed(seed + self.rank)
         paddle.seed(seed + self.rank)
+
+    def _apply_switches(self) -> None:
+        """--deterministic / --cudnn-benchmark in this rank: Paddle reads these flags when a kernel runs, so
+        setting them here (after import, in every rank, one process or many) takes effect for the whole run."""
+        from ppmulti.rank import compat
+
+        switches = self.opts.switches
+        if switches.mode == "default":
+            return
+        for key, value in switches.env.items():
+            os.environ.setdefault(key, value)
+        done, absent = compat.set_defined_flags(switches.flags)
+        log.info("%s mode (%s): %s%s", switches.mode, switches.why,
+                 f"set {', '.join(f'{k}={switches.flags[k]}' for k in done)}" if done else "nothing to set",
+                 f"; this Paddle build has no {', '.join(absent)}" if absent else "")
 
     def _batch_plan(self) -> BatchPlan:
         if self.opts.batch is not None:
@@ -140,8 +161,8 @@ class _Build:
         prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
         steps_per_epoch = len(self.loader)
         if steps_per_epoch < 1:
-            raise UserError(f"the training set has {len(self.dataset.roidbs)} images, fewer than the per-rank "
-                            f"batch {self.batch.per_rank}; lower --batch")
+            self._small_set()
+            steps_per_epoch = len(self.loader)
         self.lr_plan = self._scale_lr(len(self.dataset.roidbs), steps_per_epoch)
 
         paddle.seed(self.opts.seed)  # identical initial weights on every rank
@@ -163,6 +184,33 @@ class _Build:
         if self.world > 1:
             self.train_model = fleet.distributed_model(self.model)
             self.optimizer = fleet.distributed_optimizer(self.optimizer)
+
+    def _small_set(self) -> None:
+        """A training set smaller than the batch trains as YOLOv5 trains it: one smaller batch. Each rank's
+        batch becomes its shard (the sampler pads every shard to the same size, so every rank runs the same
+        one step and the collectives stay in step); the lr is scaled for the batch actually used."""
+        from ppdet.core.workspace import create
+
+        from ppmulti.rank import compat
+        from ppmulti.rank.ranklog import prints_to_log
+
+        images = len(self.dataset.roidbs)
+        if images < self.world:
+            raise UserError(f"the training set has {images} image(s), fewer than the {self.world} ranks: every "
+                            f"rank needs at least one; train on {images or 1} rank(s) or add images")
+        shard = getattr(compat.batch_sampler(self.loader), "num_samples", None) or math.ceil(images / self.world)
+        shard = min(int(shard), self.batch.per_rank)
+        asked = self.batch
+        self.batch = dataclasses.replace(asked, global_batch=shard * self.world, per_rank=shard)
+        self.cfg.TrainReader["batch_size"] = shard
+        with prints_to_log():
+            self.loader = create("TrainReader")(self.dataset, self.cfg.get("worker_num", 0))
+        if len(self.loader) < 1:   # our own invariant: a shard always fills one batch of its own size
+            raise RuntimeError(f"training loader still empty with a per-rank batch of {shard}")
+        log.warning("the training set has %d images, fewer than the batch %d: training with batch %d "
+                    "(%d per rank), as YOLOv5 does", images, asked.global_batch, self.batch.global_batch, shard)
+        if dist.is_main():
+            config_mod.dump(self.cfg, self.run_dir / "config.yml")
 
     def _scale_lr(self, dataset_size: int, steps_per_epoch: int) -> LRPlan:
         lr_cfg = self.cfg["LearningRate"]
@@ -222,6 +270,14 @@ def _report_keys(source, missing, unexpected) -> None:
     if unexpected:
         log.warning("%s: %d parameters in the file not used by the model, e.g. %s",
                     source, len(unexpected), ", ".join(unexpected[:3]))
+
+
+def _write_record(path: Path, record: dict) -> None:
+    import yaml
+
+    from ppmulti.common.atomic import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(record, sort_keys=False, default_flow_style=None))
 
 
 def stretch_decay(cfg, epochs: int) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.gpu_switches import Switches
 from ppmulti.rank import compat
 from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.engine import checkpoint as ckpt
@@ -31,7 +32,7 @@ class TrainOptions:
     resume: str | None = None
     batch: int | None = None        # global batch; default: TrainReader.batch_size x world size
     epochs: int | None = None
-    output: str | None = None       # run directory; default: save_dir/<config name>[N]
+    output: str | None = None       # run directory; default: save_dir/<config name>[N] (entry: runs/train/exp)
     exist_ok: bool = False
     sync_bn: bool = False
     seed: int = 0
@@ -46,6 +47,8 @@ class TrainOptions:
     amp: bool | None = None         # --amp / --no-amp; None: the config's amp key, else amp_default
     amp_default: bool = False       # YOLOv5-style runs: AMP on GPUs unless --no-amp or amp: false
     cache: str | None = None        # --cache: "ram" (one copy per node) or "disk" decoded training images
+    switches: Switches = field(default_factory=Switches)   # --deterministic / --cudnn-benchmark, as Paddle flags
+    record: dict | None = None      # the command line's flags, written as the run's opt.yaml (as YOLOv5 does)
 
 
 @dataclass
