@@ -12,8 +12,6 @@ from ppmulti.common.paths import TRAIN_SCRIPT
 UNSUPPORTED = {
     "--rect": "rectangular training batches",
     "--cache": "caching decoded images in RAM/disk",
-    "--image-weights": "sampling images by class weights",
-    "--multi-scale": "random +-50% image size per batch (configs set BatchRandomResize sizes instead)",
     "--quad": "the quad dataloader",
     "--bucket": "gsutil dataset buckets",
     "--upload_dataset": "W&B dataset upload",
@@ -41,6 +39,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="a run directory or weights/last to continue from; bare --resume takes the newest run")
     p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
                    help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
+    p.add_argument("--accumulate", type=int, metavar="N",
+                   help="batches whose gradients add up before each optimizer step: effective batch = global "
+                        "batch x N, the lr scaled from it (default 1; --cfg/--data/--hyp runs: YOLOv5's "
+                        "max(round(64 / global batch), 1))")
     p.add_argument("--epochs", type=int, help="number of epochs (overrides the config's epoch)")
     p.add_argument("--output", metavar="DIR", help="run directory (default: save_dir/<config name>, numbered)")
     p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
@@ -85,6 +87,12 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--noautoanchor", action="store_true",
                    help="accepted: ppmulti never recomputes anchors (they come from the model config)")
     g.add_argument("--noplots", action="store_true", help="do not write results.png and PR_curve.png")
+    g.add_argument("--multi-scale", "--multi_scale", dest="multi_scale", action="store_true",
+                   help="every step a random size in [0.5, 1.5] x imgsz (multiples of 32), the same on every rank; "
+                        "the batch is resized on the device")
+    g.add_argument("--image-weights", "--image_weights", dest="image_weights", action="store_true",
+                   help="draw each epoch's images by class weights (rare classes and classes with a low mAP more "
+                        "often), the same draw on every rank, then sharded")
     # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
                    help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "

@@ -327,6 +327,17 @@ def batch_sampler(loader: Any) -> Any:
     return getattr(loader, "_batch_sampler", None)
 
 
+def no_grad_sync(model: Any) -> Any:
+    """A context in which backward passes of ``model`` add to the local gradients without all-reducing them
+    (the micro-steps of a gradient accumulation): ``paddle.DataParallel.no_sync()``, which
+    ``fleet.distributed_model`` returns in collective data-parallel mode (the same on Paddle 2.6 and 3.x);
+    a model not wrapped for several ranks never syncs, so nothing to do."""
+    import contextlib
+
+    no_sync = getattr(model, "no_sync", None)
+    return no_sync() if callable(no_sync) else contextlib.nullcontext()
+
+
 def usable_gpu_count() -> int:
     """CUDA devices this process can use; 0 on a CPU-only build, where Paddle 2.6.2's
     ``paddle.device.cuda.device_count()`` is asked only after ``paddle.is_compiled_with_cuda()``."""

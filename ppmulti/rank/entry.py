@@ -8,6 +8,7 @@ import json
 from ppmulti.common import train_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run
+from ppmulti.rank.engine.lr import NOMINAL_BATCH
 from ppmulti.rank.engine.trainer import TrainOptions
 
 
@@ -33,6 +34,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     validate = args.eval or (yolo_style and not getattr(args, "noval", False))
     if getattr(args, "patience", None) and not validate:
         raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
+    if getattr(args, "accumulate", None) is not None and args.accumulate < 1:
+        raise UserError(f"--accumulate {args.accumulate}: give 1 (no accumulation) or more batches per optimizer step")
     resume = args.resume
     if resume is True:
         resume = str(newest_run(output))
@@ -43,7 +46,10 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
                         patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
                         noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
-                        amp_default=yolo_style)
+                        amp_default=yolo_style, accumulate=getattr(args, "accumulate", None),
+                        nominal_batch=NOMINAL_BATCH if yolo_style else None,
+                        multi_scale=getattr(args, "multi_scale", False),
+                        image_weights=getattr(args, "image_weights", False))
 
 
 def check_gpu_ids(ids: list[int]) -> None:
