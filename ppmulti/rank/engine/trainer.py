@@ -285,9 +285,9 @@ class Trainer:
         """The log's first line: world, effective batch and accumulation, steps, the lr scaled from the
         effective batch."""
         acc = self.batch.accumulate
+        n = optimizer_steps(self.steps_per_epoch, acc)
         steps = (f"{self.steps_per_epoch} steps per epoch" if acc == 1 else
-                 f"{self.steps_per_epoch} batches ({optimizer_steps(self.steps_per_epoch, acc)} optimizer steps) "
-                 f"per epoch")
+                 f"{self.steps_per_epoch} batches ({n} optimizer step{'s' if n != 1 else ''}) per epoch")
         log.info("world size %d, %s, %s; %s", self.world, self.batch.describe(), steps,
                  self.lr_plan.describe() if self.lr_plan is not None else f"lr {self.optimizer.get_lr():.6g}")
         for note in self.plan_notes:
