@@ -90,6 +90,30 @@ def test_optimizer_steps_per_epoch(batches, acc, steps):
     assert optimizer_steps(batches, acc) == steps
 
 
+@pytest.mark.parametrize("argv,accumulate,nominal", [
+    (["-c", "configs/yolo.yml"], None, None),
+    (["--cfg", "yolov5n"], None, 64),                          # a YOLOv5 line: the nominal batch
+    (["--data", "x.yaml", "-c", "configs/yolo.yml"], None, 64),
+    (["--cfg", "yolov5n", "--accumulate", "2"], 2, 64),        # --accumulate wins (lr.plan_batch)
+    (["-c", "configs/yolo.yml", "--accumulate", "3", "--multi-scale", "--image-weights"], 3, None),
+])
+def test_train_flags_reach_the_options(argv, accumulate, nominal):
+    from ppmulti.common import train_flags
+    from ppmulti.rank.entry import options_from_args
+
+    opts = options_from_args(train_flags.parse(argv))
+    assert (opts.accumulate, opts.nominal_batch) == (accumulate, nominal)
+    assert opts.multi_scale == opts.image_weights == ("--multi-scale" in argv)
+
+
+def test_bad_accumulate_is_one_error():
+    from ppmulti.common import train_flags
+    from ppmulti.rank.entry import options_from_args
+
+    with pytest.raises(UserError, match="--accumulate 0: give 1"):
+        options_from_args(train_flags.parse(["-c", "configs/yolo.yml", "--accumulate", "0"]))
+
+
 # ----------------------------------------------------------------------------- the loop
 
 

@@ -27,7 +27,7 @@ class EvaluationHook(Hook):
         stats.metrics = result.as_dict()
         stats.pr_curve = self.evaluator.last_pr
         trainer.last_metrics = stats.metrics
-        trainer.class_maps = getattr(result, "class_maps", None)   # per-class mAP50-95 (--image-weights' sampler reads it)
+        trainer.class_maps = getattr(result, "class_maps", None)   # per-class mAP50-95 (--image-weights)
 
     def evaluate(self, trainer):
         """Score the inference weights (EMA's when on) and put the trained weights back."""
