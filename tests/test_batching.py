@@ -372,3 +372,30 @@ def test_two_ranks_accumulate_multi_scale_image_weights_then_resume_on_one(small
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["world_size"], metrics["global_batch"], metrics["accumulate"], metrics["effective_batch"],
             metrics["epochs"]) == (1, 4, 4, 16, 2)
+
+
+@pytest.mark.slow
+def test_yolov5_line_accumulates_to_64_with_multi_scale_and_image_weights(small_demo, tmp_path, repo):
+    """A YOLOv5 command line, one process: --batch 8 accumulates 8 batches (YOLOv5's nominal 64), YOLOv5's loss
+    trains at the drawn sizes, the images come from the weighted sampler, and the log says the plan."""
+    import json
+
+    from conftest import run_tool
+
+    script = str(repo / "tests" / "fixtures" / "batching_train.py")
+    proc = run_tool([script, "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n", "--weights", "",
+                     "--img", "64", "--epochs", "1", "--batch", "8", "--workers", "0", "--multi-scale",
+                     "--image-weights", "--project", str(tmp_path / "runs"), "--name", "exp"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "runs" / "exp"
+    log = (run / "train.log").read_text()
+    assert ("world size 1, global batch 8 (8 per rank) x accumulate 8 = effective batch 64 (YOLOv5's nominal "
+            "batch 64; --accumulate N overrides), 6 batches (1 optimizer step) per epoch; lr 0.01 = base_lr 0.01 x "
+            "effective batch 64 / ref_batch 64") in log
+    assert "weight decay 0.0005 x the lr scaled from effective batch 64 / ref_batch 64" in log
+    rec = _recorded(run, 0)
+    assert [s["stepped"] for s in rec["steps"]] == [False] * 5 + [True]   # the epoch's short last group steps
+    sizes = {tuple(s["size"]) for s in rec["steps"]}
+    assert len(sizes) > 1 and all(v % 32 == 0 and 32 <= v <= 96 for size in sizes for v in size)
+    assert sorted(rec["epochs"][0]["shard"]) != list(range(48))   # drawn with replacement by weight
+    assert json.loads((run / "metrics.json").read_text())["effective_batch"] == 64
