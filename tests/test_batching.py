@@ -399,3 +399,33 @@ def test_yolov5_line_accumulates_to_64_with_multi_scale_and_image_weights(small_
     assert len(sizes) > 1 and all(v % 32 == 0 and 32 <= v <= 96 for size in sizes for v in size)
     assert sorted(rec["epochs"][0]["shard"]) != list(range(48))   # drawn with replacement by weight
     assert json.loads((run / "metrics.json").read_text())["effective_batch"] == 64
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_ranks_accumulating_equal_one_rank_with_the_whole_batch(tmp_path, repo):
+    """3 optimizer steps over the same 16 samples each: 1 rank x 16 and 2 ranks x 4 x accumulate 2 end with the
+    same weights (gradients kept local over the micro-steps, summed, all-reduced once); 1 rank x 8 x accumulate 2
+    too; the control, the same 48 samples in 6 steps of 8, ends elsewhere."""
+    from conftest import run_tool
+
+    script = str(repo / "tests" / "fixtures" / "accumulate_equivalence.py")
+    one = run_tool([script, str(tmp_path / "one.npz"), "16", "1", "3"])
+    assert one.returncode == 0, one.stderr[-2000:]
+    acc = run_tool([script, str(tmp_path / "acc.npz"), "8", "2", "3"])
+    assert acc.returncode == 0, acc.stderr[-2000:]
+    two = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path / "two.npz"),
+                    "4", "2", "3"], cwd=tmp_path)
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
+    half = run_tool([script, str(tmp_path / "half.npz"), "8", "1", "3"])
+    assert half.returncode == 0, half.stderr[-2000:]
+
+    def weights(name):
+        data = np.load(tmp_path / name)
+        return {k: data[k] for k in data.files}
+
+    a, b, c, d = weights("one.npz"), weights("acc.npz"), weights("two.npz"), weights("half.npz")
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a[key], c[key], rtol=1e-5, atol=1e-6)
+    assert max(np.abs(a[k] - d[k]).max() for k in a) > 1e-4
