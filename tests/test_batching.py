@@ -235,6 +235,81 @@ def test_a_stop_inside_an_accumulation_drops_its_batches():
     assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in trainer.model.parameters())
 
 
+class _IndexData(paddle.io.Dataset):
+    """Sample i: x = (i, i, i), so a model can tell which samples it was given."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"x": np.full(3, i, dtype="float32"), "y": np.zeros(1, dtype="float32")}
+
+
+class _EpochSampler:
+    """A batch sampler whose order depends on its epoch, as a shuffle or a weighted draw does: epoch e starts
+    at sample e (mod 8)."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = [(self.epoch + i) % 8 for i in range(8)]
+        yield from (order[i:i + 2] for i in range(0, 8, 2))
+
+    def __len__(self):
+        return 4
+
+
+class _Seen(ToyModel):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, data):
+        self.seen.append(int(data["x"].numpy()[0, 0]))
+        return super().forward(data)
+
+
+class _PpdetLikeReader:
+    """ppdet's BaseDataLoader's iteration: an iterator made when built and a new one as each ends."""
+
+    def __init__(self, sampler, workers):
+        self._batch_sampler = sampler
+        self.dataloader = paddle.io.DataLoader(_IndexData(), batch_sampler=sampler, num_workers=workers)
+        self.loader = iter(self.dataloader)
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.loader)
+        except StopIteration:
+            self.loader = iter(self.dataloader)
+            raise
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_every_epoch_draws_by_its_own_epoch(workers):
+    """Paddle's iterators start drawing indices when made, and ppdet's reader makes the next one before the
+    trainer's set_epoch: the loop iterates a fresh one after set_epoch, so epoch e is drawn with epoch e."""
+    sampler = _EpochSampler()
+    reader = _PpdetLikeReader(sampler, workers)
+    paddle.seed(0)
+    model = _Seen()
+    trainer = Trainer(model, reader, paddle.optimizer.SGD(0.01, parameters=model.parameters()), epochs=3,
+                      cfg={"log_iter": 100}, opts=TrainOptions(config="toy.yml"), world=1, rank=0)
+    trainer.train()
+    # each epoch's first samples of its 4 batches: epoch e's order starts at e
+    assert model.seen == [0, 2, 4, 6, 1, 3, 5, 7, 2, 4, 6, 0], model.seen
+
+
 # ----------------------------------------------------------------------------- --multi-scale
 
 
@@ -327,10 +402,11 @@ def _recorded(out, rank):
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_two_ranks_accumulate_multi_scale_image_weights_then_resume_on_one(small_demo, tmp_path, repo):
-    """2 gloo ranks, --batch 8 --accumulate 2 --multi-scale --image-weights, 1 epoch of the demo (48 images):
-    6 batches and 3 optimizer steps per rank, micro-step gradients kept local (they differ between ranks) and
-    the weights equal after; every step one image size on both ranks; the ranks' images are the two shards of
-    one weighted draw. Resumed on 1 rank: the effective batch 16 stays (4 per rank x accumulate 4)."""
+    """2 gloo ranks, --batch 8 --accumulate 2 --multi-scale --image-weights, 2 epochs of the demo (48 images):
+    6 batches and 3 optimizer steps per epoch and rank, micro-step gradients kept local (they differ between
+    ranks) and the weights equal after; every step one image size on both ranks; each epoch the ranks' images
+    are the two shards of that epoch's weighted draw. Resumed on 1 rank: the effective batch 16 stays (4 per
+    rank x accumulate 4)."""
     import json
     import re
 
@@ -340,7 +416,7 @@ def test_two_ranks_accumulate_multi_scale_image_weights_then_resume_on_one(small
     out = tmp_path / "run"
     common = ["-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "--workers", "0", "--output", str(out)]
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, *common, "--batch", "8",
-                     "--accumulate", "2", "--multi-scale", "--image-weights", "--epochs", "1"], cwd=tmp_path)
+                     "--accumulate", "2", "--multi-scale", "--image-weights", "--epochs", "2"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first = (out / "train.log").read_text()
     assert ("world size 2, global batch 8 (4 per rank) x accumulate 2 = effective batch 16 (--accumulate 2), "
@@ -348,18 +424,20 @@ def test_two_ranks_accumulate_multi_scale_image_weights_then_resume_on_one(small
     lr_said = re.search(r"lr \S+ = base_lr \S+ x effective batch 16 / ref_batch 16", first).group(0)
     ranks = [_recorded(out, r) for r in (0, 1)]
     for rec in ranks:
-        assert [s["stepped"] for s in rec["steps"]] == [False, True] * 3
-        assert rec["optimizer_steps"] == 3 and rec["lr_end"] - rec["lr_start"] == 3
+        assert [s["stepped"] for s in rec["steps"]] == [False, True] * 6
+        assert rec["optimizer_steps"] == 6 and rec["lr_end"] - rec["lr_start"] == 6
     micro = [[s["grad"] for s in rec["steps"] if not s["stepped"]] for rec in ranks]
     assert all(a != pytest.approx(b, rel=1e-4) for a, b in zip(*micro)), micro   # not all-reduced
     assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"], rel=1e-6)
     sizes = [[tuple(s["size"]) for s in rec["steps"]] for rec in ranks]
     assert sizes[0] == sizes[1], sizes
     assert len(set(sizes[0])) > 1 and all(v % 32 == 0 and 64 <= v <= 192 for size in sizes[0] for v in size)
-    draw = ranks[0]["epochs"][0]["draw"]
-    assert ranks[0]["epochs"][0]["shard"] == draw[0::2] and ranks[1]["epochs"][0]["shard"] == draw[1::2]
+    for epoch in (0, 1):
+        draw = ranks[0]["epochs"][epoch]["draw"]
+        assert ranks[0]["epochs"][epoch]["shard"] == draw[0::2] and ranks[1]["epochs"][epoch]["shard"] == draw[1::2]
+    assert ranks[0]["epochs"][0]["draw"] != ranks[0]["epochs"][1]["draw"]
 
-    proc = run_tool([script, *common, "--resume", str(out), "--epochs", "2"], cwd=tmp_path)
+    proc = run_tool([script, *common, "--resume", str(out), "--epochs", "3"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (out / "train.log").read_text()[len(first):]
     assert ("resuming a run of 2 ranks on 1 ranks: the effective batch stays 16 (global batch 4, 4 per rank, "
@@ -368,10 +446,10 @@ def test_two_ranks_accumulate_multi_scale_image_weights_then_resume_on_one(small
     assert lr_said in log and "lr rescaled" not in log
     one = _recorded(out, 0)
     assert [s["stepped"] for s in one["steps"]] == [False, False, False, True] * 3   # 12 batches of 4
-    assert one["optimizer_steps"] == 3 and (one["lr_start"], one["lr_end"]) == (3, 6)   # the schedule goes on
+    assert one["optimizer_steps"] == 3 and (one["lr_start"], one["lr_end"]) == (6, 9)   # the schedule goes on
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["world_size"], metrics["global_batch"], metrics["accumulate"], metrics["effective_batch"],
-            metrics["epochs"]) == (1, 4, 4, 16, 2)
+            metrics["epochs"]) == (1, 4, 4, 16, 3)
 
 
 @pytest.mark.slow

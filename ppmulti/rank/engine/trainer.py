@@ -264,7 +264,7 @@ class Trainer:
         skip = self.state.step_in_epoch   # resuming an interrupted epoch: the same shuffle, minus its done steps
         t_data = time.time()
         heartbeat.beat("data", self.state.global_step)
-        for step, data in enumerate(self.loader):
+        for step, data in enumerate(compat.epoch_batches(self.loader)):   # drawn after set_epoch
             if step >= skip:
                 meter.data_time += time.time() - t_data
                 yield step, data
