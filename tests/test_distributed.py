@@ -28,7 +28,7 @@ def test_two_ranks_train_eval_checkpoint(two_rank_run):
     assert len(metrics["per_rank_images_per_s"]) == 2
     log0 = (out / "train.log").read_text()
     assert "world size 2, global batch 8 (4 per rank)" in log0
-    assert "lr 0.001 = base_lr 0.002 x global batch 8 / ref_batch 16" in log0
+    assert "lr 0.001 = base_lr 0.002 x effective batch 8 / ref_batch 16" in log0
     assert (out / "logs" / "rank1.log").is_file()      # rank 1 logs to its own file only
     assert (out / "weights" / "last.pdparams").is_file() and (out / "weights" / "best.pdparams").is_file()
     assert not list(out.glob("weights/*rank1*"))
@@ -235,31 +235,36 @@ def test_sigterm_saves_the_interrupted_epoch_and_it_resumes(small_demo, tmp_path
     assert epochs == ["1", "2"]
 
 
-def test_resume_on_another_world_size_keeps_the_global_batch(small_demo, tmp_path):
-    """Issue 6: a run trained on 2 ranks resumes on 1 rank with the same global batch (and so the same LR),
-    saying so in the log; a different --batch on resume rescales the LR and says that."""
+def test_resume_on_another_world_size_keeps_the_effective_batch(small_demo, tmp_path):
+    """Issues 6 and 24: a run trained on 2 ranks resumes on 1 rank with the same effective batch (and so the same
+    LR and optimizer steps per epoch): the same batch per rank, twice the accumulation, said in the log; a
+    --batch on resume keeps it by accumulating; --accumulate on resume changes it and rescales the LR."""
     out = tmp_path / "run"
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
                      *_train_args(small_demo, out, "--batch", "8", "--epochs", "1")], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first = (out / "train.log").read_text()
-    lr_said = re.search(r"lr \S+ = base_lr \S+ x global batch 8 / ref_batch \d+", first).group(0)
+    lr_said = re.search(r"lr \S+ = base_lr \S+ x effective batch 8 / ref_batch \d+", first).group(0)
 
     proc = run_tool(_train_args(small_demo, out, "--resume", str(out), "--epochs", "2"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (out / "train.log").read_text()[len(first):]
-    assert "resuming a run of 2 ranks on 1 ranks: the global batch stays 8 (8 per rank)" in log, log[-3000:]
-    assert "world size 1, global batch 8 (8 per rank), 6 steps per epoch" in log      # 48 images / 8
+    assert ("resuming a run of 2 ranks on 1 ranks: the effective batch stays 8 (global batch 4, 4 per rank, "
+            "x accumulate 2)") in log, log[-3000:]
+    assert ("world size 1, global batch 4 (4 per rank) x accumulate 2 = effective batch 8 (keeps the resumed "
+            "effective batch 8), 12 batches (6 optimizer steps) per epoch") in log      # 48 images / 4
     assert lr_said in log                          # the same scaled LR as the 2-rank start
     assert "lr rescaled" not in log
     metrics = json.loads((out / "metrics.json").read_text())
-    assert (metrics["world_size"], metrics["global_batch"], metrics["epochs"]) == (1, 8, 2)
+    assert (metrics["world_size"], metrics["global_batch"], metrics["effective_batch"], metrics["epochs"]) == \
+        (1, 4, 8, 2)
 
-    proc = run_tool(_train_args(small_demo, out, "--resume", str(out), "--epochs", "3", "--batch", "4"), cwd=tmp_path)
+    proc = run_tool(_train_args(small_demo, out, "--resume", str(out), "--epochs", "3", "--batch", "4",
+                                "--accumulate", "1"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (out / "train.log").read_text()
-    assert "resuming with global batch 4 instead of 8: lr rescaled to" in log
-    assert json.loads((out / "metrics.json").read_text())["global_batch"] == 4
+    assert "resuming with effective batch 4 instead of 8: lr rescaled to" in log
+    assert json.loads((out / "metrics.json").read_text())["effective_batch"] == 4
 
 
 def test_yolov5_launch_line_two_ranks(small_demo, tmp_path):
@@ -276,7 +281,9 @@ def test_yolov5_launch_line_two_ranks(small_demo, tmp_path):
     assert (metrics["world_size"], metrics["global_batch"], metrics["epochs"]) == (2, 8, 1)
     assert metrics["images"] == 16 and 0.0 <= metrics["mAP50"] <= 1.0     # both shards of the val split scored
     log = (run / "train.log").read_text()
-    assert "world size 2, global batch 8 (4 per rank), 6 steps per epoch" in log
+    # a YOLOv5 command line accumulates to YOLOv5's nominal batch: 64 / 8 = 8 batches per optimizer step
+    assert ("world size 2, global batch 8 (4 per rank) x accumulate 8 = effective batch 64 (YOLOv5's nominal batch "
+            "64; --accumulate N overrides), 6 batches (1 optimizer step) per epoch") in log
     resolved = (run / "config.yml").read_text()
     assert "YOLOv5Head" in resolved and "YOLODataSet" in resolved
     assert "depth_mult: 0.33" in resolved and "width_mult: 0.5" in resolved     # yolov5s.yaml -> the s config

@@ -188,7 +188,8 @@ def test_the_loop_trains_the_model_and_steps_the_lr_schedule():
     assert lrs == [0.1] * 4 + [0.05] * 4 + [0.025] * 4          # the lr each step used; stepped after it
     assert sum(losses[-4:]) < 0.5 * sum(losses[:4])            # SGD on a linear target: the loss falls
     assert (trainer.model.linear.weight.numpy() != before).all()
-    assert metrics == {"epochs": 3, "world_size": 1, "global_batch": 1, "run_dir": None}
+    assert metrics == {"epochs": 3, "world_size": 1, "global_batch": 1, "accumulate": 1,
+                       "effective_batch": 1, "run_dir": None}
 
 
 def test_stop_training_in_after_step_ends_the_loop_at_that_step():

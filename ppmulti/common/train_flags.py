@@ -11,8 +11,6 @@ from ppmulti.common.paths import TRAIN_SCRIPT
 # YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name.
 UNSUPPORTED = {
     "--rect": "rectangular training batches",
-    "--image-weights": "sampling images by class weights",
-    "--multi-scale": "random +-50% image size per batch (configs set BatchRandomResize sizes instead)",
     "--quad": "the quad dataloader",
     "--bucket": "gsutil dataset buckets",
     "--upload_dataset": "W&B dataset upload",
@@ -40,6 +38,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="a run directory or weights/last to continue from; bare --resume takes the newest run")
     p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
                    help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
+    p.add_argument("--accumulate", type=int, metavar="N",
+                   help="batches whose gradients add up before each optimizer step: effective batch = global "
+                        "batch x N, the lr scaled from it (default 1; --cfg/--data/--hyp runs: YOLOv5's "
+                        "max(round(64 / global batch), 1))")
     p.add_argument("--epochs", type=int, help="number of epochs (overrides the config's epoch)")
     p.add_argument("--output", metavar="DIR", help="run directory (default: runs/train/exp for YOLOv5 command lines, "
                         "save_dir/<config name> for -c ones; numbered unless --exist-ok)")
@@ -97,6 +99,12 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
                    help="cache decoded training images: ram (bare --cache; one shared copy per node, not per rank) "
                         "or disk (.npy files beside the images)")
     g.add_argument("--noplots", action="store_true", help="do not write results.png and PR_curve.png")
+    g.add_argument("--multi-scale", "--multi_scale", dest="multi_scale", action="store_true",
+                   help="every step a random size in [0.5, 1.5] x imgsz (multiples of 32), the same on every rank; "
+                        "the batch is resized on the device")
+    g.add_argument("--image-weights", "--image_weights", dest="image_weights", action="store_true",
+                   help="draw each epoch's images by class weights (rare classes and classes with a low mAP more "
+                        "often), the same draw on every rank, then sharded")
     # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
                    help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "

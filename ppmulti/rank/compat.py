@@ -343,6 +343,33 @@ def batch_sampler(loader: Any) -> Any:
     return getattr(loader, "_batch_sampler", None)
 
 
+def epoch_batches(loader: Any) -> Any:
+    """An iterator of one epoch's batches, made now, after the trainer's ``sampler.set_epoch``.
+
+    ppdet's reader (``BaseDataLoader``) makes its first iterator when it is built and each next one when the
+    last one ends, and Paddle's iterators start drawing batch indices as soon as they are made (at once with
+    workers, in a thread without, on Paddle 2.6 and 3.x alike): a ``set_epoch`` after that reaches the
+    following epoch, or, without workers, whichever epoch a race picks, so ranks could shuffle (or draw
+    --image-weights) by different epochs. So each epoch iterates the reader's DataLoader through a new
+    iterator; the one ppdet made ahead is dropped (its workers stop). Other loaders are iterated as they are."""
+    dataloader = getattr(loader, "dataloader", None)
+    if dataloader is None or not hasattr(loader, "loader"):
+        return iter(loader)
+    loader.loader = iter(())   # ppdet's iterator made ahead; were it read, ppdet would make a new one
+    return iter(dataloader)
+
+
+def no_grad_sync(model: Any) -> Any:
+    """A context in which backward passes of ``model`` add to the local gradients without all-reducing them
+    (the micro-steps of a gradient accumulation): ``paddle.DataParallel.no_sync()``, which
+    ``fleet.distributed_model`` returns in collective data-parallel mode (the same on Paddle 2.6 and 3.x);
+    a model not wrapped for several ranks never syncs, so nothing to do."""
+    import contextlib
+
+    no_sync = getattr(model, "no_sync", None)
+    return no_sync() if callable(no_sync) else contextlib.nullcontext()
+
+
 def usable_gpu_count() -> int:
     """CUDA devices this process can use; 0 on a CPU-only build, where Paddle 2.6.2's
     ``paddle.device.cuda.device_count()`` is asked only after ``paddle.is_compiled_with_cuda()``."""

@@ -9,6 +9,7 @@ import os
 from ppmulti.common import gpu_switches, train_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run, run_of
+from ppmulti.rank.engine.lr import NOMINAL_BATCH
 from ppmulti.rank.engine.trainer import TrainOptions
 
 
@@ -47,6 +48,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     validate = args.eval or (yolo_style and not noval)
     if getattr(args, "patience", None) and not validate:
         raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
+    if getattr(args, "accumulate", None) is not None and args.accumulate < 1:
+        raise UserError(f"--accumulate {args.accumulate}: give 1 (no accumulation) or more batches per optimizer step")
     return TrainOptions(config=config, overrides=overrides, validate=validate, resume=resume,
                         batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
                         sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
@@ -55,6 +58,10 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
                         noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
                         amp_default=yolo_style, cache=getattr(args, "cache", None),
+                        accumulate=getattr(args, "accumulate", None),
+                        nominal_batch=NOMINAL_BATCH if yolo_style else None,
+                        multi_scale=getattr(args, "multi_scale", False),
+                        image_weights=getattr(args, "image_weights", False),
                         switches=gpu_switches.resolve(getattr(args, "deterministic", None),
                                                       bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
                                                       os.environ),
@@ -64,7 +71,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
 # the flags a bare YOLOv5 --resume takes back from the run's opt.yaml unless given again (YOLOv5 restores them all;
 # the model, data, size and hyperparameters are in config.yml already)
 RESUMED_FLAGS = ("noval", "nosave", "save_period", "patience", "freeze", "noplots", "seed", "deterministic",
-                 "cudnn_benchmark", "amp", "sync_bn", "workers", "cache")
+                 "cudnn_benchmark", "amp", "sync_bn", "workers", "cache", "multi_scale",
+                 "image_weights")
 
 
 def _with_record(args: argparse.Namespace, record: dict) -> argparse.Namespace:

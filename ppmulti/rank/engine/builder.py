@@ -21,7 +21,7 @@ from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, E
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
-from ppmulti.rank.engine.lr import BatchPlan, LRPlan, scale_lr, split_batch
+from ppmulti.rank.engine.lr import BatchPlan, LRPlan, optimizer_steps, plan_batch, scale_lr, yolov5_weight_decay
 from ppmulti.rank.engine.trainer import Trainer, TrainOptions, freeze_backbone
 
 log = logging.getLogger("ppmulti")
@@ -39,6 +39,7 @@ class _Build:
 
     def __init__(self, opts: TrainOptions):
         self.opts = opts
+        self.plan_notes: list[str] = []   # logged right after the plan's line (Trainer._log_plan)
 
     def trainer(self, trainer_class: type[Trainer]) -> Trainer:
         opts = self.opts
@@ -79,14 +80,21 @@ class _Build:
             if opts.record is not None:
                 _write_record(self.run_dir / "opt.yaml", opts.record)
         self._build_parts()
-        state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch)
+        state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
+                                accumulate=self.batch.accumulate)
         hooks = [EMAHook(), self.amp, self.resume, EvaluationHook(), EarlyStopHook(opts.patience), CheckpointHook(),
                  StopOnSignalHook()]
+        if self.image_weights is not None:
+            from ppmulti.rank.engine.hooks.image_weights import ImageWeightsHook
+
+            hooks.append(ImageWeightsHook(self.image_weights))
         trainer = trainer_class(self.model, self.loader, self.optimizer, lr=self.lr, cfg=self.cfg, opts=opts,
                                 run_dir=self.run_dir, state=state, batch=self.batch, world=self.world, rank=self.rank,
                                 train_model=self.train_model, amp=self.amp, dataset=self.dataset,
-                                lr_plan=self.lr_plan, hooks=hooks, report_by_default=True)
+                                lr_plan=self.lr_plan, hooks=hooks, report_by_default=True,
+                                multi_scale=self._multi_scale())
         trainer.device, trainer.threads, trainer.conv_kernel = self.device, self.threads, self.conv_kernel
+        trainer.plan_notes = self.plan_notes
         return trainer
 
     def _seed(self, seed: int) -> None:
@@ -114,15 +122,32 @@ class _Build:
                  f"; this Paddle build has no {', '.join(absent)}" if absent else "")
 
     def _batch_plan(self) -> BatchPlan:
-        if self.opts.batch is not None:
-            return split_batch(int(self.opts.batch), self.world)
-        trained = self.resume.trained_global_batch
-        if trained is not None:
-            if trained % self.world == 0:
-                return split_batch(trained, self.world)
-            # not divisible: the config's per-rank batch on this world; ResumeHook rescales the LR and says so
-        per_rank = int(self.cfg.TrainReader["batch_size"])
-        return split_batch(per_rank * self.world, self.world)
+        """--batch, --accumulate, YOLOv5's nominal batch and a resumed run's effective batch (lr.plan_batch)."""
+        return plan_batch(self.world, int(self.cfg.TrainReader["batch_size"]), batch=self.opts.batch,
+                          accumulate=self.opts.accumulate, nominal=self.opts.nominal_batch,
+                          trained=self.resume.trained)
+
+    def _image_weights_sampler(self):
+        """--image-weights: the train loader's batch sampler (data.sampler), None without the flag."""
+        if not self.opts.image_weights:
+            return None
+        from ppmulti.rank.data.sampler import ImageWeightsBatchSampler
+
+        reader = self.cfg.TrainReader
+        return ImageWeightsBatchSampler(self.dataset, self.batch.per_rank, int(self.cfg["num_classes"]), self.rank,
+                                        self.world, drop_last=bool(reader.get("drop_last", True)), seed=self.opts.seed)
+
+    def _multi_scale(self):
+        """--multi-scale: YOLOv5's size draw around the training size (the config's eval size), the same on
+        every rank (engine.multiscale)."""
+        if not self.opts.multi_scale:
+            return None
+        from ppmulti.rank.engine.multiscale import MultiScale
+
+        imgsz = max(int(self.cfg.get("eval_height") or 0), int(self.cfg.get("eval_width") or 0))
+        if imgsz < 32:
+            raise UserError("--multi-scale needs the training image size: set --imgsz (or eval_height/eval_width)")
+        return MultiScale(imgsz, seed=self.opts.seed)
 
     def _make_run_dir(self) -> Path:
         path = None
@@ -156,14 +181,16 @@ class _Build:
 
         cfg = self.cfg
         self.dataset = create("TrainDataset")()
+        self.image_weights = self._image_weights_sampler()
         with prints_to_log():   # pycocotools' notices while the annotations load
-            self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0))
+            self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0), self.image_weights)
         prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
-        steps_per_epoch = len(self.loader)
-        if steps_per_epoch < 1:
+        if len(self.loader) < 1:
             self._small_set()
-            steps_per_epoch = len(self.loader)
+        steps_per_epoch = optimizer_steps(len(self.loader), self.batch.accumulate)   # the lr schedule counts these
         self.lr_plan = self._scale_lr(len(self.dataset.roidbs), steps_per_epoch)
+        if self.opts.nominal_batch:
+            self._yolov5_weight_decay(int(self.opts.nominal_batch))
 
         paddle.seed(self.opts.seed)  # identical initial weights on every rank
         self.model = create(cfg.architecture)
@@ -202,9 +229,11 @@ class _Build:
         shard = min(int(shard), self.batch.per_rank)
         asked = self.batch
         self.batch = dataclasses.replace(asked, global_batch=shard * self.world, per_rank=shard)
+        # the accumulation stays as planned from the batch asked for, as YOLOv5 computes it from --batch-size
         self.cfg.TrainReader["batch_size"] = shard
+        self.image_weights = self._image_weights_sampler()
         with prints_to_log():
-            self.loader = create("TrainReader")(self.dataset, self.cfg.get("worker_num", 0))
+            self.loader = create("TrainReader")(self.dataset, self.cfg.get("worker_num", 0), self.image_weights)
         if len(self.loader) < 1:   # our own invariant: a shard always fills one batch of its own size
             raise RuntimeError(f"training loader still empty with a per-rank batch of {shard}")
         log.warning("the training set has %d images, fewer than the batch %d: training with batch %d "
@@ -215,12 +244,12 @@ class _Build:
     def _scale_lr(self, dataset_size: int, steps_per_epoch: int) -> LRPlan:
         lr_cfg = self.cfg["LearningRate"]
         base_lr = float(lr_cfg["base_lr"])
-        ref_batch = int(self.cfg.get("ref_batch") or self.batch.global_batch)
+        ref_batch = int(self.cfg.get("ref_batch") or self.batch.effective_batch)
         warmup = None
         for sched in lr_cfg.get("schedulers", []) or []:
             if isinstance(sched, dict) and sched.get("name") == "LinearWarmup":
                 warmup = sched
-        plan = scale_lr(base_lr, ref_batch, self.batch.global_batch, dataset_size,
+        plan = scale_lr(base_lr, ref_batch, self.batch.effective_batch, dataset_size,
                         warmup_steps=None if warmup is None else warmup.get("steps", 500),
                         warmup_epochs=None if warmup is None else warmup.get("epochs"),
                         total_steps=steps_per_epoch * int(self.cfg["epoch"]))
@@ -229,6 +258,24 @@ class _Build:
             warmup["steps"] = plan.warmup_steps
             warmup["epochs"] = None
         return plan
+
+    def _yolov5_weight_decay(self, nominal: int) -> None:
+        """YOLOv5's weight decay per optimizer step (``wd x effective batch / nbs`` at lr0): see
+        lr.yolov5_weight_decay. The L2 regularizer's factor, or AdamW's decoupled weight_decay."""
+        builder = self.cfg["OptimizerBuilder"]
+        opt, reg = builder.get("optimizer") or {}, builder.get("regularizer") or {}
+        ref = self.lr_plan.ref_batch
+        if opt.get("type") == "AdamW" and isinstance(opt.get("weight_decay"), (int, float)):
+            opt["weight_decay"] = yolov5_weight_decay(opt["weight_decay"], ref, nominal)
+            wd = opt["weight_decay"]
+        elif reg.get("factor") is not None:
+            reg["factor"] = yolov5_weight_decay(reg["factor"], ref, nominal)
+            wd = reg["factor"]
+        else:
+            return
+        self.plan_notes.append(f"weight decay {wd:g} x the lr scaled from effective batch "
+                               f"{self.batch.effective_batch} / ref_batch {ref}: YOLOv5's decay x effective batch "
+                               f"/ {nominal} per optimizer step")
 
     def _load_initial_weights(self) -> None:
         from ppdet.utils.checkpoint import load_pretrain_weight

@@ -23,6 +23,11 @@ class TrainState:
     world_size: int
     global_batch: int
     step_in_epoch: int = 0   # >0 only in a checkpoint saved on an interrupt: steps of ``epoch`` already done
+    accumulate: int = 1      # batches per optimizer step (older checkpoints: 1); global_batch x this = effective
+
+    @property
+    def effective_batch(self) -> int:
+        return self.global_batch * self.accumulate
 
     @classmethod
     def from_dict(cls, train: dict[str, Any]) -> "TrainState":

@@ -18,6 +18,7 @@ class EvalResult:
     seconds: float
     per_rank_images_per_s: list[float] = field(default_factory=list)
     summary: str = ""
+    class_maps: list[float] | None = None   # mAP50-95 per class id (YOLOv5's maps; --image-weights reads it)
 
     def as_dict(self) -> dict:
         return {"mAP50": self.mAP50, "mAP50_95": self.mAP50_95, "images": self.images,
@@ -66,6 +67,7 @@ class CocoEvaluator:
         self._coco_gt = None
         self.last_detections: list[dict] = []
         self.last_pr = None   # rank 0: the PR curve of the last scoring (engine.plots.PRCurve)
+        self.last_class_maps: list[float] | None = None   # rank 0: mAP50-95 per class id of the last scoring
 
     def predict(self, model) -> tuple[list[dict], int, float]:
         """This rank's detections in COCO json form, the number of images, and the seconds taken."""
@@ -100,7 +102,8 @@ class CocoEvaluator:
             rates = [n / s if s > 0 else 0.0 for _, n, s in gathered]
             self.last_detections = all_dets   # rank 0: every rank's detections (tools/eval.py's --save-txt)
             m50_95, m50, summary = self.score(all_dets)
-            result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary)
+            result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary,
+                                self.last_class_maps)
         result = dist.all_gather_object(result)[0]
         return result
 
@@ -114,6 +117,7 @@ class CocoEvaluator:
             if self._coco_gt is None:
                 self._coco_gt = COCO(self.anno_file)
             self.last_pr = None
+            self.last_class_maps = None
             if not detections:
                 return 0.0, 0.0, "no detections"
             coco_dt = self._coco_gt.loadRes(detections)
@@ -125,6 +129,22 @@ class CocoEvaluator:
 
         cats = self._coco_gt.loadCats(self._coco_gt.getCatIds())
         self.last_pr = pr_curve(ev, {c["id"]: c["name"] for c in cats})   # [plots] PR_curve.png on rank 0
+        self.last_class_maps = class_maps(ev, self.dataset.catid2clsid, max(0.0, float(ev.stats[0])))
         summary = "\n".join(line for line in buf.getvalue().splitlines() if "Average Precision" in line
                             or "Average Recall" in line)
         return max(0.0, float(ev.stats[0])), max(0.0, float(ev.stats[1])), summary
+
+
+def class_maps(coco_eval, catid2clsid: dict, overall: float) -> list[float]:
+    """mAP50-95 per class id from pycocotools' precision array (IoU x recall x class x area x max dets; all
+    areas, 100 detections), YOLOv5's ``maps``: a class with no ground truth keeps the overall mAP."""
+    import numpy as np
+
+    precision = coco_eval.eval["precision"]
+    out = [overall] * (max(catid2clsid.values(), default=-1) + 1)
+    for k, cat in enumerate(coco_eval.params.catIds):
+        p = precision[:, :, k, 0, -1]
+        p = p[p > -1]
+        if p.size and cat in catid2clsid:
+            out[catid2clsid[cat]] = float(np.mean(p))
+    return out

@@ -1,20 +1,38 @@
-"""Global batch per rank and linear learning-rate scaling with a matching warmup."""
+"""The batch plan (global batch per rank, gradient accumulation, effective batch) and linear learning-rate
+scaling from the effective batch with a matching warmup."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ppmulti.common.errors import UserError
+
+NOMINAL_BATCH = 64   # YOLOv5's nbs: its runs accumulate gradients up to this many images per optimizer step
 
 
 @dataclass(frozen=True)
 class BatchPlan:
+    """How many images one optimizer step sees: ``per_rank`` on each of ``world_size`` ranks (the global
+    batch), times ``accumulate`` micro-steps whose gradients add up before the step (the effective batch)."""
+
     global_batch: int
     per_rank: int
     world_size: int
+    accumulate: int = 1
+    source: str = ""    # why this accumulation (for the log): "--accumulate 4", "YOLOv5's nominal batch 64", ...
+
+    @property
+    def effective_batch(self) -> int:
+        return self.global_batch * self.accumulate
+
+    def describe(self) -> str:
+        """E.g. "global batch 16 (8 per rank) x accumulate 4 = effective batch 64 (YOLOv5's nominal batch 64)"."""
+        why = f" ({self.source})" if self.source else ""
+        return (f"global batch {self.global_batch} ({self.per_rank} per rank) x accumulate {self.accumulate} = "
+                f"effective batch {self.effective_batch}{why}")
 
 
-def split_batch(global_batch: int, world_size: int) -> BatchPlan:
+def split_batch(global_batch: int, world_size: int, accumulate: int = 1, source: str = "") -> BatchPlan:
     """The user's batch is the global one; each rank takes an equal share."""
     if global_batch < 1:
         raise UserError(f"--batch {global_batch}: the global batch must be at least 1")
@@ -22,28 +40,112 @@ def split_batch(global_batch: int, world_size: int) -> BatchPlan:
         raise UserError(
             f"--batch {global_batch} is not divisible by the world size {world_size}; "
             f"use a multiple of {world_size} (e.g. {max(world_size, global_batch // world_size * world_size)})")
-    return BatchPlan(global_batch, global_batch // world_size, world_size)
+    if accumulate < 1:
+        raise UserError(f"--accumulate {accumulate}: give 1 (no accumulation) or more batches per optimizer step")
+    return BatchPlan(global_batch, global_batch // world_size, world_size, int(accumulate), source)
+
+
+def nominal_accumulate(global_batch: int, nominal: int = NOMINAL_BATCH) -> int:
+    """YOLOv5's rule: ``max(round(nbs / batch), 1)`` batches per optimizer step (Python's round, as YOLOv5's)."""
+    return max(round(nominal / global_batch), 1)
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What a resumed checkpoint was trained with (its TrainState's batch fields)."""
+
+    global_batch: int
+    world_size: int
+    accumulate: int = 1
+
+    @property
+    def effective_batch(self) -> int:
+        return self.global_batch * self.accumulate
+
+    @property
+    def per_rank(self) -> int:
+        return max(1, self.global_batch // max(1, self.world_size))
+
+
+def plan_batch(world: int, config_per_rank: int, batch: int | None = None, accumulate: int | None = None,
+               nominal: int | None = None, trained: Trained | None = None) -> BatchPlan:
+    """The batch plan of a run on ``world`` ranks (pure; golden cases in tests/test_batching.py).
+
+    ``batch``: --batch (global); ``accumulate``: --accumulate (wins over every rule below); ``nominal``: the
+    nominal batch of a YOLOv5 command line (64: accumulate ``max(round(64 / global), 1)``); ``trained``: the
+    resumed checkpoint's plan. A resume keeps the trained effective batch: it keeps the trained per-rank batch
+    (or a smaller one) and recomputes the accumulation, so a run moved to fewer ranks needs no more memory per
+    rank; --batch on resume keeps it too when the new global batch divides it.
+    """
+    if accumulate is not None and accumulate < 1:
+        raise UserError(f"--accumulate {accumulate}: give 1 (no accumulation) or more batches per optimizer step")
+    if trained is not None and accumulate is None:
+        eff = trained.effective_batch
+        if batch is not None:
+            plan = split_batch(int(batch), world)
+            if eff % plan.global_batch:
+                raise UserError(f"--resume with --batch {batch}: the run was trained with an effective batch of {eff} "
+                                f"images per optimizer step, which {batch} does not divide; give a --batch that "
+                                f"divides {eff}, or --accumulate N to change the effective batch (the lr rescales)")
+            acc = eff // plan.global_batch
+            return replace(plan, accumulate=acc, source=f"keeps the resumed effective batch {eff}")
+        for acc in range(1, eff + 1):
+            if eff % (world * acc) == 0 and eff // (world * acc) <= trained.per_rank:
+                return split_batch(eff // acc, world, acc, f"keeps the resumed effective batch {eff}")
+        raise UserError(f"--resume on {world} ranks: the run's effective batch {eff} (global {trained.global_batch} "
+                        f"x accumulate {trained.accumulate} on {trained.world_size} ranks) cannot be split evenly "
+                        f"over {world} ranks; resume on a number of ranks that divides {eff}, or give --batch B "
+                        f"--accumulate N (the effective batch and lr change)")
+    if batch is not None:
+        plan = split_batch(int(batch), world)
+    elif trained is not None:
+        plan = split_batch(trained.per_rank * world, world)
+    else:
+        plan = split_batch(int(config_per_rank) * world, world)
+    if accumulate is not None:
+        return replace(plan, accumulate=int(accumulate), source=f"--accumulate {accumulate}")
+    if nominal:
+        return replace(plan, accumulate=nominal_accumulate(plan.global_batch, nominal),
+                       source=f"YOLOv5's nominal batch {nominal}; --accumulate N overrides")
+    return plan
+
+
+def optimizer_steps(batches: int, accumulate: int) -> int:
+    """Optimizer steps in an epoch of ``batches``: one per ``accumulate`` batches, the last group possibly short
+    (an epoch never ends with gradients pending, so a checkpoint at its end holds none)."""
+    return -(-batches // max(1, accumulate))
+
+
+def yolov5_weight_decay(weight_decay: float, ref_batch: int, nominal: int = NOMINAL_BATCH) -> float:
+    """The decay coefficient that gives YOLOv5's weight decay per optimizer step.
+
+    YOLOv5 keeps lr0 and scales the decay: ``wd x effective / nbs``, so each step shrinks the weights by
+    ``lr0 x wd x effective / nbs``. Here the lr is already ``lr0 x effective / ref_batch`` (linear scaling),
+    so the coefficient is ``wd x ref_batch / nbs``: the same shrink per step (equal to ``wd`` when
+    ref_batch is YOLOv5's 64, as in the shipped YOLOv5 configs)."""
+    return float(weight_decay) * int(ref_batch) / int(nominal)
 
 
 @dataclass(frozen=True)
 class LRPlan:
     base_lr: float          # the config's lr, for ref_batch
-    lr: float               # the lr used, for global_batch
+    lr: float               # the lr used, for effective_batch
     ref_batch: int
-    global_batch: int
-    warmup_steps_ref: int   # warmup the config asks for, in steps at ref_batch
-    warmup_steps: int       # warmup used, in steps at global_batch
+    effective_batch: int    # images per optimizer step (global batch x accumulate)
+    warmup_steps_ref: int   # warmup the config asks for, in optimizer steps at ref_batch
+    warmup_steps: int       # warmup used, in optimizer steps at effective_batch
 
     def describe(self) -> str:
-        return (f"lr {self.lr:.6g} = base_lr {self.base_lr:g} x global batch {self.global_batch} / "
-                f"ref_batch {self.ref_batch}; warmup {self.warmup_steps} steps "
+        return (f"lr {self.lr:.6g} = base_lr {self.base_lr:g} x effective batch {self.effective_batch} / "
+                f"ref_batch {self.ref_batch}; warmup {self.warmup_steps} optimizer steps "
                 f"(config: {self.warmup_steps_ref} steps at batch {self.ref_batch})")
 
 
-def scale_lr(base_lr: float, ref_batch: int, global_batch: int, dataset_size: int,
+def scale_lr(base_lr: float, ref_batch: int, effective_batch: int, dataset_size: int,
              warmup_steps: int | None = None, warmup_epochs: float | None = None,
              total_steps: int | None = None) -> LRPlan:
-    """Linear scaling (Goyal et al. 2017): lr grows with the global batch.
+    """Linear scaling (Goyal et al. 2017): lr grows with the effective batch (the images one optimizer step
+    sees: global batch x accumulate); ``total_steps`` and the warmup count optimizer steps.
 
     Warmup: the config's warmup is read at the reference batch. When the batch grows by
     k, the scaled lr is k times larger, so the warmup keeps its number of optimiser steps
@@ -53,7 +155,7 @@ def scale_lr(base_lr: float, ref_batch: int, global_batch: int, dataset_size: in
     """
     if ref_batch < 1:
         raise UserError(f"ref_batch {ref_batch}: must be a positive global batch size")
-    k = global_batch / ref_batch
+    k = effective_batch / ref_batch
     steps_per_epoch_ref = max(1, dataset_size // ref_batch)
     if warmup_epochs is not None:
         ref_steps = int(round(warmup_epochs * steps_per_epoch_ref))
@@ -62,12 +164,12 @@ def scale_lr(base_lr: float, ref_batch: int, global_batch: int, dataset_size: in
     if k >= 1:
         steps = ref_steps
     else:
-        steps = int(round(ref_steps * ref_batch / global_batch))
+        steps = int(round(ref_steps * ref_batch / effective_batch))
     if total_steps is not None and ref_steps > 0:
         steps = min(steps, max(1, total_steps // 3))
     if ref_steps > 0:
         steps = max(steps, 1)
-    return LRPlan(base_lr, base_lr * k, ref_batch, global_batch, ref_steps, steps)
+    return LRPlan(base_lr, base_lr * k, ref_batch, effective_batch, ref_steps, steps)
 
 
 class LinearDecay:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHo
                                        StepOutputs, VisualDLHook)
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
-from ppmulti.rank.engine.lr import BatchPlan, LRPlan, split_batch
+from ppmulti.rank.engine.lr import BatchPlan, LRPlan, optimizer_steps, split_batch
 
 log = logging.getLogger("ppmulti")
 
@@ -49,6 +50,10 @@ class TrainOptions:
     cache: str | None = None        # --cache: "ram" (one copy per node) or "disk" decoded training images
     switches: Switches = field(default_factory=Switches)   # --deterministic / --cudnn-benchmark, as Paddle flags
     record: dict | None = None      # the command line's flags, written as the run's opt.yaml (as YOLOv5 does)
+    accumulate: int | None = None   # --accumulate: batches per optimizer step (wins over nominal_batch)
+    nominal_batch: int | None = None   # YOLOv5 command lines: 64, accumulate max(round(64 / global batch), 1)
+    multi_scale: bool = False       # --multi-scale: every step a random size in [0.5, 1.5] x imgsz, same on all ranks
+    image_weights: bool = False     # --image-weights: each epoch's images drawn by class weights (YOLOv5's rule)
 
 
 @dataclass
@@ -99,20 +104,24 @@ class Trainer:
 
     The parts: ``model`` takes a batch dict and returns a dict with ``loss`` (and other ``loss*`` tensors);
     ``loader`` is re-iterable, yields batch dicts and has a ``len()``; ``optimizer`` is a Paddle optimizer;
-    ``lr`` the schedule stepped after every optimizer step (None: a fixed lr); ``cfg`` the config keys the
+    ``lr`` the schedule stepped after every optimizer step (None: a fixed lr); ``batch`` a BatchPlan (its
+    ``accumulate``: batches whose gradients add up before each optimizer step); ``multi_scale`` a callable
+    ``(data, epoch, step)`` that resizes a batch on the device (engine.multiscale); ``cfg`` the config keys the
     loop and hooks read (``epoch``, ``log_iter``, ``snapshot_epoch``, ``use_ema``, ...; ``epochs=`` sets
     ``epoch``); ``opts`` the run's TrainOptions (hooks read ``validate``, ``nosave``, ``save_period``, ...).
 
-    What hooks read besides: ``cfg``, ``opts``, ``world``, ``rank``, ``batch`` (BatchPlan), ``steps_per_epoch``,
-    ``state`` (TrainState), ``run_dir``, ``model``, ``optimizer``, ``lr``, ``lr_plan`` (LRPlan or None),
-    ``hooks``; what they set: ``stop_training``, ``interrupted``, ``last_metrics``, ``ema``.
+    What hooks read besides: ``cfg``, ``opts``, ``world``, ``rank``, ``batch`` (BatchPlan), ``steps_per_epoch``
+    (batches), ``optimizer_stepped`` (whether the step just done stepped the optimizer: False on the micro-steps
+    of an accumulation), ``state`` (TrainState), ``run_dir``, ``model``, ``optimizer``, ``lr``, ``lr_plan``
+    (LRPlan or None), ``hooks``; what they set: ``stop_training``, ``interrupted``, ``last_metrics``, ``ema``.
     """
 
     def __init__(self, model, loader, optimizer, *, lr=None, epochs: int | None = None, cfg=None,
                  opts: TrainOptions | None = None, run_dir: str | Path | None = None, hooks=(),
                  state: ckpt.TrainState | None = None, batch: BatchPlan | None = None, world: int | None = None,
                  rank: int | None = None, train_model=None, amp: MixedPrecisionHook | None = None,
-                 dataset=None, lr_plan: LRPlan | None = None, report_by_default: bool = False):
+                 dataset=None, lr_plan: LRPlan | None = None, report_by_default: bool = False,
+                 multi_scale: Callable | None = None):
         self.cfg = {} if cfg is None else cfg
         if epochs is not None:
             self.cfg["epoch"] = int(epochs)
@@ -132,16 +141,22 @@ class Trainer:
         self.batch = batch if batch is not None else split_batch((getattr(loader, "batch_size", None) or 1)
                                                                  * self.world, self.world)
         self.state = state if state is not None else ckpt.TrainState(
-            epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch)
+            epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
+            accumulate=self.batch.accumulate)
+        self.multi_scale = multi_scale
+        self.optimizer_stepped = True   # False after a micro-step of an accumulation (EMA waits for the step)
+        self.optimizer_steps = 0        # optimizer steps this process has taken (not restored on resume)
         self.run_dir = None if run_dir is None else Path(run_dir)
         # the step's precision; the builder registers it as a hook too, a trainer from parts trains in float32
         self.amp = amp if amp is not None else MixedPrecisionHook(amp_request(False, None, None, "cpu", False))
         self.device = self.threads = self.conv_kernel = None   # set by the builder: facts for the log
+        self.plan_notes: list[str] = []   # set by the builder: lines logged after the plan
         self.hooks: list[Hook] = []
         self._hooks_chosen = not report_by_default   # False: train() adds the reporting hooks unless registered
         self.stop_training = False   # set by hooks (early stop, a signal); the loop ends at the next step
         self.interrupted = None      # StopOnSignalHook's Interruption when a signal stopped the run
         self.last_metrics: dict | None = None   # the last evaluation's (EvaluationHook)
+        self.class_maps: list[float] | None = None   # the last evaluation's mAP50-95 per class (EvaluationHook)
         self.ema = None              # EMAHook's ModelEMA when the config uses EMA
         self._add(*hooks)
 
@@ -191,30 +206,56 @@ class Trainer:
     def run_epoch(self, epoch: int) -> EpochStats | None:
         """The epoch's steps (a resumed epoch skips those done); None if a hook stopped it part-way."""
         meter = EpochMeter()
+        accumulate, last = self.batch.accumulate, self.steps_per_epoch - 1
         for step, data in self._batches(epoch, meter):
             self.call("before_step", epoch, step)
-            outputs, lr = self.run_step(data, epoch)
+            # groups of `accumulate` batches from the epoch's start; the last group may be short, so an epoch
+            # never ends with gradients pending (a resumed epoch starts at a group boundary, see below)
+            outputs, lr = self.run_step(data, epoch, step_optimizer=(step + 1) % accumulate == 0 or step == last)
             meter.add(outputs)
             self.state.global_step += 1
             self.state.step_in_epoch = step + 1
             self.call("after_step", epoch, step, StepOutputs(outputs), lr, meter.data_time)
             if self.stop_training:
+                self._drop_pending(step)
                 return None
         self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
         return self._epoch_stats(epoch, meter)
 
-    def run_step(self, data: dict, epoch: int) -> tuple[dict, float]:
-        """Forward, backward, optimizer and lr step: (the model's outputs, the lr the step used)."""
+    def run_step(self, data: dict, epoch: int, step_optimizer: bool = True) -> tuple[dict, float]:
+        """Forward and backward; with ``step_optimizer`` also the optimizer and lr step (else the gradients add
+        up for the next one, not all-reduced across ranks): (the model's outputs, the lr the step used)."""
         data["epoch_id"] = epoch
+        if self.multi_scale is not None:
+            self.multi_scale(data, epoch, self.state.global_step)
         heartbeat.beat("forward", self.state.global_step)
-        with self.amp.autocast():
-            outputs = self.train_model(data)
-        heartbeat.beat("backward")   # the gradient all-reduce runs inside (Paddle's DataParallel)
-        self.amp.backward_step(outputs["loss"], self.optimizer)
+        accumulate = self.batch.accumulate
+        # the micro-steps of an accumulation keep their gradients local; the stepping one all-reduces the sum
+        with contextlib.nullcontext() if step_optimizer else compat.no_grad_sync(self.train_model):
+            with self.amp.autocast():
+                outputs = self.train_model(data)
+            heartbeat.beat("backward")   # the gradient all-reduce runs inside (Paddle's DataParallel)
+            # the mean over the accumulated batches: gradients of one optimizer step keep the scale of one batch
+            self.amp.backward(outputs["loss"] / accumulate if accumulate > 1 else outputs["loss"])
         lr = self.optimizer.get_lr()
-        self.lr.step()
-        self.optimizer.clear_grad()
+        self.optimizer_stepped = step_optimizer
+        if step_optimizer:
+            self.amp.step(self.optimizer)
+            self.lr.step()
+            self.optimizer.clear_grad()
+            self.optimizer_steps += 1
         return outputs, lr
+
+    def _drop_pending(self, step: int) -> None:
+        """Stopped in the middle of an accumulation: forget its batches (their gradients are not in the
+        weights), so a checkpoint's ``step_in_epoch`` is a group boundary and a resume redoes them."""
+        if self.optimizer_stepped:
+            return
+        pending = (step + 1) % self.batch.accumulate
+        self.state.step_in_epoch -= pending
+        self.state.global_step -= pending
+        self.optimizer.clear_grad()
+        self.optimizer_stepped = True
 
     def _batches(self, epoch: int, meter: EpochMeter) -> Iterator[tuple[int, dict]]:
         """(step, batch) of this epoch's shuffle after the steps already done; the wait counts as data time."""
@@ -227,7 +268,7 @@ class Trainer:
         skip = self.state.step_in_epoch   # resuming an interrupted epoch: the same shuffle, minus its done steps
         t_data = time.time()
         heartbeat.beat("data", self.state.global_step)
-        for step, data in enumerate(self.loader):
+        for step, data in enumerate(compat.epoch_batches(self.loader)):   # drawn after set_epoch
             if step >= skip:
                 meter.data_time += time.time() - t_data
                 yield step, data
@@ -245,9 +286,16 @@ class Trainer:
                           per_rank_images_per_s=[i / s if s > 0 else 0.0 for i, s in done])
 
     def _log_plan(self) -> None:
-        log.info("world size %d, global batch %d (%d per rank), %d steps per epoch; %s",
-                 self.world, self.batch.global_batch, self.batch.per_rank, self.steps_per_epoch,
+        """The log's first line: world, effective batch and accumulation, steps, the lr scaled from the
+        effective batch."""
+        acc = self.batch.accumulate
+        n = optimizer_steps(self.steps_per_epoch, acc)
+        steps = (f"{self.steps_per_epoch} steps per epoch" if acc == 1 else
+                 f"{self.steps_per_epoch} batches ({n} optimizer step{'s' if n != 1 else ''}) per epoch")
+        log.info("world size %d, %s, %s; %s", self.world, self.batch.describe(), steps,
                  self.lr_plan.describe() if self.lr_plan is not None else f"lr {self.optimizer.get_lr():.6g}")
+        for note in self.plan_notes:
+            log.info("%s", note)
         if self.conv_kernel:
             log.info("CPU convolutions: %s", self.conv_kernel)
 
@@ -277,7 +325,8 @@ class Trainer:
     def final_metrics(self) -> dict:
         out = dict(self.last_metrics or {})
         out.update({"epochs": self.state.epoch, "world_size": self.world,
-                    "global_batch": self.batch.global_batch,
+                    "global_batch": self.batch.global_batch, "accumulate": self.batch.accumulate,
+                    "effective_batch": self.batch.effective_batch,
                     "run_dir": None if self.run_dir is None else str(self.run_dir)})
         return out
 

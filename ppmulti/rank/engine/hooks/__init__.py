@@ -6,7 +6,7 @@ built run, when no hook was chosen). A Trainer built from parts runs the hooks i
 
 prio hook              module       does                                                    state in a checkpoint
 10   EMAHook           ema          builds ModelEMA; updates it right after each optimizer  ema: averaged weights,
-                                    step (core)                                             update count
+                                    step; not after an accumulation's micro-steps (core)    update count
 12   MixedPrecisionHook amp         the step's precision (--amp): float16 autocast + loss   amp: GradScaler scale
                                     scaling (GPU) or bf16 convolutions (CPU); skipped steps  and counters, skipped
                                     -> stats.amp (core)                                     steps
@@ -14,6 +14,8 @@ prio hook              module       does                                        
                                     optimizer, lr, counters, rng, every hook (core)
 30   EvaluationHook    evaluation   COCO mAP with the EMA weights on snapshot/last epochs   -
                                     -> stats.metrics (core)
+35   ImageWeightsHook  image_weights  per-class mAP of the last evaluation to the          image_weights:
+                                    --image-weights sampler before each epoch               per-class mAP
 40   EarlyStopHook     early_stop   best fitness; --patience sets trainer.stop_training     early_stop: best
                                     (core)                                                  fitness and epoch
 50   ConsoleLogHook    console      step lines, "epoch N done" line, terminal bars          -

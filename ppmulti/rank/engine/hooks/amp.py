@@ -165,11 +165,22 @@ class MixedPrecisionHook(Hook):
 
     def backward_step(self, loss, optimizer) -> None:
         """Backward and the optimizer step; with a scaler the loss is scaled and an overflowing step skipped."""
+        self.backward(loss)
+        self.step(optimizer)
+
+    def backward(self, loss) -> None:
+        """Backward only (gradients add up until ``step``: accumulation); with a scaler, of the scaled loss."""
         if self.scaler is None:
             loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+
+    def step(self, optimizer) -> None:
+        """The optimizer step on the gradients summed since the last one; with a scaler they are unscaled
+        first and a step whose gradients overflowed is skipped (and counted)."""
+        if self.scaler is None:
             optimizer.step()
             return
-        self.scaler.scale(loss).backward()
         self.scaler.step(optimizer)
         if compat.scaler_found_inf(self.scaler):
             self.skipped_epoch += 1

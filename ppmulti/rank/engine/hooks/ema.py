@@ -1,4 +1,5 @@
-"""The exponential moving average of the weights (ppdet's ModelEMA): built, updated each step, saved, resumed."""
+"""The exponential moving average of the weights (ppdet's ModelEMA): built, updated each optimizer step, saved,
+resumed."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class EMAHook(Hook):
         trainer.ema = self.ema
 
     def after_step(self, trainer, epoch, step, outputs, lr, data_time) -> None:
-        if self.ema is not None:
+        # after optimizer steps only (YOLOv5's order): a micro-step of an accumulation left the weights unchanged
+        if self.ema is not None and getattr(trainer, "optimizer_stepped", True):
             self.ema.update()
 
     def state_dict(self) -> dict[str, Any] | None:

@@ -23,9 +23,11 @@ class EvaluationHook(Hook):
         last = stats.epoch + 1 == epochs
         if not ((trainer.opts.validate and (stats.epoch + 1) % snapshot == 0) or last):
             return
-        stats.metrics = self.evaluate(trainer).as_dict()
+        result = self.evaluate(trainer)
+        stats.metrics = result.as_dict()
         stats.pr_curve = self.evaluator.last_pr
         trainer.last_metrics = stats.metrics
+        trainer.class_maps = getattr(result, "class_maps", None)   # per-class mAP50-95 (--image-weights)
 
     def evaluate(self, trainer):
         """Score the inference weights (EMA's when on) and put the trained weights back."""

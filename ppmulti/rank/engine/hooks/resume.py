@@ -8,6 +8,7 @@ from pathlib import Path
 from ppmulti.common.rundir import RUN_DIR_MARKER
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks.base import Hook
+from ppmulti.rank.engine.lr import Trained
 
 log = logging.getLogger("ppmulti")
 
@@ -26,9 +27,13 @@ class ResumeHook(Hook):
         self.payload = ckpt.load_state(self.path) if self.path else None
 
     @property
-    def trained_global_batch(self) -> int | None:
-        """The global batch the resumed run was trained with (None: not resuming)."""
-        return None if self.payload is None else int(self.payload["train"]["global_batch"])
+    def trained(self) -> Trained | None:
+        """The batch plan the resumed run was trained with (None: not resuming); the builder keeps its
+        effective batch (engine.lr.plan_batch)."""
+        if self.payload is None:
+            return None
+        train = self.payload["train"]
+        return Trained(int(train["global_batch"]), int(train["world_size"]), int(train.get("accumulate", 1)))
 
     @property
     def run_dir(self) -> Path | None:
@@ -51,15 +56,19 @@ class ResumeHook(Hook):
         trainer.state = ckpt.TrainState.from_dict(train)
         ckpt.set_rng_state(payload.get("rng"))
         world, batch = trainer.world, trainer.batch
-        if train["world_size"] != world and train["global_batch"] == batch.global_batch:
-            log.warning("resuming a run of %d ranks on %d ranks: the global batch stays %d (%d per rank)",
-                        train["world_size"], world, batch.global_batch, batch.per_rank)
+        trained = int(train["global_batch"]) * int(train.get("accumulate", 1))
+        if train["world_size"] != world and trained == batch.effective_batch:
+            log.warning("resuming a run of %d ranks on %d ranks: the effective batch stays %d (global batch %d, "
+                        "%d per rank, x accumulate %d)", train["world_size"], world, batch.effective_batch,
+                        batch.global_batch, batch.per_rank, batch.accumulate)
         elif train["world_size"] != world:
             log.warning("resuming a run of %d ranks on %d ranks", train["world_size"], world)
-        if train["global_batch"] != batch.global_batch:
-            log.warning("resuming with global batch %d instead of %d: lr rescaled to %.6g",
-                        batch.global_batch, train["global_batch"], trainer.lr_plan.lr)
+        if trained != batch.effective_batch:
+            log.warning("resuming with effective batch %d instead of %d: lr rescaled to %s",
+                        batch.effective_batch, trained,
+                        "?" if trainer.lr_plan is None else f"{trainer.lr_plan.lr:.6g}")
         trainer.state.world_size, trainer.state.global_batch = world, batch.global_batch
+        trainer.state.accumulate = batch.accumulate
         log.info("resumed from %s at epoch %d (step %d)", path, trainer.state.epoch, trainer.state.global_step)
         self.payload = None   # the weights now live in the model; free the copy
 

@@ -20,6 +20,7 @@ def run_hparams(trainer) -> dict:
     hp = {"config": Path(trainer.opts.config).name, "architecture": str(cfg.get("architecture", "")),
           "epochs": int(cfg["epoch"]), "world_size": int(trainer.world),
           "global_batch": int(trainer.batch.global_batch), "batch_per_rank": int(trainer.batch.per_rank),
+          "accumulate": int(getattr(trainer.batch, "accumulate", 1)),
           # a trainer built from parts may have no lr plan: None values are dropped below
           "lr": plan and float(plan.lr), "base_lr": plan and float(plan.base_lr),
           "ref_batch": plan and int(plan.ref_batch), "warmup_steps": plan and int(plan.warmup_steps),
