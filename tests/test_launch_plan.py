@@ -182,8 +182,8 @@ def test_build_plan_composes_the_pieces():
                       {E.FLAGS_START_PORT: "17000"}, {"10.0.0.1"}, 2)
     assert (plan.nnodes, plan.node_rank, plan.host, plan.devices, plan.start_port, plan.start_port_flag,
             plan.max_restarts) == (2, 0, "10.0.0.1", ("0", "1"), 17000, E.FLAGS_START_PORT, 2)
-    # notes by concern: the nodes', then the ports'
-    assert [n.split(" ")[0] for n in plan.notes] == ["--host", "--start_port"]
+    # notes by concern: the nodes', then the ports', then the rendezvous secret's source
+    assert [n.split(" ")[0] for n in plan.notes] == ["--host", "--start_port", "rendezvous"]
 
 
 # --- each message once -------------------------------------------------------------------------------------

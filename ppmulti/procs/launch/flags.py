@@ -72,6 +72,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--rdzv-timeout", "--rdzv_timeout"), "rdzv_timeout",
          f"seconds to wait for missing nodes before giving up, e.g. 60 (default {DEFAULT_RDZV_TIMEOUT:g})",
          metavar="SECONDS"),
+    Flag(("--rdzv-token-file", "--rdzv_token_file"), "rdzv_token_file",
+         f"file whose first line is the secret every node of the run proves it knows in the rendezvous (an HMAC, "
+         f"never the secret itself, goes over the network), e.g. /run/secrets/rdzv; default: "
+         f"{E.PPMULTI_RDZV_TOKEN} from the environment, else a key derived from the job id", metavar="FILE"),
     Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
          "(they always go to LOG_DIR)", takes_value=False),
     Flag(("--hang-timeout", "--hang_timeout"), "hang_timeout",
@@ -519,8 +523,15 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         master_port_flag=nodes.master_port_flag, ips=nodes.ips, host=nodes.host, device=devices.device,
         devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
         max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
-        verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout,
-        notes=(*cluster_notes, *nodes.notes, *start.notes))
+        verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout, rdzv_token_file=ns.rdzv_token_file,
+        notes=(*cluster_notes, *nodes.notes, *start.notes, *_token_note(nodes.nnodes, ns.rdzv_token_file, environ)))
+
+
+def _token_note(nnodes: int, token_file: str | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Where the rendezvous secret comes from (a name or a path, never the secret), for --dry-run."""
+    from ppmulti.procs.launch.rendezvous import token_source
+
+    return (f"rendezvous secret: {token_source(token_file, environ)}",) if nnodes > 1 else ()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -562,6 +573,7 @@ def launch_env(plan: LaunchPlan, environ: Mapping[str, str]) -> tuple[dict[str, 
     """(full child environment, variables set or changed, variables removed) for the Paddle launcher."""
     _, changes = to_paddle(plan)
     child = E.clean_launcher_env(environ)
+    child.pop(E.PPMULTI_RDZV_TOKEN, None)   # ppmulti's rendezvous is over when Paddle starts; the ranks never see it
     removed = sorted(k for k in environ if k not in child)
     child.update(changes)
     changed = {k: v for k, v in changes.items() if environ.get(k) != v}
