@@ -40,8 +40,9 @@ FLAGS: tuple[Flag, ...] = (
          "processes (ranks) on this node, e.g. 2; 'gpu' or 'auto' = one per visible GPU. On a machine without "
          "GPUs (or with --device cpu) the ranks run on the CPU with gloo", metavar="N"),
     Flag(("--nnodes",), "nnodes", "number of nodes (machines), e.g. 2 (default 1)", metavar="N"),
-    Flag(("--node_rank", "--node-rank"), "node_rank",
-         "this node's rank, 0 .. nnodes-1, e.g. 1; node 0 runs at --master_addr", metavar="R"),
+    Flag(("--node_rank", "--node-rank", "--rank"), "node_rank",
+         "this node's rank, 0 .. nnodes-1, e.g. 1; node 0 runs at --master_addr (--rank is Paddle's spelling)",
+         metavar="R"),
     Flag(("--master_addr", "--master-addr"), "master_addr",
          "address of node 0, e.g. 10.0.0.1 (needed with --nnodes > 1)", metavar="ADDR"),
     Flag(("--master_port", "--master-port"), "master_port",
@@ -50,9 +51,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--master",), "master", "Paddle's spelling of --master_addr/--master_port, e.g. 10.0.0.1:29500",
          metavar="ADDR:PORT"),
     Flag(("--standalone",), "standalone", "one node on its own (the same as --nnodes 1)", takes_value=False),
-    Flag(("--max_restarts", "--max-restarts"), "max_restarts",
+    Flag(("--max_restarts", "--max-restarts", "--max_restart"), "max_restarts",
          "restart every rank up to N times when one fails, e.g. 3 (default 0); ppmulti restarts the launch "
-         "itself (Paddle 2.6 restarts only under etcd) and ppmulti's training resumes from its last checkpoint",
+         "itself (Paddle restarts only under etcd) and ppmulti's training resumes from its last checkpoint; "
+         "--max_restart is Paddle's spelling (its default 3 applies under etcd only: here the default is 0)",
          metavar="N"),
     Flag(("--gpus",), "gpus", "GPU ids, one rank each, e.g. 0,1,2,3 (fleetrun)", metavar="IDS"),
     Flag(("--selected_gpus", "--selected-gpus", "--selected_gpu"), "selected_gpus",
@@ -76,6 +78,15 @@ FLAGS: tuple[Flag, ...] = (
          f"file whose first line is the secret every node of the run proves it knows in the rendezvous (an HMAC, "
          f"never the secret itself, goes over the network), e.g. /run/secrets/rdzv; default: "
          f"{E.PPMULTI_RDZV_TOKEN} from the environment, else a key derived from the job id", metavar="FILE"),
+    Flag(("--run_mode", "--run-mode"), "run_mode",
+         "Paddle's run mode; only collective (data parallel, the default) is supported, e.g. collective",
+         metavar="MODE"),
+    Flag(("--log_level", "--log-level"), "log_level",
+         "passed to Paddle's launcher: its own log level, e.g. DEBUG (default INFO)", metavar="LEVEL"),
+    Flag(("--log_overwrite", "--log-overwrite"), "log_overwrite",
+         "passed to Paddle's launcher: overwrite LOG_DIR/workerlog.N instead of appending, e.g. true", metavar="BOOL"),
+    Flag(("--enable_gpu_log", "--enable-gpu-log"), "enable_gpu_log",
+         "passed to Paddle's launcher: whether it logs GPU usage, e.g. false (default true)", metavar="BOOL"),
     Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
          "(they always go to LOG_DIR)", takes_value=False),
     Flag(("--hang-timeout", "--hang_timeout"), "hang_timeout",
@@ -124,10 +135,24 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--no_python", "--no-python"), False, "ppmulti launch runs Python scripts only"),
     (("--module", "-m"), False, "pass the script's file path (Paddle's launcher runs .py files only)"),
     (("--run_path", "--run-path"), False, "drop it: the script is always run by its path"),
-    (("--rank",), True, "use --node_rank (Paddle's --rank is the node rank)"),
     (("--legacy",), True, "ppmulti always uses Paddle's new launcher"),
     (("--elastic_level", "--elastic-level", "--elastic_timeout", "--elastic-timeout"), True,
-     "elastic training needs an etcd master, which ppmulti launch does not run"),
+     "elastic training needs an etcd master, which ppmulti launch does not run; for restarts use --max_restarts"),
+    # the rest of Paddle's launchers' flags (paddle.distributed.launch and the legacy fleet/launch.py)
+    (("--sort_ip",), True, "node ranks are ppmulti's: --node_rank, or the order of --ips / --nodes; drop it"),
+    (("--npus", "--xpus", "--selected_xpus"), True,
+     "ppmulti runs on the CPU (gloo) and on NVIDIA GPUs (--devices); Ascend NPUs and Kunlun XPUs are not supported"),
+    (("--backend",), True, "ppmulti picks the backend from the device: gloo on the CPU, NCCL on GPUs (--device)"),
+    (("--auto_parallel_config", "--auto_cluster_config", "--auto_tuner_json", "--cluster_topo_path",
+      "--rank_mapping_path", "--enable_auto_mapping"), True,
+     "it configures Paddle's auto-parallel or auto-tuner; ppmulti trains data-parallel, every rank a whole model"),
+    (("--servers", "--trainers", "--trainer_num", "--server_num", "--workers", "--worker_num", "--coordinators",
+      "--coordinator_num", "--heter_workers", "--heter_worker_num", "--heter_devices", "--gloo_port", "--with_gloo",
+      "--http_port"), True,
+     "it belongs to Paddle's parameter-server mode; ppmulti trains collectively (all-reduce), drop it"),
+    (("--elastic_server", "--elastic_pre_hook", "--np", "--scale", "--force"), True,
+     "the legacy launcher's elastic mode needs an etcd server, which ppmulti launch does not run; "
+     "for restarts use --max_restarts"),
 )
 
 _BY_NAME: dict[str, tuple[bool, str | None]] = {}
@@ -138,6 +163,9 @@ for _names, _takes, _why in UNSUPPORTED:
     for _name in _names:
         _BY_NAME[_name] = (_takes, f"{_name} is a launcher flag ppmulti launch cannot honour: {_why}")
 del _flag, _name, _names, _takes, _why
+
+
+_CANON = {name: flag.names[0] for flag in FLAGS for name in flag.names}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -182,8 +210,11 @@ def split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
             return argv[:i], item, argv[i + 1:]
         name = item.split("=", 1)[0]
         if name not in _BY_NAME:
-            raise UserError(f"unknown launch flag {name} (before the script); `ppmulti launch --help` lists them, "
-                            f"and flags meant for the script go after its path")
+            # Paddle's and torchrun's parsers take a unique prefix (argparse's abbreviations); ppmulti wants it whole
+            whole = sorted({_CANON.get(n, n) for n in _BY_NAME if n.startswith(name)}) if len(name) > 3 else []
+            hint = (f"; did you mean {whole[0]}? (ppmulti launch takes flags spelled out)" if len(whole) == 1
+                    else "; `ppmulti launch --help` lists them, and flags meant for the script go after its path")
+            raise UserError(f"unknown launch flag {name} (before the script){hint}")
         takes_value, refusal = _BY_NAME[name]
         if refusal:
             raise UserError(refusal)
@@ -287,6 +318,10 @@ def master_of(ns: argparse.Namespace) -> Master:
         return Master(ns.master_addr, port, "--master_port" if port is not None else None)
     if ns.master_addr or port is not None:
         raise UserError(f"--master {ns.master} together with --master_addr/--master_port: give one of them")
+    if str(ns.master).startswith("etcd://"):
+        raise UserError(f"--master {ns.master}: an etcd master is Paddle's elastic mode, which ppmulti launch does "
+                        f"not run; give node 0 as --master ADDR:PORT (ppmulti's own rendezvous) and use "
+                        f"--max_restarts for restarts")
     addr, _, port_text = str(ns.master).replace("http://", "").rpartition(":")
     if not addr:
         raise UserError(f"--master {ns.master!r}: expected ADDR:PORT, e.g. --master 10.0.0.1:29500")
@@ -504,6 +539,25 @@ def restarts_of(ns: argparse.Namespace) -> Restarts:
     return Restarts(seconds, _int(ns.max_restarts, "--max_restarts", "3"), hang)
 
 
+# Paddle's own launcher flags ppmulti passes on unchanged (both 2.6's and 3.3's launchers take them)
+PASSED_TO_PADDLE = (("log_level", "--log_level"), ("log_overwrite", "--log_overwrite"),
+                    ("enable_gpu_log", "--enable_gpu_log"))
+
+
+def paddle_flags_of(ns: argparse.Namespace) -> tuple[str, ...]:
+    """--run_mode checked (collective only), and the flags Paddle's launcher takes as they are."""
+    mode = getattr(ns, "run_mode", None)
+    if mode is not None and mode.strip().lower() != "collective":
+        raise UserError(f"--run_mode {mode}: ppmulti trains collectively (data parallel, all-reduce); Paddle's "
+                        f"parameter-server and other modes are not supported: drop --run_mode")
+    out: list[str] = []
+    for dest, flag in PASSED_TO_PADDLE:
+        value = getattr(ns, dest, None)
+        if value is not None:
+            out += [flag, str(value)]
+    return tuple(out)
+
+
 def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
                device_count: int | None, spec: LauncherSpec | None = None,
                resolve: Resolve | None = None) -> LaunchPlan:
@@ -524,6 +578,7 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
         max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
         verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout, rdzv_token_file=ns.rdzv_token_file,
+        paddle_flags=paddle_flags_of(ns),
         notes=(*cluster_notes, *nodes.notes, *start.notes, *_token_note(nodes.nnodes, ns.rdzv_token_file, environ)))
 
 
@@ -556,6 +611,7 @@ def to_paddle(plan: LaunchPlan, spec: LauncherSpec | None = None) -> tuple[list[
                  spec.start_port_flag, str(plan.start_port)]
     elif plan.host:
         argv += [spec.host_flag, plan.host]
+    argv += list(plan.paddle_flags)
     if plan.log_dir:
         argv += [spec.log_dir_flag, plan.log_dir]
     if plan.job_id:
