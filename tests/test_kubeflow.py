@@ -305,3 +305,40 @@ def test_docs_manifest_pods_plan_one_run(kind):
     assert [(p.nnodes, p.node_rank, p.nproc_per_node, p.device) for p in plans] == [(2, 0, 8, "gpu"), (2, 1, 8, "gpu")]
     assert len({(p.master_addr, p.master_port, p.job_id) for p in plans}) == 1
     assert plans[0].master_addr == plans[0].host    # node 0 serves the rendezvous on its own address
+
+
+# --- two "pods" on this machine, each given only its operator's variables ------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("kind", ["pytorchjob_v1.7", "paddlejob"])
+def test_two_pods_with_only_the_operators_variables_train_as_one_world(kind, tmp_path):
+    """PET_ variables with WORLD_SIZE a process count (2 pods x 1), or a PaddleJob's; a shared rendezvous token as
+    a Kubernetes Secret would give it. One world of 2 all-reduces."""
+    import json
+
+    from launching import ALLREDUCE, Launches, free_ports, launch_env
+
+    out, port = tmp_path / "out", free_ports(2)
+    if kind == "paddlejob":
+        pods = [{"PADDLE_JOB_ID": "yolo", "PADDLE_NNODES": "2", "POD_IP_DUMMY": "127.0.0.1",
+                 "PADDLE_MASTER": f"127.0.0.1:{port}", "HOSTNAME": "yolo-worker-0"},
+                {"PADDLE_JOB_ID": "yolo", "PADDLE_NNODES": "2", "PADDLE_MASTER": f"localhost:{port}",
+                 "HOSTNAME": "yolo-worker-1"}]
+    else:
+        pods = [{"PET_NNODES": "2", "PET_NODE_RANK": str(r), "RANK": str(r), "PET_NPROC_PER_NODE": "1",
+                 "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "PET_MASTER_ADDR": "localhost",
+                 "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port), "HOSTNAME": f"yolo-pod-{r}"}
+                for r in range(2)]
+    launches = Launches(tmp_path)
+    try:
+        procs = [launches.start("--log_dir", str(tmp_path / f"log{r}"), ALLREDUCE, str(out),
+                                env=launch_env(PYTHONUNBUFFERED="1", PPMULTI_RDZV_TOKEN="a-secret-for-both-pods",
+                                               **pods[r]))
+                 for r in range(2)]
+        codes = [launches.wait(p, timeout=300) for p in procs]
+        assert codes == [0, 0], [launches.output(p)[-2000:] for p in procs]
+        assert all("a-secret-for-both-pods" not in launches.output(p) for p in procs)
+    finally:
+        launches.close()
+    records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["world_size"], r["sum"]) for r in records] == [(0, 2, 1.0), (1, 2, 1.0)]
