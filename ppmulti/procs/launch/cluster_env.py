@@ -132,10 +132,11 @@ def cluster_of(environ: Mapping[str, str]) -> Cluster | None:
         return _pytorchjob(environ)
     if environ.get(E.WORLD_SIZE):
         # torchrun's names alone: Kubeflow's operator up to v1.6.0 (WORLD_SIZE = pods), or a user's own
+        master = environ.get(E.MASTER_ADDR) or None
         return Cluster(source="torchrun variables", nnodes=_number(environ, E.WORLD_SIZE) or 1,
-                       node_rank=_number(environ, E.RANK), master_host=environ.get(E.MASTER_ADDR) or None,
+                       node_rank=_number(environ, E.RANK), master_host=master,
                        nnodes_var=E.WORLD_SIZE, rank_var=E.RANK, master_var=E.MASTER_ADDR,
-                       master_port=_master_port(environ))
+                       master_port=_master_port(environ), job_id=_job_of_master(master), job_var=E.MASTER_ADDR)
     return None
 
 
@@ -176,11 +177,19 @@ def _pytorchjob(environ: Mapping[str, str]) -> Cluster:
         raise UserError(f"{E.PET_NNODES}={nnodes} but no {E.PET_NODE_RANK} or {E.RANK}: a PyTorchJob without a "
                         f"Master replica gives its pods no rank; add a Master replica (replicas: 1), "
                         f"or pass --node_rank")
+    master = environ.get(addr_var) or None
     return Cluster(source="Kubeflow PyTorchJob", nnodes=nnodes, node_rank=rank,
-                   master_host=environ.get(addr_var) or None, nnodes_var=E.PET_NNODES, rank_var=rank_var,
+                   master_host=master, nnodes_var=E.PET_NNODES, rank_var=rank_var,
                    master_var=addr_var, this_host=environ.get(E.HOSTNAME) or None,
                    master_port=None if port in (None, "") else check_port(port, port_var, env_fix="--master_port"),
-                   port_var=port_var, nproc=nproc)
+                   port_var=port_var, nproc=nproc, job_id=_job_of_master(master), job_var=addr_var)
+
+
+def _job_of_master(master: str | None) -> str | None:
+    """A PyTorchJob's name from its master pod's, JOB-master-0 (replicaName in the operator's envvar.go): Paddle's
+    log names and the rendezvous key then differ between jobs."""
+    named = re.fullmatch(r"(.+)-master-0", master or "")
+    return named.group(1) if named else None
 
 
 def _paddlejob(environ: Mapping[str, str]) -> Cluster:
