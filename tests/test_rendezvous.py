@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -252,3 +253,57 @@ def test_nodes_supervisor_takes_the_token_from_stdin_only():
     assert "# rendezvous secret: PPMULTI_RDZV_TOKEN" in output and TOKEN not in output
     hung_up = subprocess.run(argv, input="", env=env, capture_output=True, text=True, timeout=60)
     assert hung_up.returncode == 1 and "hung up before the run started" in hung_up.stderr
+
+
+# --- the network check inside the rendezvous (netcheck.py) ----------------------------------------------------
+def test_network_check_times_every_node_and_names_the_slowest():
+    """Three nodes on loopback, 2 MB each: one line per node with its rate, then the slowest named."""
+    port = free_ports(1, ("127.0.0.1",))
+    plans = [LaunchPlan(script="t.py", nnodes=3, node_rank=r, master_addr="127.0.0.1", master_port=port,
+                        job_id="run1", rdzv_timeout=20, network_check_mb=2.0) for r in range(3)]
+    server = Side(R.serve_rendezvous, plans[0], _listener(port), environ={})
+    clients = [Side(R.join_rendezvous, plans[r], environ={}) for r in (1, 2)]
+    assert [c.result() for c in clients] == [None, None], [c.out.getvalue() for c in clients]
+    assert server.result() is None, server.out.getvalue()
+    lines = [ln.split("ppmulti launch: network: ")[1] for ln in server.out.getvalue().splitlines() if "network:" in ln]
+    # a node is named by its host name and the address node 0 sees, "HOST (127.0.0.1)"
+    assert len(lines) == 3 and all(re.match(rf"node {r} at (\S+ \()?127\.0\.0\.1\)? over lo: ", lines[r - 1])
+                                   for r in (1, 2)), lines
+    assert all("2 MB from node 0 in" in ln for ln in lines[:2]), lines
+    slow = lines[2].split()[2]     # "slowest node R at ..."
+    rate = lines[int(slow) - 1].split(": ")[1].split(" (")[0]
+    assert lines[2].startswith(f"slowest node {slow} at ") and f"127.0.0.1: {rate}, " in lines[2].replace(")", "")
+    assert " slower than node " in lines[2]
+    assert "network check: 2 MB from node 0 received over lo (127.0.0.1)" in clients[0].out.getvalue()
+
+
+def test_check_network_must_be_on_every_node():
+    port = free_ports(1, ("127.0.0.1",))
+    node0, _ = _plans(port)
+    node1 = LaunchPlan(script="t.py", nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=port,
+                       job_id="run1", rdzv_timeout=20, check_network=True, network_check_mb=1.0)
+    server = Side(R.serve_rendezvous, node0, _listener(port), environ={})
+    client = Side(R.join_rendezvous, node1, environ={})
+    assert "was started with --check-network, node 0 without" in str(client.result())
+    assert "was started with --check-network, node 0 without" in str(server.result())
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--check-network", "t.py"], "--check-network checks the links between nodes"),
+    (["--check-network", "--no-network-check", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+      "t.py"], "--check-network and --no-network-check contradict"),
+    (["--network-check-mb", "0", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1", "t.py"],
+     "--network-check-mb '0': expected megabytes in 0..4096"),
+])
+def test_network_check_flags_bad_input_is_one_line(argv, needle):
+    with pytest.raises(UserError) as info:
+        build_plan(parse_launch_args(argv), {}, set(), 0)
+    assert str(info.value).startswith(needle)
+
+
+def test_network_check_sizes():
+    two = ["--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1", "t.py"]
+    size = [build_plan(parse_launch_args(extra + two), {}, set(), 0).network_check_mb
+            for extra in ([], ["--check-network"], ["--no-network-check"], ["--network-check-mb", "64"])]
+    assert size == [4.0, 32.0, 0.0, 64.0]
+    assert build_plan(parse_launch_args(["t.py"]), {}, set(), 0).network_check_mb == 0.0

@@ -64,6 +64,11 @@ PADDLE_XCCL_BACKEND = "PADDLE_XCCL_BACKEND"
 PADDLE_ENV_LIMIT_LEN = "PADDLE_ENV_LIMIT_LEN"
 PADDLE_SOT_SWITCH = "ENABLE_FALL_BACK"                  # Paddle 2.6's to_static SOT switch (paddle/jit/api.py)
 
+# --- The socket interface gloo's and NCCL's transports use (ppmulti/procs/launch/netcheck.py sets them from the
+# route to node 0 unless the user did) ---
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+
 # --- Read by older launchers / users, ignored by Paddle 2.6's new launcher ---
 FLAGS_START_PORT = "FLAGS_START_PORT"                  # the legacy fleetrun's --start_port
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

@@ -87,6 +87,16 @@ FLAGS: tuple[Flag, ...] = (
          "passed to Paddle's launcher: overwrite LOG_DIR/workerlog.N instead of appending, e.g. true", metavar="BOOL"),
     Flag(("--enable_gpu_log", "--enable-gpu-log"), "enable_gpu_log",
          "passed to Paddle's launcher: whether it logs GPU usage, e.g. false (default true)", metavar="BOOL"),
+    Flag(("--check-network", "--check_network"), "check_network",
+         "meet the other nodes, report the interface each one reaches node 0 over and its link speed (a gradient "
+         "all-reduce's worth of data from node 0, see --network-check-mb), name the slowest node, and stop: "
+         "no training", takes_value=False),
+    Flag(("--no-network-check", "--no_network_check"), "no_network_check",
+         "skip the quick network check (4 MB per node) a multi-node launch makes before training",
+         takes_value=False),
+    Flag(("--network-check-mb", "--network_check_mb"), "network_check_mb",
+         "MB node 0 sends each node to time its link, e.g. 64 (default 32 with --check-network, else 4)",
+         metavar="MB"),
     Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
          "(they always go to LOG_DIR)", takes_value=False),
     Flag(("--hang-timeout", "--hang_timeout"), "hang_timeout",
@@ -558,6 +568,28 @@ def paddle_flags_of(ns: argparse.Namespace) -> tuple[str, ...]:
     return tuple(out)
 
 
+def network_check_of(ns: argparse.Namespace, nnodes: int) -> float:
+    """MB of the network check in the rendezvous (0: none): --network-check-mb, else the full size with
+    --check-network, the quick size otherwise, none with --no-network-check or on one node."""
+    from ppmulti.procs.launch.netcheck import FULL_MB, QUICK_MB
+
+    if ns.check_network and ns.no_network_check:
+        raise UserError("--check-network and --no-network-check contradict each other; give one")
+    if ns.check_network and nnodes < 2:
+        raise UserError("--check-network checks the links between nodes: give the nodes (--nnodes with "
+                        "--master_addr, --ips, or --nodes)")
+    mb = FULL_MB if ns.check_network else QUICK_MB
+    if ns.network_check_mb is not None:
+        try:
+            mb = float(ns.network_check_mb)
+        except ValueError:
+            mb = -1.0
+        if not 0 < mb <= 4096:
+            raise UserError(f"--network-check-mb {ns.network_check_mb!r}: expected megabytes in 0..4096, "
+                            f"e.g. --network-check-mb 64 (--no-network-check turns the check off)")
+    return 0.0 if ns.no_network_check or nnodes < 2 else mb
+
+
 def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
                device_count: int | None, spec: LauncherSpec | None = None,
                resolve: Resolve | None = None) -> LaunchPlan:
@@ -578,8 +610,11 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
         max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
         verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout, rdzv_token_file=ns.rdzv_token_file,
-        paddle_flags=paddle_flags_of(ns),
-        notes=(*cluster_notes, *nodes.notes, *start.notes, *_token_note(nodes.nnodes, ns.rdzv_token_file, environ)))
+        paddle_flags=paddle_flags_of(ns), check_network=bool(ns.check_network),
+        network_check_mb=network_check_of(ns, nodes.nnodes),
+        notes=(*cluster_notes, *nodes.notes, *start.notes, *_token_note(nodes.nnodes, ns.rdzv_token_file, environ),
+               *(("--check-network: the nodes meet, node 0 times each link, and nothing more runs",)
+                 if ns.check_network else ())))
 
 
 def _token_note(nnodes: int, token_file: str | None, environ: Mapping[str, str]) -> tuple[str, ...]:

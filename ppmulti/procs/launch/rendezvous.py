@@ -36,6 +36,7 @@ from typing import Mapping, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common.errors import UserError
+from ppmulti.procs.launch import netcheck
 from ppmulti.procs.launch.plan import LaunchPlan
 
 PROTOCOL = "ppmulti-rdzv-2"
@@ -121,15 +122,17 @@ class _Garbled(Exception):
 
 
 def _recv(conn: socket.socket) -> dict | None:
-    """One JSON object on one line; None when the other side closed before sending anything."""
+    """One JSON object on one line; None when the other side closed before sending anything. Reads no byte past
+    the line end (the network check's bytes follow its header line)."""
     data = b""
     while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
+        chunk = conn.recv(4096, socket.MSG_PEEK)
         if not chunk:
             if data:
                 raise _Garbled(f"a partial line ({len(data)} bytes) and then it closed")
             return None
-        data += chunk
+        end = chunk.find(b"\n")
+        data += conn.recv(end + 1 if end >= 0 else len(chunk))
         if len(data) > MAX_LINE:
             raise _Garbled(f"more than {MAX_LINE} bytes without a line end")
     try:
@@ -143,7 +146,8 @@ def _recv(conn: socket.socket) -> dict | None:
 
 def hello_of(plan: LaunchPlan) -> dict:
     return {"node_rank": plan.node_rank, "nnodes": plan.nnodes, "nproc": plan.nproc_per_node,
-            "job_id": plan.job_id or "", "mode": plan.mode, "host": plan.host or socket.gethostname()}
+            "job_id": plan.job_id or "", "mode": plan.mode, "host": plan.host or socket.gethostname(),
+            "check_network": plan.check_network}
 
 
 # --- node 0 ----------------------------------------------------------------------------------------------
@@ -186,6 +190,10 @@ def _disagreement(plan: LaunchPlan, hello: dict, joined: dict[int, _Joined], pee
         return f"{peer} says it is node {rank}; expected a --node_rank in 1..{plan.nnodes - 1}"
     if rank in joined:
         return f"two nodes say --node_rank {rank}: {joined[rank].peer} and {peer}"
+    if bool(hello.get("check_network")) != plan.check_network:
+        said = ("with --check-network, node 0 without" if hello.get("check_network")
+                else "without --check-network, node 0 with it")
+        return f"node {rank} at {peer} was started {said}; give the same flags on every node"
     if plan.mode == "ips" and hello.get("nproc") != plan.nproc_per_node:
         return (f"node {rank} at {peer} runs {hello.get('nproc')} processes, node 0 runs {plan.nproc_per_node}; "
                 f"under --ips every node must run the same number")
@@ -288,6 +296,8 @@ def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | No
                        f"(--node_rank for each), or raise --rdzv-timeout")
             abort(message)
             raise RendezvousError(message)
+        if plan.network_check_mb > 0:
+            _check_network(plan, joined, out, abort)
         for node in joined.values():
             answer(node, {"go": True})
         for node in joined.values():
@@ -301,6 +311,36 @@ def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | No
         for node in joined.values():
             node.conn.close()
         listener.close()
+
+
+def _check_network(plan: LaunchPlan, joined: dict[int, _Joined], out: TextIO | None, abort) -> None:
+    """Node 0: time each node's link in turn (netcheck.py), one line each, then name the slowest."""
+    nbytes = int(plan.network_check_mb * 1e6)
+    links = []
+    for rank in sorted(joined):
+        node = joined[rank]
+        node.conn.settimeout(60.0 + nbytes / 1e5)   # a link slower than 100 kB/s is a failure to report
+        start = time.perf_counter()
+        try:
+            node.conn.sendall((json.dumps({"probe": nbytes}) + "\n").encode())
+            netcheck.send_block(node.conn, nbytes)
+            reply = _recv(node.conn)
+        except (OSError, _Garbled) as exc:
+            reply, why = None, str(exc) or type(exc).__name__
+        else:
+            why = "it closed the connection"
+        seconds = time.perf_counter() - start
+        if not reply or reply.get("probed") != nbytes:
+            message = (f"network check: node {rank} at {node.peer} did not take {nbytes / 1e6:g} MB from node 0 "
+                       f"({why}); check the link, or skip the check with --no-network-check")
+            abort(message)
+            raise RendezvousError(message)
+        link = netcheck.Link(rank, node.peer, reply.get("interface"), nbytes, seconds)
+        links.append(link)
+        _log(link.line(), out)
+    line = netcheck.slowest(links)
+    if line and len(links) > 1:
+        _log(line, out)
 
 
 # --- nodes 1..N-1 ------------------------------------------------------------------------------------------
@@ -339,7 +379,15 @@ def join_rendezvous(plan: LaunchPlan, out: TextIO | None = None, environ: Mappin
                      "mac": mac(key, "hello", challenge["nonce"], _canonical(hello))})
         try:
             reply = _recv(conn)
-        except (OSError, _Garbled):
+            while reply is not None and "probe" in reply:   # node 0 times this node's link (netcheck.py)
+                nbytes = int(reply["probe"])
+                route = netcheck.route_interface(addr)
+                netcheck.receive_block(conn, nbytes)
+                _send(conn, {"probed": nbytes, "interface": route.interface if route else None})
+                _log(f"node {plan.node_rank}: network check: {nbytes / 1e6:g} MB from node 0 received"
+                     + (f" over {route.interface} ({route.source})" if route and route.interface else ""), out)
+                reply = _recv(conn)
+        except (OSError, _Garbled, ValueError, TypeError):
             reply = None
     if reply is None:
         raise RendezvousError(f"node 0 at {where} closed the rendezvous without an answer: it stopped, or it does "

@@ -43,6 +43,7 @@ from ppmulti.common.procfs import alive, exit_code
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
+from ppmulti.procs.launch.netcheck import ifname_env, route_interface
 from ppmulti.procs.launch.plan import LaunchPlan
 from ppmulti.procs.launch.rendezvous import RendezvousError, join_rendezvous, serve_rendezvous  # noqa: F401
 from ppmulti.procs.launch.watchdog import Watchdog
@@ -294,6 +295,20 @@ def _sweep_ranks(launch_dir: str, dog: Watchdog, out: TextIO | None) -> None:
             pass
 
 
+def _socket_interface(plan: LaunchPlan, env: Mapping[str, str], out: TextIO | None) -> dict[str, str]:
+    """gloo's and NCCL's interface on a multi-node launch: the one the route to node 0 uses (netcheck.py)."""
+    if plan.rdzv_endpoint is None:
+        return {}
+    route = route_interface(plan.rdzv_endpoint[0])
+    if route is None or route.interface in (None, "lo"):   # one machine (loopback): nothing to choose
+        return {}
+    chosen = ifname_env(route, env)
+    if chosen:
+        _log(f"node {plan.node_rank} reaches node 0 over {route.interface} ({route.source}): "
+             f"{', '.join(sorted(chosen))}={route.interface}", out)
+    return chosen
+
+
 def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
               watch: _RankWatch, interrupted: list[int], dog: Watchdog) -> int:
     plan, listener = preflight(plan, out, restart=attempt > 0)
@@ -302,8 +317,12 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
             serve_rendezvous(plan, listener, out, environ)  # type: ignore[arg-type]
         else:
             join_rendezvous(plan, out, environ)
+    if plan.check_network:
+        _log(f"network check done on node {plan.node_rank}; --check-network starts no training", out)
+        return 0
     argv, _ = to_paddle(plan)
     child_env, _, _ = launch_env(plan, environ)
+    child_env.update(_socket_interface(plan, child_env, out))
     ready = os.path.join(launch_dir, "started")
     child_env[E.PPMULTI_READY_FILE] = ready
     child_env[E.PPMULTI_LAUNCH_DIR] = launch_dir
