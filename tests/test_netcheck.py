@@ -106,3 +106,43 @@ def test_check_network_names_the_rate_limited_node(namespaces, tmp_path):
     # about the limit (20 Mbit/s = 2.5 MB/s), and far below the free link
     assert 1.0 < float(slowest.group(3)) < RATE_MBIT / 8 * 1.3 and float(slowest.group(4)) > 3, node0
     assert "netns-test-token" not in "".join(outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_machines_in_namespaces_all_reduce_over_the_routes_interface(namespaces, tmp_path):
+    """Node 0 here, node 1 in a namespace behind a veth pair: each node's address for Paddle is the one its route to
+    node 0 uses (Paddle's own pick, the host name's address, is not reachable from the namespace and its HTTP master
+    never starts), gloo gets the veth as GLOO_SOCKET_IFNAME, and the two ranks all-reduce."""
+    import json
+
+    from launching import ALLREDUCE
+
+    port, out = free_ports(2), tmp_path / "out"
+    ns, here, there, master, addr1 = namespaces[0]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "PET_", "MASTER_", "RANK",
+                                                                         "WORLD_SIZE", "SLURM_", "GLOO_", "NCCL_"))},
+           "PYTHONPATH": str(REPO)}
+    procs = []
+    for rank in (0, 1):
+        argv = [sys.executable, "-m", "ppmulti.cli", "launch", "--nnodes", "2", "--node_rank", str(rank),
+                "--master_addr", master, "--master_port", str(port), "--rdzv-timeout", "90",
+                "--log_dir", str(tmp_path / f"log{rank}"), ALLREDUCE, str(out)]
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv] if rank else argv, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=240)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert f"node 0: gloo and NCCL use {here} ({master}), which holds the master address" in outputs[0], outputs[0]
+    assert f"node 1: --host {addr1} for Paddle's launcher" in outputs[1], outputs[1]
+    assert f"node 1: gloo and NCCL use {there} ({addr1}), which carries the route to node 0" in outputs[1]
+    records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["world_size"], r["sum"]) for r in records] == [(0, 2, 1.0), (1, 2, 1.0)]
+    assert records[1]["env"]["PADDLE_CURRENT_ENDPOINT"].startswith(addr1 + ":")

@@ -33,6 +33,7 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from typing import Mapping, TextIO
 
 from ppmulti.common import envvars as E
@@ -295,6 +296,21 @@ def _sweep_ranks(launch_dir: str, dog: Watchdog, out: TextIO | None) -> None:
             pass
 
 
+def _with_route_host(plan: LaunchPlan, out: TextIO | None) -> LaunchPlan:
+    """Master mode without --host: this node's address for Paddle's launcher is the one its route to node 0 leaves
+    from (node 0: the master address itself). Left to itself Paddle takes the host name's address, which on a
+    machine with several interfaces need not reach node 0; its HTTP master then never starts ("master not ready")."""
+    if plan.mode != "master" or plan.host:
+        return plan
+    route = route_interface(str(plan.master_addr))
+    if route is None or route.interface in (None, "lo"):   # one machine (loopback): Paddle's own pick works
+        return plan
+    host = str(plan.master_addr) if plan.node_rank == 0 else route.source
+    why = "the master address" if plan.node_rank == 0 else "the address its route to node 0 leaves from"
+    _log(f"node {plan.node_rank}: --host {host} for Paddle's launcher, {why}", out)
+    return replace(plan, host=host)
+
+
 def _socket_interface(plan: LaunchPlan, env: Mapping[str, str], out: TextIO | None) -> dict[str, str]:
     """gloo's and NCCL's interface on a multi-node launch: the one the route to node 0 uses (netcheck.py)."""
     if plan.rdzv_endpoint is None:
@@ -304,8 +320,9 @@ def _socket_interface(plan: LaunchPlan, env: Mapping[str, str], out: TextIO | No
         return {}
     chosen = ifname_env(route, env)
     if chosen:
-        _log(f"node {plan.node_rank} reaches node 0 over {route.interface} ({route.source}): "
-             f"{', '.join(sorted(chosen))}={route.interface}", out)
+        where = "holds the master address" if plan.node_rank == 0 else "carries the route to node 0"
+        _log(f"node {plan.node_rank}: gloo and NCCL use {route.interface} ({route.source}), which {where} "
+             f"({' and '.join(sorted(chosen))})", out)
     return chosen
 
 
@@ -320,6 +337,7 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     if plan.check_network:
         _log(f"network check done on node {plan.node_rank}; --check-network starts no training", out)
         return 0
+    plan = _with_route_host(plan, out)
     argv, _ = to_paddle(plan)
     child_env, _, _ = launch_env(plan, environ)
     child_env.update(_socket_interface(plan, child_env, out))
