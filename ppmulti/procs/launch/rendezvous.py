@@ -16,7 +16,8 @@ of range or taken, and under ``--ips`` nproc), the rendezvous stops with the rea
 node that joined. When all nodes joined within ``--rdzv-timeout``, node 0 answers "go", with an HMAC over the
 client's nonce, so that a node knows the answer came from node 0 of its run; each other node closes its
 connection first (no TIME_WAIT is left on node 0's port for a quick rerun). At the deadline node 0 names the
-node ranks (and under ``--ips`` their addresses) that never joined.
+node ranks (and under ``--ips`` their addresses) that never joined. Between the last join and the "go", node 0
+times each node's link (netcheck.py) unless the plan's ``network_check_mb`` is 0.
 """
 
 from __future__ import annotations
