@@ -309,6 +309,8 @@ def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | No
                 pass
     finally:
         greeter.closing.set()
+        while not greeter.verified.empty():   # verified after the end: not taken
+            greeter.verified.get()[0].close()
         for node in joined.values():
             node.conn.close()
         listener.close()
