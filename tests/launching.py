@@ -43,7 +43,7 @@ def free_ports(n: int = 1, hosts: tuple[str, ...] = ("",)) -> int:
 def launch_env(**extra: str) -> dict[str, str]:
     """This process's environment without any launcher's or cluster's variables, ppmulti importable, ``extra`` set."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PADDLE_", "FLAGS_START_PORT", "POD_IP", "MASTER_", "RANK", "WORLD_SIZE"))}
+           if not k.startswith(("PADDLE_", "PET_", "FLAGS_START_PORT", "POD_IP", "MASTER_", "RANK", "WORLD_SIZE"))}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env

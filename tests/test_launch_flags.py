@@ -290,6 +290,8 @@ def test_dry_run_output_is_the_command_then_key_value_lines():
         "PPMULTI_NODE_RANK=1",
         "unset PADDLE_TRAINER_ID",
         f"# --start_port 17000 from FLAGS_START_PORT ({launcher_spec().name} ignores that variable)",
+        "# rendezvous secret: none given (PPMULTI_RDZV_TOKEN or --rdzv-token-file): derived from the job id, "
+        "which keeps out other runs but not a stranger who knows it",
     ]
 
 

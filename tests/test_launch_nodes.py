@@ -101,7 +101,7 @@ def test_ssh_command_batchmode_first_user_options_before_defaults():
     assert ["-F", "/c"] == argv[5:7] and ["-i", "/k"] == argv[7:9] and ["-p", "2222"] == argv[9:11]
     # ssh keeps the first value of an option: the user's keep-alive wins over ppmulti's default
     assert argv.index("ServerAliveInterval=5") < argv.index("ServerAliveInterval=15")
-    assert argv[-3:-1] == ["-T", "h2"] and "--run J-node1 --" in argv[-1]
+    assert argv[-3:-1] == ["-T", "h2"] and "--run J-node1 --token-stdin --" in argv[-1]
     assert "BatchMode=yes" in N.ssh_argv(plan, 0, "true")
 
 
@@ -127,7 +127,8 @@ def test_remote_command_quoting_survives_a_real_shell(tmp_path):
     proc = subprocess.run(["sh", "-c", remote], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
-    assert seen["argv"] == ["-m", "ppmulti.procs.launch.nodes", "--run", "J-node1", "--", *plan.launch_argvs[1]]
+    assert seen["argv"] == ["-m", "ppmulti.procs.launch.nodes", "--run", "J-node1", "--token-stdin", "--",
+                           *plan.launch_argvs[1]]
     assert seen["argv"][-len(nasty):] == nasty
     assert seen["cwd"] == str(cwd) and seen["pythonpath"] == str(cwd) and seen["unbuffered"] == "1"
 

@@ -182,8 +182,8 @@ def test_build_plan_composes_the_pieces():
                       {E.FLAGS_START_PORT: "17000"}, {"10.0.0.1"}, 2)
     assert (plan.nnodes, plan.node_rank, plan.host, plan.devices, plan.start_port, plan.start_port_flag,
             plan.max_restarts) == (2, 0, "10.0.0.1", ("0", "1"), 17000, E.FLAGS_START_PORT, 2)
-    # notes by concern: the nodes', then the ports'
-    assert [n.split(" ")[0] for n in plan.notes] == ["--host", "--start_port"]
+    # notes by concern: the nodes', then the ports', then the rendezvous secret's source
+    assert [n.split(" ")[0] for n in plan.notes] == ["--host", "--start_port", "rendezvous"]
 
 
 # --- each message once -------------------------------------------------------------------------------------
@@ -370,8 +370,9 @@ CLUSTER = [
     ("batch_of_one_node", [], {**BATCH, E.SLURM_NNODES: "1", E.SLURM_JOB_NODELIST: "gpu07"}, 0,
      (1, 0, None, None, None, None, 1, "cpu")),
     ("standalone_ignores_slurm", ["--standalone"], NODE1, 0, (1, 0, None, None, None, None, 1, "cpu")),
-    ("pytorchjob_worker", [], PYTORCHJOB, 0, (3, 2, "10.2.0.1", 23456, None, None, 1, "cpu")),
-    ("pytorchjob_master", [], {**PYTORCHJOB, E.RANK: "0"}, 0, (3, 0, "10.2.0.1", 23456, "10.2.0.1", None, 1, "cpu")),
+    # the job's name from the master pod's (JOB-master-0)
+    ("pytorchjob_worker", [], PYTORCHJOB, 0, (3, 2, "10.2.0.1", 23456, None, "job", 1, "cpu")),
+    ("pytorchjob_master", [], {**PYTORCHJOB, E.RANK: "0"}, 0, (3, 0, "10.2.0.1", 23456, "10.2.0.1", "job", 1, "cpu")),
     ("torchrun_worker_variables_are_not_nodes", [], {**PYTORCHJOB, E.LOCAL_RANK: "0"}, 0,
      (1, 0, None, None, None, None, 1, "cpu")),
     ("paddle_worker_ignores_slurm", [], {**NODE1, E.PADDLE_TRAINER_ID: "1", E.PADDLE_TRAINERS_NUM: "2"}, 0,

@@ -64,6 +64,11 @@ PADDLE_XCCL_BACKEND = "PADDLE_XCCL_BACKEND"
 PADDLE_ENV_LIMIT_LEN = "PADDLE_ENV_LIMIT_LEN"
 PADDLE_SOT_SWITCH = "ENABLE_FALL_BACK"                  # Paddle 2.6's to_static SOT switch (paddle/jit/api.py)
 
+# --- The socket interface gloo's and NCCL's transports use (ppmulti/procs/launch/netcheck.py sets them from the
+# route to node 0 unless the user did) ---
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+
 # --- Read by older launchers / users, ignored by Paddle 2.6's new launcher ---
 FLAGS_START_PORT = "FLAGS_START_PORT"                  # the legacy fleetrun's --start_port
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -99,8 +104,21 @@ SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"              # compressed, e.g. n[1-2,
 SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
 SLURMD_NODENAME = "SLURMD_NODENAME"                    # this node's name
 SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
-# Kubeflow's PyTorchJob gives every pod MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK (this pod): the
-# torchrun names below, read as node facts only outside a launcher's worker (no LOCAL_RANK, no Paddle ids).
+# Kubeflow's training operator (pkg/controller.v1/{pytorch,paddlepaddle}/envvar.go). A PyTorchJob pod gets the
+# torchrun names above (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK), read as node facts only outside a launcher's
+# worker (no LOCAL_RANK, no Paddle ids); since v1.7.0 also torchrun's PET_ flag variables, with WORLD_SIZE then a
+# count of processes (pods x nproc). A PaddleJob pod gets PADDLE_MASTER, PADDLE_NNODES and PADDLE_JOB_ID (above),
+# and node 0's pod POD_IP_DUMMY (its own address, which its PADDLE_MASTER names).
+PET_NNODES = "PET_NNODES"                              # pods, or MIN:MAX under an elasticPolicy
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"              # the job's nprocPerNode: a number or "auto"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"                # elasticPolicy only
+POD_IP_DUMMY = "POD_IP_DUMMY"
+HOSTNAME = "HOSTNAME"                                  # a pod's name (JOB-worker-N), set by the container runtime
+# ppmulti's node rendezvous secret (ppmulti/procs/launch/rendezvous.py); never printed, never given to the ranks
+PPMULTI_RDZV_TOKEN = "PPMULTI_RDZV_TOKEN"
 
 # --- ppmulti's own ---
 PPMULTI_NODE_RANK = "PPMULTI_NODE_RANK"

@@ -40,8 +40,9 @@ FLAGS: tuple[Flag, ...] = (
          "processes (ranks) on this node, e.g. 2; 'gpu' or 'auto' = one per visible GPU. On a machine without "
          "GPUs (or with --device cpu) the ranks run on the CPU with gloo", metavar="N"),
     Flag(("--nnodes",), "nnodes", "number of nodes (machines), e.g. 2 (default 1)", metavar="N"),
-    Flag(("--node_rank", "--node-rank"), "node_rank",
-         "this node's rank, 0 .. nnodes-1, e.g. 1; node 0 runs at --master_addr", metavar="R"),
+    Flag(("--node_rank", "--node-rank", "--rank"), "node_rank",
+         "this node's rank, 0 .. nnodes-1, e.g. 1; node 0 runs at --master_addr (--rank is Paddle's spelling)",
+         metavar="R"),
     Flag(("--master_addr", "--master-addr"), "master_addr",
          "address of node 0, e.g. 10.0.0.1 (needed with --nnodes > 1)", metavar="ADDR"),
     Flag(("--master_port", "--master-port"), "master_port",
@@ -50,9 +51,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--master",), "master", "Paddle's spelling of --master_addr/--master_port, e.g. 10.0.0.1:29500",
          metavar="ADDR:PORT"),
     Flag(("--standalone",), "standalone", "one node on its own (the same as --nnodes 1)", takes_value=False),
-    Flag(("--max_restarts", "--max-restarts"), "max_restarts",
+    Flag(("--max_restarts", "--max-restarts", "--max_restart"), "max_restarts",
          "restart every rank up to N times when one fails, e.g. 3 (default 0); ppmulti restarts the launch "
-         "itself (Paddle 2.6 restarts only under etcd) and ppmulti's training resumes from its last checkpoint",
+         "itself (Paddle restarts only under etcd) and ppmulti's training resumes from its last checkpoint; "
+         "--max_restart is Paddle's spelling (its default 3 applies under etcd only: here the default is 0)",
          metavar="N"),
     Flag(("--gpus",), "gpus", "GPU ids, one rank each, e.g. 0,1,2,3 (fleetrun)", metavar="IDS"),
     Flag(("--selected_gpus", "--selected-gpus", "--selected_gpu"), "selected_gpus",
@@ -72,6 +74,29 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--rdzv-timeout", "--rdzv_timeout"), "rdzv_timeout",
          f"seconds to wait for missing nodes before giving up, e.g. 60 (default {DEFAULT_RDZV_TIMEOUT:g})",
          metavar="SECONDS"),
+    Flag(("--rdzv-token-file", "--rdzv_token_file"), "rdzv_token_file",
+         f"file whose first line is the secret every node of the run proves it knows in the rendezvous (an HMAC, "
+         f"never the secret itself, goes over the network), e.g. /run/secrets/rdzv; default: "
+         f"{E.PPMULTI_RDZV_TOKEN} from the environment, else a key derived from the job id", metavar="FILE"),
+    Flag(("--run_mode", "--run-mode"), "run_mode",
+         "Paddle's run mode; only collective (data parallel, the default) is supported, e.g. collective",
+         metavar="MODE"),
+    Flag(("--log_level", "--log-level"), "log_level",
+         "passed to Paddle's launcher: its own log level, e.g. DEBUG (default INFO)", metavar="LEVEL"),
+    Flag(("--log_overwrite", "--log-overwrite"), "log_overwrite",
+         "passed to Paddle's launcher: overwrite LOG_DIR/workerlog.N instead of appending, e.g. true", metavar="BOOL"),
+    Flag(("--enable_gpu_log", "--enable-gpu-log"), "enable_gpu_log",
+         "passed to Paddle's launcher: whether it logs GPU usage, e.g. false (default true)", metavar="BOOL"),
+    Flag(("--check-network", "--check_network"), "check_network",
+         "meet the other nodes, report the interface each one reaches node 0 over and its link speed (a gradient "
+         "all-reduce's worth of data from node 0, see --network-check-mb), name the slowest node, and stop: "
+         "no training", takes_value=False),
+    Flag(("--no-network-check", "--no_network_check"), "no_network_check",
+         "skip the quick network check (4 MB per node) a multi-node launch makes before training",
+         takes_value=False),
+    Flag(("--network-check-mb", "--network_check_mb"), "network_check_mb",
+         "MB node 0 sends each node to time its link, e.g. 64 (default 32 with --check-network, else 4)",
+         metavar="MB"),
     Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
          "(they always go to LOG_DIR)", takes_value=False),
     Flag(("--hang-timeout", "--hang_timeout"), "hang_timeout",
@@ -120,10 +145,24 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--no_python", "--no-python"), False, "ppmulti launch runs Python scripts only"),
     (("--module", "-m"), False, "pass the script's file path (Paddle's launcher runs .py files only)"),
     (("--run_path", "--run-path"), False, "drop it: the script is always run by its path"),
-    (("--rank",), True, "use --node_rank (Paddle's --rank is the node rank)"),
     (("--legacy",), True, "ppmulti always uses Paddle's new launcher"),
     (("--elastic_level", "--elastic-level", "--elastic_timeout", "--elastic-timeout"), True,
-     "elastic training needs an etcd master, which ppmulti launch does not run"),
+     "elastic training needs an etcd master, which ppmulti launch does not run; for restarts use --max_restarts"),
+    # the rest of Paddle's launchers' flags (paddle.distributed.launch and the legacy fleet/launch.py)
+    (("--sort_ip",), True, "node ranks are ppmulti's: --node_rank, or the order of --ips / --nodes; drop it"),
+    (("--npus", "--xpus", "--selected_xpus"), True,
+     "ppmulti runs on the CPU (gloo) and on NVIDIA GPUs (--devices); Ascend NPUs and Kunlun XPUs are not supported"),
+    (("--backend",), True, "ppmulti picks the backend from the device: gloo on the CPU, NCCL on GPUs (--device)"),
+    (("--auto_parallel_config", "--auto_cluster_config", "--auto_tuner_json", "--cluster_topo_path",
+      "--rank_mapping_path", "--enable_auto_mapping"), True,
+     "it configures Paddle's auto-parallel or auto-tuner; ppmulti trains data-parallel, every rank a whole model"),
+    (("--servers", "--trainers", "--trainer_num", "--server_num", "--workers", "--worker_num", "--coordinators",
+      "--coordinator_num", "--heter_workers", "--heter_worker_num", "--heter_devices", "--gloo_port", "--with_gloo",
+      "--http_port"), True,
+     "it belongs to Paddle's parameter-server mode; ppmulti trains collectively (all-reduce), drop it"),
+    (("--elastic_server", "--elastic_pre_hook", "--np", "--scale", "--force"), True,
+     "the legacy launcher's elastic mode needs an etcd server, which ppmulti launch does not run; "
+     "for restarts use --max_restarts"),
 )
 
 _BY_NAME: dict[str, tuple[bool, str | None]] = {}
@@ -134,6 +173,9 @@ for _names, _takes, _why in UNSUPPORTED:
     for _name in _names:
         _BY_NAME[_name] = (_takes, f"{_name} is a launcher flag ppmulti launch cannot honour: {_why}")
 del _flag, _name, _names, _takes, _why
+
+
+_CANON = {name: flag.names[0] for flag in FLAGS for name in flag.names}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -178,8 +220,11 @@ def split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
             return argv[:i], item, argv[i + 1:]
         name = item.split("=", 1)[0]
         if name not in _BY_NAME:
-            raise UserError(f"unknown launch flag {name} (before the script); `ppmulti launch --help` lists them, "
-                            f"and flags meant for the script go after its path")
+            # Paddle's and torchrun's parsers take a unique prefix (argparse's abbreviations); ppmulti wants it whole
+            whole = sorted({_CANON.get(n, n) for n in _BY_NAME if n.startswith(name)}) if len(name) > 3 else []
+            hint = (f"; did you mean {whole[0]}? (ppmulti launch takes flags spelled out)" if len(whole) == 1
+                    else "; `ppmulti launch --help` lists them, and flags meant for the script go after its path")
+            raise UserError(f"unknown launch flag {name} (before the script){hint}")
         takes_value, refusal = _BY_NAME[name]
         if refusal:
             raise UserError(refusal)
@@ -283,6 +328,10 @@ def master_of(ns: argparse.Namespace) -> Master:
         return Master(ns.master_addr, port, "--master_port" if port is not None else None)
     if ns.master_addr or port is not None:
         raise UserError(f"--master {ns.master} together with --master_addr/--master_port: give one of them")
+    if str(ns.master).startswith("etcd://"):
+        raise UserError(f"--master {ns.master}: an etcd master is Paddle's elastic mode, which ppmulti launch does "
+                        f"not run; give node 0 as --master ADDR:PORT (ppmulti's own rendezvous) and use "
+                        f"--max_restarts for restarts")
     addr, _, port_text = str(ns.master).replace("http://", "").rpartition(":")
     if not addr:
         raise UserError(f"--master {ns.master!r}: expected ADDR:PORT, e.g. --master 10.0.0.1:29500")
@@ -500,6 +549,47 @@ def restarts_of(ns: argparse.Namespace) -> Restarts:
     return Restarts(seconds, _int(ns.max_restarts, "--max_restarts", "3"), hang)
 
 
+# Paddle's own launcher flags ppmulti passes on unchanged (both 2.6's and 3.3's launchers take them)
+PASSED_TO_PADDLE = (("log_level", "--log_level"), ("log_overwrite", "--log_overwrite"),
+                    ("enable_gpu_log", "--enable_gpu_log"))
+
+
+def paddle_flags_of(ns: argparse.Namespace) -> tuple[str, ...]:
+    """--run_mode checked (collective only), and the flags Paddle's launcher takes as they are."""
+    mode = getattr(ns, "run_mode", None)
+    if mode is not None and mode.strip().lower() != "collective":
+        raise UserError(f"--run_mode {mode}: ppmulti trains collectively (data parallel, all-reduce); Paddle's "
+                        f"parameter-server and other modes are not supported: drop --run_mode")
+    out: list[str] = []
+    for dest, flag in PASSED_TO_PADDLE:
+        value = getattr(ns, dest, None)
+        if value is not None:
+            out += [flag, str(value)]
+    return tuple(out)
+
+
+def network_check_of(ns: argparse.Namespace, nnodes: int) -> float:
+    """MB of the network check in the rendezvous (0: none): --network-check-mb, else the full size with
+    --check-network, the quick size otherwise, none with --no-network-check or on one node."""
+    from ppmulti.procs.launch.netcheck import FULL_MB, QUICK_MB
+
+    if ns.check_network and ns.no_network_check:
+        raise UserError("--check-network and --no-network-check contradict each other; give one")
+    if ns.check_network and nnodes < 2:
+        raise UserError("--check-network checks the links between nodes: give the nodes (--nnodes with "
+                        "--master_addr, --ips, or --nodes)")
+    mb = FULL_MB if ns.check_network else QUICK_MB
+    if ns.network_check_mb is not None:
+        try:
+            mb = float(ns.network_check_mb)
+        except ValueError:
+            mb = -1.0
+        if not 0 < mb <= 4096:
+            raise UserError(f"--network-check-mb {ns.network_check_mb!r}: expected megabytes in 0..4096, "
+                            f"e.g. --network-check-mb 64 (--no-network-check turns the check off)")
+    return 0.0 if ns.no_network_check or nnodes < 2 else mb
+
+
 def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: set[str],
                device_count: int | None, spec: LauncherSpec | None = None,
                resolve: Resolve | None = None) -> LaunchPlan:
@@ -519,8 +609,19 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         master_port_flag=nodes.master_port_flag, ips=nodes.ips, host=nodes.host, device=devices.device,
         devices=devices.devices, start_port=start.port, start_port_flag=start.flag, log_dir=ns.log_dir,
         max_restarts=restarts.max_restarts, job_id=ns.job_id, rdzv_timeout=restarts.rdzv_timeout,
-        verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout,
-        notes=(*cluster_notes, *nodes.notes, *start.notes))
+        verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout, rdzv_token_file=ns.rdzv_token_file,
+        paddle_flags=paddle_flags_of(ns), check_network=bool(ns.check_network),
+        network_check_mb=network_check_of(ns, nodes.nnodes),
+        notes=(*cluster_notes, *nodes.notes, *start.notes, *_token_note(nodes.nnodes, ns.rdzv_token_file, environ),
+               *(("--check-network: the nodes meet, node 0 times each link, and nothing more runs",)
+                 if ns.check_network else ())))
+
+
+def _token_note(nnodes: int, token_file: str | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Where the rendezvous secret comes from (a name or a path, never the secret), for --dry-run."""
+    from ppmulti.procs.launch.rendezvous import token_source
+
+    return (f"rendezvous secret: {token_source(token_file, environ)}",) if nnodes > 1 else ()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -545,6 +646,7 @@ def to_paddle(plan: LaunchPlan, spec: LauncherSpec | None = None) -> tuple[list[
                  spec.start_port_flag, str(plan.start_port)]
     elif plan.host:
         argv += [spec.host_flag, plan.host]
+    argv += list(plan.paddle_flags)
     if plan.log_dir:
         argv += [spec.log_dir_flag, plan.log_dir]
     if plan.job_id:
@@ -562,6 +664,7 @@ def launch_env(plan: LaunchPlan, environ: Mapping[str, str]) -> tuple[dict[str, 
     """(full child environment, variables set or changed, variables removed) for the Paddle launcher."""
     _, changes = to_paddle(plan)
     child = E.clean_launcher_env(environ)
+    child.pop(E.PPMULTI_RDZV_TOKEN, None)   # ppmulti's rendezvous is over when Paddle starts; the ranks never see it
     removed = sorted(k for k in environ if k not in child)
     child.update(changes)
     if plan.device == "gpu" and E.CUDA_DEVICE_ORDER not in environ:

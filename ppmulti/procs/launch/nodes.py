@@ -17,6 +17,10 @@ Ctrl-C/SIGTERM, or when a node exits non-zero, this side closes every session's 
 ``--kill TAG`` on every node over a fresh ssh as a backstop. No tty is used: a tty hangup would reach only
 the launcher, not Paddle's ranks, which run in sessions of their own.
 
+Secret. The run's rendezvous token (this shell's ``PPMULTI_RDZV_TOKEN``, else a fresh random one) is the first
+line this side writes on each session's stdin; the node's supervisor (``--run TAG --token-stdin``) reads it and
+puts it in its launch's environment, so it is never on a command line (``ps``) or in the output.
+
 Preflight. Before anything starts, every node runs ``--fingerprint`` (the same function here and there)
 and prints one JSON line: ppmulti's version and a hash of its .py files, Python/Paddle/ppdet versions, the
 script's hash, the ``-c`` config's hash with its ``_BASE_`` files, a manifest (file count, hash of relative
@@ -55,6 +59,7 @@ from ppmulti.common.yamlread import load_config_chain
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.flags import FLAGS, build_parser, split_argv
 from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT, check_master_port, check_port
+from ppmulti.procs.launch.rendezvous import new_token
 
 DEFAULT_SSH_TIMEOUT = 10.0
 DEFAULT_LOG_DIR = "log"                  # Paddle's own default for --log_dir
@@ -261,8 +266,10 @@ def ssh_argv(plan: NodesPlan, i: int, remote: str, keepalive: bool = False) -> l
 
 
 def node_commands(plan: NodesPlan) -> list[list[str]]:
-    """Per node, the ssh command that runs its launch under the supervisor."""
-    return [ssh_argv(plan, i, remote_command(plan, ["--run", plan.tag(i), "--", *plan.launch_argvs[i]]),
+    """Per node, the ssh command that runs its launch under the supervisor (which reads the run's rendezvous
+    token from the first line of its stdin: never on a command line)."""
+    return [ssh_argv(plan, i, remote_command(plan, ["--run", plan.tag(i), "--token-stdin", "--",
+                                                    *plan.launch_argvs[i]]),
                      keepalive=True)
             for i in range(len(plan.nodes))]
 
@@ -507,7 +514,8 @@ def preflight(plan: NodesPlan) -> list[str]:
 class _Node:
     """One node's ssh session: its process, and a thread that prefixes and writes its lines."""
 
-    def __init__(self, plan: NodesPlan, i: int, argv: list[str], console: TextIO | None, lock: threading.Lock):
+    def __init__(self, plan: NodesPlan, i: int, argv: list[str], console: TextIO | None, lock: threading.Lock,
+                 token: str):
         self.i, self.name = i, plan.name(i)
         self.log_path = plan.node_log(i)
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
@@ -515,6 +523,12 @@ class _Node:
         self.tail: collections.deque[str] = collections.deque(maxlen=15)
         # its own session: a Ctrl-C on the terminal reaches only ppmulti, which then stops the nodes in order
         self.proc = supervisor.start(argv, stdin=supervisor.PIPE, stdout=supervisor.PIPE, stderr=supervisor.STDOUT)
+        try:   # the run's rendezvous token, the first line the node's supervisor reads (supervise)
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(token.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass   # ssh already gone: the session's exit code tells
         self.thread = threading.Thread(target=self._pump, args=(console, lock), daemon=True)
         self.thread.start()
 
@@ -592,9 +606,11 @@ def _fan_out(plan: NodesPlan, nodes: list[_Node], stop: threading.Event, caught:
              out: TextIO) -> int:
     """Start every node (into ``nodes``), wait for all to finish, one to fail, or a signal; stop them all then."""
     lock = threading.Lock()
+    # one secret for the whole run: the user's, else a fresh one; every node proves it knows it in the rendezvous
+    token = (os.environ.get(E.PPMULTI_RDZV_TOKEN) or "").strip() or new_token()
     _log(f"job {plan.job}: starting {len(plan.nodes)} node(s), master {plan.master_addr}:{plan.master_port}", out)
     for i, argv in enumerate(node_commands(plan)):
-        nodes.append(_Node(plan, i, argv, console if i == 0 else None, lock))
+        nodes.append(_Node(plan, i, argv, console if i == 0 else None, lock, token))
         if i > 0:
             _log(f"{plan.name(i)}: output in {plan.node_log(i)}", out)
     failed: _Node | None = None
@@ -668,9 +684,32 @@ def kill_job(tag: str, grace: float = 3.0) -> int:
     return len(supervisor.sweep(E.PPMULTI_NODES_JOB, tag, grace=grace, cmdline_mark=_run_mark(tag)).left)
 
 
-def supervise(tag: str, launch_argv: list[str], grace: float = REMOTE_GRACE) -> int:
-    """Run ``ppmulti launch LAUNCH_ARGV`` tagged; stop it on EOF on stdin or a signal; leave nothing behind."""
+def _read_token() -> str | None:
+    """The first line of stdin (the run's rendezvous token), read byte by byte so nothing after it is consumed;
+    None at EOF (this side hung up before sending it)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = os.read(0, 1)
+        except OSError:
+            return None
+        if not chunk or len(data) > 4096:
+            return None
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def supervise(tag: str, launch_argv: list[str], grace: float = REMOTE_GRACE, token_stdin: bool = False) -> int:
+    """Run ``ppmulti launch LAUNCH_ARGV`` tagged; stop it on EOF on stdin or a signal; leave nothing behind.
+    ``token_stdin``: the first line of stdin is the run's rendezvous token, given to the launch's environment."""
     env = dict(os.environ)
+    if token_stdin:
+        token = _read_token()
+        if token is None:
+            print("ppmulti launch: the launching side hung up before the run started", file=sys.stderr, flush=True)
+            return 1
+        if token:
+            env[E.PPMULTI_RDZV_TOKEN] = token
     env[E.PPMULTI_NODES_JOB] = tag
     env[E.PYTHONUNBUFFERED] = "1"
     stop = threading.Event()
@@ -712,12 +751,14 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--fingerprint", action="store_true", help="print this node's fingerprint for -- LAUNCH ARGV")
     group.add_argument("--run", metavar="TAG", help="run `ppmulti launch -- LAUNCH ARGV` as job TAG")
     group.add_argument("--kill", metavar="TAG", help="stop every process of job TAG")
+    parser.add_argument("--token-stdin", action="store_true",
+                        help="with --run: read the run's rendezvous token from the first line of stdin")
     ns = parser.parse_args(args)
     if ns.fingerprint:
         print(FINGERPRINT_MARK + json.dumps(fingerprint(rest)), flush=True)
         return 0
     if ns.run:
-        return supervise(ns.run, rest)
+        return supervise(ns.run, rest, token_stdin=ns.token_stdin)
     left = kill_job(ns.kill)
     return 0 if left == 0 else 1
 

@@ -195,6 +195,10 @@ class LaunchPlan:
     max_restarts: int | None = None
     job_id: str | None = None
     rdzv_timeout: float = DEFAULT_RDZV_TIMEOUT
+    rdzv_token_file: str | None = None    # the rendezvous secret's file (rendezvous.py); None: PPMULTI_RDZV_TOKEN
+    paddle_flags: tuple[str, ...] = ()    # Paddle's own flags passed on as given (--log_level DEBUG, ...)
+    check_network: bool = False           # --check-network: the rendezvous and its network check, then stop
+    network_check_mb: float = 0.0         # MB node 0 sends each node in the rendezvous to time its link; 0: none
     verbose: bool = False                 # all of Paddle's launcher output on the console (procs/launch/console.py)
     hang_timeout: float = DEFAULT_HANG_TIMEOUT   # seconds without progress before the watchdog fires; 0: off
     notes: tuple[str, ...] = field(default=(), compare=False)   # things build_plan decided, shown by --dry-run

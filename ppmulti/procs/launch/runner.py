@@ -1,19 +1,12 @@
 """A launch on this node: port preflight, ppmulti's node rendezvous, then Paddle's launcher under the supervisor.
 
 Missing nodes. Paddle 2.6's HTTP master waits forever for a node that never joins, and under ``--ips``
-the workers block 900 s in the TCP store. So before Paddle starts, ppmulti runs its own rendezvous:
-node 0 listens on the rendezvous endpoint (master mode: ``--master_addr:--master_port``; ``--ips`` mode:
-``ips[0]:start_port - 1``); every other node connects and sends one JSON hello (node rank, nnodes,
-nproc, job id). Node 0 checks that they agree (same nnodes and job id, distinct ranks, and under
-``--ips`` the same nproc, which Paddle's rank layout assumes). When all nodes joined within
-``--rdzv-timeout``, node 0 answers "go"; each other node closes its connection first (no TIME_WAIT
-is left on node 0's port for a quick rerun). Then every node hands over to Paddle, whose HTTP
-rendezvous runs on ``master_port + 1`` (rank 0's TCP store is a port Paddle picks: PADDLE_MASTER).
-At the deadline node 0 names the node ranks (and under ``--ips`` their addresses) that never joined,
-tells the joined nodes to stop, and exits 1; a node that cannot reach node 0 in time names node 0's
-address. After the handover the runner waits at most ``--rdzv-timeout`` more for this node's first
-rank to start (``worker.py`` touches a ready file) and stops Paddle's launcher otherwise, which covers
-a node dying between the two rendezvous.
+the workers block 900 s in the TCP store. So before Paddle starts, ppmulti runs its own rendezvous
+(``rendezvous.py``: only this run's nodes can join, within ``--rdzv-timeout``), whose endpoint is
+``master_port`` in master mode; Paddle's HTTP rendezvous runs on ``master_port + 1`` (rank 0's TCP store is a
+port Paddle picks: PADDLE_MASTER). After the handover the runner waits at most ``--rdzv-timeout`` more for
+this node's first rank to start (``worker.py`` touches a ready file) and stops Paddle's launcher otherwise,
+which covers a node dying between the two rendezvous.
 
 Ports. A port the user named (``--master_port``, ``--start_port``, ``FLAGS_START_PORT``) that is taken
 here is a UserError naming the port and the flag that changes it, raised before anything starts. On a
@@ -34,13 +27,13 @@ environment dumps Paddle leaves in LOG_DIR are scrubbed after every attempt.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import socket
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from typing import Mapping, TextIO
 
 from ppmulti.common import envvars as E
@@ -52,17 +45,10 @@ from ppmulti.common.procfs import alive, exit_code
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
+from ppmulti.procs.launch.netcheck import ifname_env, route_interface
 from ppmulti.procs.launch.plan import LaunchPlan
+from ppmulti.procs.launch.rendezvous import RendezvousError, join_rendezvous, serve_rendezvous  # noqa: F401
 from ppmulti.procs.launch.watchdog import Watchdog
-
-PROTOCOL = "ppmulti-rdzv-1"
-
-
-class RendezvousError(UserError):
-    """A node is missing or disagrees: one line, exit 1 (the flags were fine, the cluster was not)."""
-
-    exit_code = 1
-
 
 def _log(msg: str, out: TextIO | None = None) -> None:
     print(f"ppmulti launch: {msg}", file=out or sys.stderr, flush=True)
@@ -174,151 +160,6 @@ def preflight(plan: LaunchPlan, out: TextIO | None = None,
                 listener.close()
                 raise
     return plan, listener
-
-
-# --- ppmulti's node rendezvous -------------------------------------------------------------------------
-def _send(conn: socket.socket, message: dict) -> None:
-    try:
-        conn.sendall((json.dumps(message) + "\n").encode())
-    except OSError:
-        pass
-
-
-def _recv(conn: socket.socket) -> dict | None:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
-            return None
-        data += chunk
-        if len(data) > 65536:
-            return None
-    try:
-        message = json.loads(data)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
-
-
-def _hello(plan: LaunchPlan) -> dict:
-    return {"protocol": PROTOCOL, "node_rank": plan.node_rank, "nnodes": plan.nnodes,
-            "nproc": plan.nproc_per_node, "job_id": plan.job_id or "", "mode": plan.mode,
-            "host": plan.host or socket.gethostname()}
-
-
-def _node_name(plan: LaunchPlan, rank: int) -> str:
-    return f"{rank} ({plan.ips[rank]})" if plan.mode == "ips" else str(rank)
-
-
-def _disagreement(plan: LaunchPlan, hello: dict, joined: dict, peer: str) -> str | None:
-    if hello.get("protocol") != PROTOCOL:
-        return f"{peer} is not a ppmulti launch of the same version"
-    rank = hello.get("node_rank")
-    if hello.get("mode") != plan.mode:
-        return f"node {rank} at {peer} was started in {hello.get('mode')} mode, node 0 in {plan.mode} mode"
-    if hello.get("nnodes") != plan.nnodes:
-        return f"node {rank} at {peer} has --nnodes {hello.get('nnodes')}, node 0 has --nnodes {plan.nnodes}"
-    if not isinstance(rank, int) or not 1 <= rank < plan.nnodes:
-        return f"{peer} says it is node {rank}; expected a --node_rank in 1..{plan.nnodes - 1}"
-    if rank in joined:
-        return f"two nodes say --node_rank {rank}: {joined[rank][1]} and {peer}"
-    if (hello.get("job_id") or "") != (plan.job_id or ""):
-        return f"node {rank} at {peer} has --job_id {hello.get('job_id')!r}, node 0 has {plan.job_id or ''!r}"
-    if plan.mode == "ips" and hello.get("nproc") != plan.nproc_per_node:
-        return (f"node {rank} at {peer} runs {hello.get('nproc')} processes, node 0 runs {plan.nproc_per_node}; "
-                f"under --ips every node must run the same number")
-    return None
-
-
-def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | None = None) -> None:
-    """Node 0: wait for nodes 1..N-1, then let them all go; name the missing ones at the deadline."""
-    deadline = time.monotonic() + plan.rdzv_timeout
-    joined: dict[int, tuple[socket.socket, str]] = {}
-    addr, port = plan.rdzv_endpoint  # type: ignore[misc]
-    _log(f"node 0 waiting up to {plan.rdzv_timeout:g}s for {plan.nnodes - 1} more node(s) on {addr}:{port}", out)
-
-    def abort(message: str) -> None:
-        for conn, _ in joined.values():
-            _send(conn, {"error": message})
-
-    try:
-        while len(joined) < plan.nnodes - 1:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            listener.settimeout(min(remaining, 1.0))
-            try:
-                conn, (peer, _) = listener.accept()
-            except (socket.timeout, InterruptedError):
-                continue
-            conn.settimeout(max(1.0, min(10.0, remaining)))
-            try:
-                hello = _recv(conn)
-            except OSError:
-                hello = None
-            if hello is None:
-                conn.close()
-                continue
-            peer = peer if hello.get("host") in (None, peer) else f"{hello['host']} ({peer})"
-            problem = _disagreement(plan, hello, joined, peer)
-            if problem:
-                _send(conn, {"error": problem})
-                conn.close()
-                abort(problem)
-                raise RendezvousError(f"rendezvous stopped: {problem}")
-            joined[hello["node_rank"]] = (conn, peer)
-            _log(f"node {hello['node_rank']} joined from {peer} ({len(joined) + 1}/{plan.nnodes})", out)
-        missing = [r for r in range(1, plan.nnodes) if r not in joined]
-        if missing:
-            names = ", ".join(_node_name(plan, r) for r in missing)
-            message = (f"rendezvous timed out after {plan.rdzv_timeout:g}s: {len(joined) + 1} of {plan.nnodes} "
-                       f"nodes joined; missing node_rank {names}. Start ppmulti launch there with the same flags "
-                       f"(--node_rank for each), or raise --rdzv-timeout")
-            abort(message)
-            raise RendezvousError(message)
-        for conn, _ in joined.values():
-            _send(conn, {"go": True})
-        for conn, _ in joined.values():
-            conn.settimeout(5.0)
-            try:
-                conn.recv(1)  # wait for the other side to close first (see the module docstring)
-            except OSError:
-                pass
-    finally:
-        for conn, _ in joined.values():
-            conn.close()
-        listener.close()
-
-
-def join_rendezvous(plan: LaunchPlan, out: TextIO | None = None) -> None:
-    """Nodes 1..N-1: reach node 0 within the timeout, say hello, wait for its go."""
-    addr, port = plan.rdzv_endpoint  # type: ignore[misc]
-    deadline = time.monotonic() + plan.rdzv_timeout
-    _log(f"node {plan.node_rank} joining node 0 at {addr}:{port} (up to {plan.rdzv_timeout:g}s)", out)
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RendezvousError(f"node 0 at {addr}:{port} did not answer within {plan.rdzv_timeout:g}s: start "
-                                  f"ppmulti launch with --node_rank 0 there (or check the address and "
-                                  f"firewall), or raise --rdzv-timeout")
-        try:
-            conn = socket.create_connection((addr, port), timeout=min(remaining, 2.0))
-            break
-        except OSError:
-            time.sleep(min(0.3, max(0.0, deadline - time.monotonic())))
-    with conn:
-        # node 0 answers by its own deadline, which may start later than ours
-        conn.settimeout(plan.rdzv_timeout + 30.0)
-        _send(conn, _hello(plan))
-        try:
-            reply = _recv(conn)
-        except OSError:
-            reply = None
-    if reply is None:
-        raise RendezvousError(f"node 0 at {addr}:{port} closed the rendezvous without an answer (did it stop?)")
-    if not reply.get("go"):
-        raise RendezvousError(f"node 0 stopped the rendezvous: {reply.get('error', 'no reason given')}")
-    _log(f"node {plan.node_rank}: all {plan.nnodes} nodes joined", out)
 
 
 # --- the launcher process ------------------------------------------------------------------------------
@@ -457,16 +298,51 @@ def _sweep_ranks(launch_dir: str, dog: Watchdog, out: TextIO | None) -> None:
             pass
 
 
+def _with_route_host(plan: LaunchPlan, out: TextIO | None) -> LaunchPlan:
+    """Master mode without --host: this node's address for Paddle's launcher is the one its route to node 0 leaves
+    from (node 0: the master address itself). Left to itself Paddle takes the host name's address, which on a
+    machine with several interfaces need not reach node 0; its HTTP master then never starts ("master not ready")."""
+    if plan.mode != "master" or plan.host:
+        return plan
+    route = route_interface(str(plan.master_addr))
+    if route is None or route.interface in (None, "lo"):   # one machine (loopback): Paddle's own pick works
+        return plan
+    host = str(plan.master_addr) if plan.node_rank == 0 else route.source
+    why = "the master address" if plan.node_rank == 0 else "the address its route to node 0 leaves from"
+    _log(f"node {plan.node_rank}: --host {host} for Paddle's launcher, {why}", out)
+    return replace(plan, host=host)
+
+
+def _socket_interface(plan: LaunchPlan, env: Mapping[str, str], out: TextIO | None) -> dict[str, str]:
+    """gloo's and NCCL's interface on a multi-node launch: the one the route to node 0 uses (netcheck.py)."""
+    if plan.rdzv_endpoint is None:
+        return {}
+    route = route_interface(plan.rdzv_endpoint[0])
+    if route is None or route.interface in (None, "lo"):   # one machine (loopback): nothing to choose
+        return {}
+    chosen = ifname_env(route, env)
+    if chosen:
+        where = "holds the master address" if plan.node_rank == 0 else "carries the route to node 0"
+        _log(f"node {plan.node_rank}: gloo and NCCL use {route.interface} ({route.source}), which {where} "
+             f"({' and '.join(sorted(chosen))})", out)
+    return chosen
+
+
 def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
               watch: _RankWatch, interrupted: list[int], dog: Watchdog) -> int:
     plan, listener = preflight(plan, out, restart=attempt > 0)
     if plan.rdzv_endpoint is not None:
         if plan.node_rank == 0:
-            serve_rendezvous(plan, listener, out)  # type: ignore[arg-type]
+            serve_rendezvous(plan, listener, out, environ)  # type: ignore[arg-type]
         else:
-            join_rendezvous(plan, out)
+            join_rendezvous(plan, out, environ)
+    if plan.check_network:
+        _log(f"network check done on node {plan.node_rank}; --check-network starts no training", out)
+        return 0
+    plan = _with_route_host(plan, out)
     argv, _ = to_paddle(plan)
     child_env, _, _ = launch_env(plan, environ)
+    child_env.update(_socket_interface(plan, child_env, out))
     ready = os.path.join(launch_dir, "started")
     child_env[E.PPMULTI_READY_FILE] = ready
     child_env[E.PPMULTI_LAUNCH_DIR] = launch_dir

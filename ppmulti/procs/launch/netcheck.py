@@ -1,0 +1,132 @@
+"""The network check of a multi-node launch: the interface each node reaches node 0 over, and each link's speed.
+
+Interface. A node's collectives should leave on the interface its route to node 0 uses (NCCL and gloo otherwise
+pick one themselves, and a wrong pick -- a docker bridge, a slow management network -- shows up as a hang or a
+slow run). ``route_interface`` asks the kernel: a UDP socket connected to node 0 (nothing is sent) has the
+route's source address, and the interface holding that address is the one. The ranks get it as
+``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` unless the user set them.
+
+Speed. Inside ppmulti's rendezvous, once every node joined, node 0 sends each node in turn a block of the size of
+a gradient all-reduce's traffic (``--network-check-mb``) and times it until the node confirms it has it all; the
+node answers with the interface it uses. Node 0 logs one line per node and names the slowest. ``--check-network``
+does this with the full size and stops there; every multi-node launch does a quick one (``QUICK_MB``) before
+training unless ``--no-network-check``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from ppmulti.common import envvars as E
+
+QUICK_MB = 4.0             # the check before every multi-node launch: well under a second on any real link
+FULL_MB = 32.0             # --check-network: about YOLOv5s's gradients in float32 (7.2 M parameters)
+_CHUNK = 1 << 20
+_SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True)
+class Route:
+    """How this machine reaches an address: the interface and this machine's address on it."""
+
+    interface: str | None
+    source: str
+
+
+def interface_addresses() -> dict[str, str]:
+    """IPv4 address -> interface name, for every interface of this machine that has one."""
+    found: dict[str, str] = {}
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            found.setdefault(socket.inet_ntoa(packed[20:24]), name)
+    return found
+
+
+def route_interface(addr: str, port: int = 9) -> Route | None:
+    """The interface and source address this machine's route to ``addr`` uses; None when there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, port))   # UDP: picks the route, sends nothing
+            source = s.getsockname()[0]
+    except OSError:
+        return None
+    return Route(interface_addresses().get(source), source)
+
+
+def ifname_env(route: Route | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the ranks: the route's interface, each unless the user set it."""
+    if route is None or not route.interface:
+        return {}
+    return {name: route.interface for name in (E.GLOO_SOCKET_IFNAME, E.NCCL_SOCKET_IFNAME) if name not in environ}
+
+
+# --- the speed probe, over a rendezvous connection ---------------------------------------------------------
+@dataclass(frozen=True)
+class Link:
+    """One node's link to node 0 as the probe saw it."""
+
+    node_rank: int
+    peer: str
+    interface: str | None
+    nbytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.nbytes / 1e6 / max(self.seconds, 1e-9)
+
+    def line(self) -> str:
+        over = f" over {self.interface}" if self.interface else ""
+        return (f"network: node {self.node_rank} at {self.peer}{over}: {_rate(self.mb_per_s)} "
+                f"({self.nbytes / 1e6:g} MB from node 0 in {self.seconds:.2f}s)")
+
+
+def _rate(mb_per_s: float) -> str:
+    return f"{mb_per_s / 1000:.2f} GB/s" if mb_per_s >= 1000 else f"{mb_per_s:.1f} MB/s"
+
+
+def send_block(conn: socket.socket, nbytes: int) -> None:
+    """Node 0: the probe's bytes, after its header line."""
+    block = bytes(_CHUNK)
+    left = nbytes
+    while left > 0:
+        conn.sendall(block[:min(left, _CHUNK)])
+        left -= _CHUNK
+
+
+def receive_block(conn: socket.socket, nbytes: int) -> None:
+    """A node: read exactly ``nbytes``; OSError when the connection ends first."""
+    left = nbytes
+    while left > 0:
+        chunk = conn.recv(min(left, _CHUNK))
+        if not chunk:
+            raise ConnectionError("node 0 closed the connection during the network check")
+        left -= len(chunk)
+
+
+def slowest(links: list[Link]) -> str | None:
+    """The line naming the slowest node, with how it compares to the fastest; None for no links."""
+    if not links:
+        return None
+    low = min(links, key=lambda link: link.mb_per_s)
+    high = max(links, key=lambda link: link.mb_per_s)
+    text = f"network: slowest node {low.node_rank} at {low.peer}: {_rate(low.mb_per_s)}"
+    if high is not low:
+        text += (f", {high.mb_per_s / max(low.mb_per_s, 1e-9):.1f}x slower than node {high.node_rank} "
+                 f"({_rate(high.mb_per_s)})")
+    return text
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
