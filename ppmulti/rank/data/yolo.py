@@ -377,6 +377,27 @@ def _dataset_class():
             self.roidbs = [{k: v for k, v in r.items() if k in image_keys or k in self.data_fields}
                            for r in records]
 
+        def __getitem__(self, idx):
+            from ppmulti.rank.data.pipeline import uses_source
+
+            if not uses_source(self.transform):
+                return super().__getitem__(idx)
+            # the pipeline's first op (YOLOv5Mosaic) loads this image and its extra tiles itself, by index,
+            # through image_store(); no record copies, no decode by ppdet
+            sample = {"_source": self, "_index": idx % len(self.roidbs), "curr_iter": self._curr_iter}
+            self._curr_iter += 1
+            return self.transform(sample)
+
+        def image_store(self, size: int):
+            """Where the pipeline's images come from (the caches replace this store)."""
+            from ppmulti.rank.data.images import ImageStore
+
+            return ImageStore([r["im_file"] for r in self.roidbs], size)
+
+        def rect_shape(self, index: int):
+            """--rect: the (h, w) letterbox shape of the batch this index belongs to."""
+            return self.batch_shapes[index]
+
         def get_anno(self):
             if self.roidbs is None:
                 self.parse_dataset()

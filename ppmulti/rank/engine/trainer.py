@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 from ppmulti.common.errors import UserError
 from ppmulti.rank import compat
 from ppmulti.rank import dist, heartbeat
+from ppmulti.rank.data.device import input_norm, to_model_input
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook,
                                        StepOutputs, VisualDLHook)
@@ -202,6 +203,7 @@ class Trainer:
     def run_step(self, data: dict, epoch: int) -> tuple[dict, float]:
         """Forward, backward, optimizer and lr step: (the model's outputs, the lr the step used)."""
         data["epoch_id"] = epoch
+        data = to_model_input(data, input_norm(self.cfg))   # a uint8 batch becomes the float input here
         heartbeat.beat("forward", self.state.global_step)
         with self.amp.autocast():
             outputs = self.train_model(data)

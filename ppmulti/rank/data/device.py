@@ -1,0 +1,37 @@
+"""The model's float input made on the device from the uint8 batch the loader hands over (/255, mean/std)."""
+
+from __future__ import annotations
+
+
+def input_norm(cfg) -> tuple[list[float], list[float], bool] | None:
+    """(mean, std, channels_last) of the train reader's DeviceNormalize op (0-1 units), or None without one."""
+    reader = (cfg or {}).get("TrainReader") or {}
+    for kind in ("batch_transforms", "sample_transforms"):
+        for op in reader.get(kind) or []:
+            if isinstance(op, dict) and "DeviceNormalize" in op:
+                body = op["DeviceNormalize"] or {}
+                return ([float(v) for v in body.get("mean", (0.0, 0.0, 0.0))],
+                        [float(v) for v in body.get("std", (1.0, 1.0, 1.0))], bool(body.get("channels_last")))
+    return None
+
+
+def to_model_input(data: dict, norm: tuple | None = None) -> dict:
+    """When ``data['image']`` is uint8: N x H x W x 3 permuted to N x 3 x H x W if ``norm`` says channels_last,
+    float32, / 255, then (x - mean) / std per channel, on the tensor's device. Float images are left as they
+    are (the loader normalised them already)."""
+    import paddle
+
+    image = data.get("image")
+    if image is None or not isinstance(image, paddle.Tensor) or image.dtype != paddle.uint8:
+        return data
+    if norm is not None and norm[2]:
+        image = image.transpose([0, 3, 1, 2])
+    x = image.astype("float32") * (1.0 / 255.0)
+    if norm is not None:
+        mean, std, _ = norm
+        if any(mean) or any(s != 1.0 for s in std):
+            m = paddle.to_tensor(mean, dtype="float32").reshape([1, -1, 1, 1])
+            s = paddle.to_tensor(std, dtype="float32").reshape([1, -1, 1, 1])
+            x = (x - m) / s
+    data["image"] = x
+    return data
