@@ -158,3 +158,74 @@ def test_device_normalisation_equals_ppdets_on_the_host():
     np.testing.assert_allclose(device.numpy(), host, atol=1e-5)
     floats = paddle.to_tensor(host)
     assert to_model_input({"image": floats}, input_norm(cfg))["image"] is floats   # float input: untouched
+
+
+@pytest.fixture(scope="module")
+def mixed_shapes_yaml(tmp_path_factory):
+    """12 images of three aspect ratios (wide, tall, square), one box each, in shuffled file order."""
+    import cv2
+
+    root = tmp_path_factory.mktemp("rect_data")
+    (root / "images").mkdir()
+    (root / "labels").mkdir()
+    sizes = [(100, 200), (200, 100), (150, 150)] * 4
+    order = np.random.default_rng(0).permutation(len(sizes))
+    for k, i in enumerate(order):
+        h, w = sizes[i]
+        cv2.imwrite(str(root / "images" / f"{k:02d}.png"), np.full((h, w, 3), 60 + 10 * k, np.uint8))
+        (root / "labels" / f"{k:02d}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images\nval: images\nnames: [a]\n")
+    return root / "data.yaml"
+
+
+def _rect_loader(data_yaml, batch: int, extra=()):
+    from ppdet.core.workspace import create
+
+    from ppmulti.common.train_flags import build_parser
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.entry import options_from_args
+
+    args = build_parser().parse_args(["--cfg", "yolov5n", "--data", str(data_yaml), "--img", "128", "--rect",
+                                      "--batch", str(batch), "--workers", "0", *extra])
+    opts = options_from_args(args)
+    cfg = config_mod.load(opts.config, opts.overrides)
+    opts.config_edit(cfg)
+    cfg["TrainReader"]["batch_size"] = batch
+    cfg["TrainReader"]["use_shared_memory"] = False
+    dataset = create("TrainDataset")()
+    return cfg, dataset, create("TrainReader")(dataset, 0)
+
+
+def test_rect_batches_are_letterboxed_to_their_own_shape(mixed_shapes_yaml):
+    cfg, dataset, loader = _rect_loader(mixed_shapes_yaml, 4)
+    assert cfg["TrainReader"]["shuffle"] is False and cfg["TrainDataset"]["rect"] is True
+    ratios = [r["h"] / r["w"] for r in dataset.roidbs]
+    assert ratios == sorted(ratios)   # aspect-ratio order, as YOLOv5 sorts
+    shapes = [tuple(b["image"].shape[1:3]) for b in loader]
+    # wide images (h/w 0.5) -> 64 x 128, square -> 128 x 128, tall (h/w 2) -> 128 x 64
+    assert shapes == [(64, 128), (128, 128), (128, 64)]
+    for epoch in range(2):   # no shuffle: the same batches every epoch
+        assert [tuple(b["image"].shape[1:3]) for b in loader] == shapes
+    batch = next(iter(loader))
+    assert batch["gt_bbox"].shape[1] == 1   # one box per image: letterbox, not a mosaic of four
+
+
+def test_rect_shapes_agree_across_ranks(mixed_shapes_yaml):
+    """Paddle's DistributedBatchSampler (what ppdet's loader uses) hands each rank a contiguous slice of every
+    global batch; the shapes are per global batch, so both ranks' batches of a step share one shape."""
+    from paddle.io import DistributedBatchSampler
+
+    _, dataset, _ = _rect_loader(mixed_shapes_yaml, 4)   # global batch 4 = 2 per rank on 2 ranks
+    steps = [list(DistributedBatchSampler(dataset, batch_size=2, num_replicas=2, rank=r, shuffle=False))
+             for r in range(2)]
+    assert len(steps[0]) == len(steps[1]) == 3
+    for batch0, batch1 in zip(*steps):
+        shapes = {dataset.rect_shape(i, 128) for i in batch0 + batch1}
+        assert len(shapes) == 1
+
+
+def test_rect_is_refused_for_a_coco_dataset(tmp_path):
+    from ppmulti.common.errors import UserError
+
+    with pytest.raises(UserError, match="--rect works with YOLOv5 data yamls"):
+        _rect_loader(REPO / "configs/datasets/demo_coco.yml", 4)

@@ -109,7 +109,7 @@ def test_run_dir_flags_and_weights_from_scratch():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--rect"], "--rect is a YOLOv5 flag that ppmulti does not support"),
+    (["--quad"], "--quad is a YOLOv5 flag that ppmulti does not support"),
     (["--cache", "ram"], "--cache is a YOLOv5 flag"),
     (["--bogus"], "unknown flag --bogus"),
 ])

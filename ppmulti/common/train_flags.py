@@ -10,7 +10,6 @@ from ppmulti.common.paths import TRAIN_SCRIPT
 
 # YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name.
 UNSUPPORTED = {
-    "--rect": "rectangular training batches",
     "--cache": "caching decoded images in RAM/disk",
     "--image-weights": "sampling images by class weights",
     "--multi-scale": "random +-50% image size per batch (configs set BatchRandomResize sizes instead)",
@@ -85,6 +84,9 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--noautoanchor", action="store_true",
                    help="accepted: ppmulti never recomputes anchors (they come from the model config)")
     g.add_argument("--noplots", action="store_true", help="do not write results.png and PR_curve.png")
+    g.add_argument("--rect", action="store_true",
+                   help="rectangular training: no mosaic, no shuffle, images in aspect-ratio order, each batch "
+                        "letterboxed to its own stride-aligned shape (YOLOv5 data yamls, YOLOv5 reader)")
     # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
                    help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
@@ -167,7 +169,7 @@ def run_output(project: str | None, name: str | None) -> str | None:
     return os.path.join(project or os.path.join("runs", "train"), name or "exp")
 
 
-EDIT_FLAGS = ("cfg", "data", "hyp", "imgsz", "optimizer", "cos_lr", "single_cls", "label_smoothing")
+EDIT_FLAGS = ("cfg", "data", "hyp", "imgsz", "optimizer", "cos_lr", "single_cls", "label_smoothing", "rect")
 
 
 STYLE_FLAGS = ("cfg", "data", "hyp")   # any of these: a YOLOv5-style run (validate and save every epoch)

@@ -327,6 +327,27 @@ def _rescale_sizes(sizes, factor: float):
     return [_rescale_sizes(s, factor) if isinstance(s, (list, tuple)) else one(s) for s in sizes]
 
 
+# ----------------------------------------------------------------------------- --rect
+def apply_rect(cfg, global_batch: int | None) -> None:
+    """YOLOv5's --rect: the dataset in aspect-ratio order, batches letterboxed to their own shape, no mosaic,
+    no shuffle. The shapes are computed per global batch (per-rank batch x world, consecutive images), and
+    Paddle's DistributedBatchSampler gives each rank a contiguous slice of every global batch: all ranks'
+    batches of one step share a shape."""
+    from ppmulti.rank import dist
+
+    if _find_op(cfg, "YOLOv5Mosaic") is None:
+        raise UserError("--rect needs the YOLOv5 reader (YOLOv5Mosaic in TrainReader); this config's reader "
+                        "has none")
+    if cfg["TrainDataset"].get("name") != "YOLODataSet":
+        raise UserError("--rect works with YOLOv5 data yamls (--data data.yaml); this dataset is "
+                        f"{cfg['TrainDataset'].get('name')}")
+    batch = int(global_batch or int(cfg["TrainReader"]["batch_size"]) * dist.world_size())
+    cfg["TrainDataset"]["rect"] = True
+    cfg["TrainDataset"]["rect_batch"] = batch
+    cfg["TrainReader"]["shuffle"] = False
+    _find_op(cfg, "YOLOv5Mosaic")["rect"] = True
+
+
 # ----------------------------------------------------------------------------- --data
 def apply_data(cfg, data: str, single_cls: bool) -> str:
     """A YOLOv5 data yaml, or a ppdet dataset config (COCO json), becomes the config's datasets."""
@@ -406,6 +427,8 @@ def config_edit(args: argparse.Namespace):
             apply_schedule(cfg, cos_lr=False)   # YOLOv5's default: linear decay to lrf
         if yolo_style(args) and not getattr(args, "noval", False):
             cfg["snapshot_epoch"] = 1   # YOLOv5 validates and saves last after every epoch
+        if getattr(args, "rect", False):
+            apply_rect(cfg, getattr(args, "batch", None))
         if getattr(args, "label_smoothing", None) is not None:
             if not is_yolov5(cfg):
                 raise UserError("--label-smoothing applies to YOLOv5 models (YOLOv5Loss); PP-YOLOE's loss has none")

@@ -118,7 +118,7 @@ def _ops():
                 source, index = sample.pop("_source"), int(sample.pop("_index"))
                 record = source.roidbs[index]
                 records = [record]
-                shape = source.rect_shape(index) if self.rect else None
+                shape = source.rect_shape(index, self.img_size, self.stride) if self.rect else None
             else:
                 records = list(sample) if isinstance(sample, (list, tuple)) else [sample]
                 source, index, record, shape = None, None, records[0], None
