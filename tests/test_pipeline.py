@@ -157,7 +157,12 @@ def test_device_normalisation_equals_ppdets_on_the_host():
     assert device.shape == [2, 3, 8, 10] and device.dtype == paddle.float32
     np.testing.assert_allclose(device.numpy(), host, atol=1e-5)
     floats = paddle.to_tensor(host)
-    assert to_model_input({"image": floats}, input_norm(cfg))["image"] is floats   # float input: untouched
+    assert to_model_input({"image": floats}, None)["image"] is floats   # no DeviceNormalize: the loader's floats
+    # PP-YOLOE's reader: raw float32 pixels (0-255 scale, past 255 after RandomDistort's contrast) leave the host
+    raw = images.astype(np.float32) * 1.3
+    expect = np.stack([Perm()(Norm(mean=mean, std=std, is_scale=True)({"image": im.copy()}))["image"] for im in raw])
+    device = to_model_input({"image": paddle.to_tensor(raw)}, input_norm(cfg))["image"]
+    np.testing.assert_allclose(device.numpy(), expect, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

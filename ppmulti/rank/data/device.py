@@ -16,13 +16,19 @@ def input_norm(cfg) -> tuple[list[float], list[float], bool] | None:
 
 
 def to_model_input(data: dict, norm: tuple | None = None) -> dict:
-    """When ``data['image']`` is uint8: N x H x W x 3 permuted to N x 3 x H x W if ``norm`` says channels_last,
-    float32, / 255, then (x - mean) / std per channel, on the tensor's device. Float images are left as they
-    are (the loader normalised them already)."""
+    """The model's float input from the batch the loader handed over, made on the tensor's device.
+
+    With ``norm`` (the reader ends in DeviceNormalize) every batch is raw pixels on the 0-255 scale, uint8 (the
+    YOLOv5 reader) or float32 (PP-YOLOE's RandomDistort leaves floats): N x H x W x 3 permuted to N x 3 x H x W
+    if channels_last, then float32, / 255, (x - mean) / std per channel. Without ``norm`` a uint8 batch is only
+    divided by 255 and a float batch is taken as already normalised by the loader.
+    """
     import paddle
 
     image = data.get("image")
-    if image is None or not isinstance(image, paddle.Tensor) or image.dtype != paddle.uint8:
+    if image is None or not isinstance(image, paddle.Tensor):
+        return data
+    if norm is None and image.dtype != paddle.uint8:
         return data
     if norm is not None and norm[2]:
         image = image.transpose([0, 3, 1, 2])
