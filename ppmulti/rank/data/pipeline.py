@@ -166,8 +166,7 @@ def _ops():
             return sample
 
     class YOLOv5Flip(BaseOperator):
-        """YOLOv5's flips: left-right with probability ``fliplr``, up-down with ``flipud`` (hyp fliplr/flipud).
-        The image stays a view; collating the batch copies it once."""
+        """YOLOv5's flips: left-right with probability ``fliplr``, up-down with ``flipud`` (hyp fliplr/flipud)."""
 
         def __init__(self, fliplr=0.5, flipud=0.0):
             super().__init__()
@@ -185,7 +184,7 @@ def _ops():
 
     class ChannelsFirst(BaseOperator):
         """The image as contiguous RGB 3 x h x w uint8 (one copy). Not in the YOLOv5 reader: there the batch
-        leaves as N x h x w x 3 (collating copies the flipped views once) and the device permutes it."""
+        leaves as N x h x w x 3 and the device permutes it (a host-side transpose costs a copy per image)."""
 
         def apply(self, sample, context=None):
             sample["image"] = A.to_chw(sample["image"], swap_rb=bool(sample.pop("bgr", False)))
