@@ -234,3 +234,90 @@ def test_rect_is_refused_for_a_coco_dataset(tmp_path):
 
     with pytest.raises(UserError, match="--rect works with YOLOv5 data yamls"):
         _rect_loader(REPO / "configs/datasets/demo_coco.yml", 4)
+
+
+class _CountingStore:
+    """An ImageStore stand-in: flat images of 100 x 150 (h x w), counting loads per index."""
+
+    def __init__(self, n):
+        from collections import Counter
+
+        self.loads, self.n = Counter(), n
+
+    def load(self, index):
+        from ppmulti.rank.data.images import Loaded
+
+        self.loads[index] += 1
+        return Loaded(np.full((100, 150, 3), index % 250, np.uint8), (200, 300), (100, 150))
+
+
+class _Source:
+    def __init__(self, n):
+        self.roidbs = [{"im_id": np.array([i]), "gt_bbox": np.array([[30.0, 40.0, 230.0, 160.0]], np.float32),
+                        "gt_class": np.array([[i % 3]], np.int32), "is_crowd": np.zeros((1, 1), np.int32),
+                        "h": 200.0, "w": 300.0} for i in range(n)]
+        self.store = _CountingStore(n)
+
+    def image_store(self, size):
+        return self.store
+
+
+def test_mosaic_op_decodes_each_image_once_and_bounds_its_buffer():
+    from ppmulti.rank.data.pipeline import register_ops
+
+    op = register_ops()["YOLOv5Mosaic"](img_size=160, buffer=16)
+    source = _Source(40)
+    random.seed(0)
+    np.random.seed(0)
+    for index in range(40):   # one epoch in order
+        out = op({"_source": source, "_index": index, "curr_iter": index})
+        assert out["image"].shape == (160, 160, 3) and out["image"].dtype == np.uint8
+        assert len(out["gt_bbox"]) == len(out["gt_class"]) == len(out["is_crowd"])
+        assert int(out["im_id"][0]) == index and len(op._buffer) <= 16
+    loads = source.store.loads
+    # every image loaded as its own sample; besides, only the 3 extra tiles of the first samples, until the
+    # buffer held 8 images, were loaded from random indices
+    assert set(loads) == set(range(40)) and sum(loads.values()) - 40 <= 3 * 8
+    # the boxes came through the load's resize (300 -> 150 px wide): within the 160 px output
+    assert out["gt_bbox"].max() <= 160
+
+
+def test_mosaic_op_letterboxes_without_mosaic_and_mixes_up():
+    from ppmulti.rank.data.pipeline import register_ops
+
+    ops = register_ops()
+    source = _Source(10)
+    random.seed(1)
+    np.random.seed(1)
+    plain = ops["YOLOv5Mosaic"](img_size=160, prob=0.0, translate=0.0, scale=0.0)
+    out = plain({"_source": source, "_index": 3})
+    # 100 x 150 letterboxed into 160 x 160: 107 rows of image between grey bands, one box, scaled by 160/150
+    assert (out["image"][:20] == 114).all() and (out["image"][80] == 3).all()
+    np.testing.assert_allclose(out["gt_bbox"], [[16.0, 47.0, 122.67, 111.0]], atol=1.0)
+    mixed = ops["YOLOv5Mosaic"](img_size=160, mixup=1.0)
+    counts = [len(mixed({"_source": source, "_index": i})["gt_bbox"]) for i in range(10)]
+    single = ops["YOLOv5Mosaic"](img_size=160)
+    random.seed(1)
+    np.random.seed(1)
+    assert sum(counts) > sum(len(single({"_source": source, "_index": i})["gt_bbox"]) for i in range(10))
+
+
+def test_mosaic_op_takes_plain_records_from_any_ppdet_dataset(tmp_path):
+    """A COCO dataset with mosaic_epoch 0 hands 5 records with im_file; the op decodes them itself."""
+    import cv2
+
+    from ppmulti.rank.data.pipeline import register_ops
+
+    records = []
+    for i in range(5):
+        path = tmp_path / f"{i}.jpg"
+        cv2.imwrite(str(path), np.full((120, 160, 3), 40 * i, np.uint8))
+        records.append({"im_file": str(path), "im_id": np.array([i]), "h": 120.0, "w": 160.0,
+                        "gt_bbox": np.array([[10.0, 10.0, 100.0, 90.0]], np.float32),
+                        "gt_class": np.array([[0]], np.int32)})
+    ops = register_ops()
+    out = ops["YOLOv5Mosaic"](img_size=128)(records)
+    assert out["image"].shape == (128, 128, 3) and out["bgr"] is True
+    out = ops["YOLOv5HSV"](0.0, 0.0, 0.0)(out)
+    out = ops["DeviceNormalize"]()([out])[0]   # no HSV gains: the BGR -> RGB swap happens here
+    assert "bgr" not in out and out["image"].flags["C_CONTIGUOUS"]
