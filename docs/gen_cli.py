@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS = ("train", "eval", "infer", "export", "convert_yolov5")
+TOOLS = ("train", "eval", "val", "infer", "detect", "export", "convert_yolov5")
 
 
 def _passthrough_parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:

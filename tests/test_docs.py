@@ -40,6 +40,14 @@ TESTED = {
         "tests/conftest.py::yolov5_run",
     "python tools/eval.py --data dataset/demo/data.yaml --weights runs/train/exp/weights/best.pdparams --img 160":
         "tests/test_eval_tool.py::test_eval_with_and_without_the_runs_config_matches_the_runs_own_evaluation",
+    "python tools/val.py --data dataset/demo/data.yaml --weights runs/train/exp/weights/best.pdparams --img 160 "
+    "--batch 16": "tests/test_yolov5_tools.py::test_val_detect_export_and_detect_from_onnx_as_yolov5s_ci",
+    "python tools/detect.py --weights runs/train/exp/weights/best.pdparams --source dataset/demo/images/val "
+    "--save-txt": "tests/test_yolov5_tools.py::test_val_detect_export_and_detect_from_onnx_as_yolov5s_ci",
+    "python tools/export.py --weights runs/train/exp/weights/best.pdparams --include onnx":
+        "tests/test_yolov5_tools.py::test_val_detect_export_and_detect_from_onnx_as_yolov5s_ci",
+    "python tools/detect.py --weights runs/train/exp/weights/best.onnx --source dataset/demo/images/val --save-txt":
+        "tests/test_yolov5_tools.py::test_val_detect_export_and_detect_from_onnx_as_yolov5s_ci",
     "python tools/train.py -c configs/demo/ppyoloe_demo.yml --device cpu --nproc 2":
         "tests/test_distributed.py::test_train_py_device_cpu_nproc_relaunches",
     "python -m paddle.distributed.launch --nproc_per_node 2 tools/train.py -c configs/demo/ppyoloe_demo.yml":

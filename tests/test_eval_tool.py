@@ -100,7 +100,7 @@ def test_val_flags_reach_the_config(small_demo):
 
 @pytest.mark.parametrize("argv, message", [
     (["--cfg", "yolov5n", "--half"], "--half is a YOLOv5 val.py flag that ppmulti does not support"),
-    (["--cfg", "yolov5n", "--task", "speed"], "--task is a YOLOv5 val.py flag"),
+    (["--cfg", "yolov5n", "--task", "speed"], "--task speed: YOLOv5 val.py.s task for speed benchmarks"),
     (["--cfg", "yolov5n", "--conf-thres", "1.5"], "--conf-thres 1.5: use a value in [0, 1]"),
     (["--cfg", "yolov5n", "--max-det", "0"], "--max-det 0: use a value of at least 1"),
     (["--cfg", "yolov5n", "--device", "0,1"], "ppmulti launch --gpus 0,1 tools/eval.py"),

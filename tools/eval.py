@@ -4,6 +4,7 @@
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
@@ -13,27 +14,28 @@ from ppmulti.rank.tool_args import add_model_args, overrides
 
 # YOLOv5 val.py flags without an equivalent here; each is refused by name rather than ignored.
 UNSUPPORTED = {
-    "--task": "speed/study benchmarks and other splits (the data yaml's val split is evaluated)",
     "--augment": "test-time augmentation",
     "--verbose": "per-class mAP",
-    "--save-txt": "label txt files", "--save-hybrid": "label txt files", "--save-conf": "label txt files",
-    "--project": "a runs/val directory (pass --save-json FILE for the metrics)", "--name": "a runs/val directory",
-    "--exist-ok": "a runs/val directory",
+    "--save-hybrid": "label+prediction txt files",
     "--half": "FP16 inference", "--dnn": "OpenCV DNN for ONNX",
 }
+TASKS = {"train": "the train split", "test": "the test split", "speed": "speed benchmarks",
+         "study": "size studies"}   # --task values other than val, refused by name
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tools/eval.py", description=__doc__)
+def build_parser(prog: str = "tools/eval.py") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__)
     add_model_args(p, config_required=False)
-    p.add_argument("--save-json", help="also write the metrics to this json file")
+    p.add_argument("--save-json", "--save_json", dest="save_json", nargs="?", const=True,
+                   help="--save-json FILE: also write the metrics to FILE; bare --save-json (YOLOv5's): write the "
+                        "detections as COCO json, <weights stem>_predictions.json in the results directory")
     g = p.add_argument_group("YOLOv5 val.py flags (the model: -c, else --cfg, else the run's config.yml beside "
                              "--weights, else yolov5n/s/m/l/x inferred from the weights' shapes)")
     g.add_argument("--cfg", help="model: a name (yolov5s, ppyoloe_s), a YOLOv5 model yaml or a ppdet .yml")
     g.add_argument("--data", help="a YOLOv5 data yaml (its val split, names, nc) or a ppdet dataset .yml")
     g.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int,
                    help="inference size in pixels, a multiple of 32 (default: the config's; YOLOv5 configs 640)")
-    g.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int,
+    g.add_argument("--batch-size", "--batch_size", "--batch", dest="batch_size", type=int,
                    help="images per batch and rank (default: the config's EvalReader batch_size)")
     g.add_argument("--conf-thres", "--conf_thres", dest="conf_thres", type=float,
                    help="confidence threshold (default: the config's; YOLOv5 configs 0.001 as val.py)")
@@ -45,17 +47,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int, help="data loader worker processes (default: the config's worker_num)")
     g.add_argument("--single-cls", "--single_cls", dest="single_cls", action="store_true",
                    help="the data's classes as one (for weights trained with --single-cls)")
+    g.add_argument("--task", default="val", help="val: the data's val split (the only one evaluated here)")
+    g.add_argument("--project", help="results go to PROJECT/NAME (default runs/val; without -c always written)")
+    g.add_argument("--name", help="results go to PROJECT/NAME, NAME2, ... (default exp)")
+    g.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
+                   help="write into an existing PROJECT/NAME instead of the next free one")
+    g.add_argument("--save-txt", "--save_txt", dest="save_txt", action="store_true",
+                   help="write labels/<image stem>.txt of the detections: class xc yc w h, normalised (YOLO format)")
+    g.add_argument("--save-conf", "--save_conf", dest="save_conf", action="store_true",
+                   help="add each box's confidence to the --save-txt lines")
     return p
 
 
-def parse(argv) -> argparse.Namespace:
-    args, extra = build_parser().parse_known_args(argv)
+def parse(argv, prog: str = "tools/eval.py") -> argparse.Namespace:
+    args, extra = build_parser(prog).parse_known_args(argv)
     for item in extra:
         name = item.split("=", 1)[0]
         if name in UNSUPPORTED:
             raise UserError(f"{name} is a YOLOv5 val.py flag that ppmulti does not support "
                             f"({UNSUPPORTED[name]}); remove it")
-        raise UserError(f"unknown argument {item!r}; see tools/eval.py --help")
+        raise UserError(f"unknown argument {item!r}; see {prog} --help")
+    if args.task != "val":
+        why = TASKS.get(args.task, "an unknown task")
+        raise UserError(f"--task {args.task}: YOLOv5 val.py's task for {why}, which ppmulti does not run; "
+                        f"--task val (the data's val split) is the one evaluated")
+    args.save_dir_wanted = not args.config or bool(args.project or args.name)
+    if (args.save_txt or args.save_json is True) and not args.save_dir_wanted:
+        raise UserError("--save-txt and a bare --save-json write into the results directory: add --project DIR "
+                        "(or give --save-json FILE for the metrics)")
     for flag, value, low, high in (("--conf-thres", args.conf_thres, 0.0, 1.0),
                                    ("--iou-thres", args.iou_thres, 0.0, 1.0),
                                    ("--max-det", args.max_det, 1, None), ("--batch-size", args.batch_size, 1, None),
@@ -75,20 +94,29 @@ def parse(argv) -> argparse.Namespace:
 def run(args) -> int:
     check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank import dist
-    from ppmulti.rank.engine.inference import evaluate
+    from ppmulti.rank.engine.inference import ValOutputs, evaluate
     from ppmulti.rank.eval_setup import resolve_model, val_edit
 
     model = resolve_model(args)
     if model.note and dist.is_main():
         print(model.note, file=sys.stderr)
-    result = evaluate(model.config, overrides(args), model.weights, args.save_json, edit=val_edit(args, model))
+    outputs = None
+    if args.save_dir_wanted:
+        stem = Path(model.weights).stem if model.weights else "model"
+        outputs = ValOutputs(Path(args.project or "runs/val"), args.name or "exp", args.exist_ok, args.save_txt,
+                             args.save_conf, f"{stem}_predictions.json" if args.save_json is True else None)
+    metrics_file = args.save_json if isinstance(args.save_json, str) else None
+    result = evaluate(model.config, overrides(args), model.weights, metrics_file, edit=val_edit(args, model),
+                      outputs=outputs)
     if dist.is_main():
+        if outputs is not None:
+            print(f"Results saved to {result['save_dir']}", file=sys.stderr)
         print(json.dumps(result))
     return 0
 
 
-def main(argv=None) -> int:
-    return exit_on_user_error(lambda a: run(parse(a)), argv)
+def main(argv=None, prog: str = "tools/eval.py") -> int:
+    return exit_on_user_error(lambda a: run(parse(a, prog)), argv)
 
 
 if __name__ == "__main__":

@@ -1,53 +1,186 @@
-"""Export trained weights as a Paddle inference model, or also as ONNX (--format onnx)."""
+"""Export trained weights as YOLOv5's export.py does (`python tools/export.py --weights RUN/weights/best.pdparams
+--include onnx` writes RUN/weights/best.onnx), or as ppdet does (-c CONFIG: a Paddle inference model in
+--output_dir, --format onnx for model.onnx beside it)."""
 
 import argparse
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.stack import check_stack
-from ppmulti.rank.tool_args import add_model_args, overrides
+from ppmulti.common.train_flags import parse_device
+from ppmulti.rank.tool_args import add_model_args, overrides, square_size
+
+FORMATS = ("paddle", "onnx")
+# YOLOv5 export.py's other formats, refused by name (the first is what --include names them).
+OTHER_FORMATS = ("torchscript", "openvino", "engine", "coreml", "saved_model", "pb", "tflite", "edgetpu", "tfjs")
+# YOLOv5 export.py flags without an equivalent here; each is refused by name rather than ignored.
+UNSUPPORTED = {
+    "--inplace": "a PyTorch Detect() setting", "--keras": "TensorFlow", "--optimize": "TorchScript for mobile",
+    "--int8": "INT8 quantization", "--per-tensor": "TensorFlow quantization",
+    "--simplify": "onnx-simplifier (paddle2onnx's graph is exported as converted)",
+    "--mlmodel": "CoreML", "--verbose": "TensorRT", "--workspace": "TensorRT", "--cache": "TensorRT",
+    "--agnostic-nms": "TensorFlow's NMS (--nms puts per-class NMS into the ONNX graph)",
+    "--topk-per-class": "TF.js NMS", "--topk-all": "TF.js NMS", "--iou-thres": "TF.js NMS",
+    "--conf-thres": "TF.js NMS",
+}
+PADDLE_DIR = "_paddle_model"   # YOLOv5's name for its Paddle export: best.pdparams -> best_paddle_model/
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tools/export.py",
-                                description="Export trained weights as a Paddle inference model "
-                                            "(model.pdmodel on Paddle 2.6 / model.json on 3.x, model.pdiparams, "
-                                            "infer_cfg.yml), or also as ONNX (--format onnx).")
-    add_model_args(p)
-    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output_inference")
-    p.add_argument("--format", "--include", dest="format", choices=("paddle", "onnx"), default="paddle",
-                   help="paddle: Paddle's inference model (default); onnx: also model.onnx beside it, through "
-                        "paddle2onnx (pip install -e \".[export]\")")
-    p.add_argument("--no-nms", "--no_nms", dest="nms", action="store_false",
-                   help="leave NMS out of the graph: outputs are boxes [B, N, 4] and scores [B, C, N]")
+    p = argparse.ArgumentParser(prog="tools/export.py", description=__doc__)
+    add_model_args(p, config_required=False)
+    p.add_argument("--output_dir", "--output-dir", dest="output_dir",
+                   help="with -c: where ppdet's exporter writes (default output_inference); without -c the files "
+                        "go beside --weights, as YOLOv5 writes them")
+    p.add_argument("--format", dest="format", choices=FORMATS,
+                   help="with -c: paddle, Paddle's inference model (default); onnx, also model.onnx beside it, "
+                        "through paddle2onnx (pip install -e \".[export]\")")
+    p.add_argument("--include", nargs="+", metavar="FORMAT",
+                   help="YOLOv5's spelling: onnx (W.onnx beside the weights W.pdparams), paddle "
+                        "(W_paddle_model/), or both; with -c, one of them as --format")
+    p.add_argument("--nms", dest="nms", action="store_const", const=True,
+                   help="put per-class NMS into the graph (outputs: detections [N, 6] and their count); the default "
+                        "with -c, off without it (YOLOv5's raw outputs)")
+    p.add_argument("--no-nms", "--no_nms", dest="nms", action="store_const", const=False,
+                   help="leave NMS out of the graph: outputs are boxes [B, N, 4] and scores [B, C, N] (the default "
+                        "without -c, as YOLOv5's ONNX files; tools/detect.py runs the NMS)")
     p.add_argument("--dynamic", "--dynamic-batch", dest="dynamic", action="store_true",
-                   help="ONNX: a symbolic batch dimension (needs --no-nms)")
-    p.add_argument("--batch-size", "--batch_size", dest="batch", type=int, default=1,
-                   help="ONNX: the fixed batch without --dynamic (default 1; above 1 needs --no-nms)")
-    p.add_argument("--opset", type=int, default=11, help="ONNX opset (default 11)")
+                   help="ONNX: a symbolic batch dimension (needs NMS out of the graph)")
+    p.add_argument("--batch-size", "--batch_size", "--batch", dest="batch", type=int, default=1,
+                   help="ONNX: the fixed batch without --dynamic (default 1; above 1 needs NMS out of the graph)")
+    p.add_argument("--opset", type=int, default=11, help="ONNX opset, 11 to 17 (default 11)")
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", nargs="+", type=int,
+                   help="input size in pixels, square, a multiple of 32 (default: the run's)")
+    p.add_argument("--device", help="cpu or one GPU id to build the model on (the files are the same)")
+    p.add_argument("--half", action="store_true", help="FP16 export: refused (ppmulti exports float32)")
+    g = p.add_argument_group("the model without -c: the run's config.yml beside --weights, else --cfg/--data")
+    g.add_argument("--cfg", help="model: a name (yolov5s, ppyoloe_s), a YOLOv5 model yaml or a ppdet .yml")
+    g.add_argument("--data", help="a YOLOv5 data yaml (its nc and names) when the weights have no run directory")
     return p
+
+
+def parse(argv) -> argparse.Namespace:
+    """The command line, checked: unknown formats and flags refused by name; the mode (-c: ppdet's, else YOLOv5's)."""
+    args, extra = build_parser().parse_known_args(argv)
+    for item in extra:
+        name = item.split("=", 1)[0]
+        if name in UNSUPPORTED:
+            raise UserError(f"{name} is a YOLOv5 export.py flag that ppmulti does not support "
+                            f"({UNSUPPORTED[name]}); remove it")
+        raise UserError(f"unknown argument {item!r}; see tools/export.py --help")
+    if args.half:
+        raise UserError("--half: ppmulti exports float32 only (YOLOv5 itself exports FP16 only from a GPU); "
+                        "remove --half")
+    args.formats = include_formats(args.include, args.format)
+    args.yolov5 = not args.config
+    if args.yolov5:
+        if args.format:
+            raise UserError("--format goes with -c CONFIG (ppdet's export); without -c use --include onnx|paddle")
+        if args.output_dir:
+            raise UserError("--output_dir goes with -c CONFIG; without -c the files go beside --weights "
+                            "(as YOLOv5 writes them)")
+        if not args.weights:
+            raise UserError("no weights given: pass --weights RUN/weights/best.pdparams (or -c CONFIG)")
+        if Path(args.weights).suffix.lower() == ".onnx":
+            raise UserError(f"--weights {args.weights}: already exported; pass the .pdparams it came from")
+    elif len(args.formats) > 1:
+        raise UserError(f"--include {' '.join(args.include)} with -c: one format per export")
+    args.output_dir = args.output_dir or "output_inference"
+    if args.nms is None:
+        args.nms = not args.yolov5
+    args.imgsz = square_size(args.imgsz)
+    kind, ids, _ = parse_device(args.device, None)
+    if len(ids) > 1:
+        raise UserError(f"--device {args.device}: export builds the model on one device; pass one id or cpu")
+    args.use_gpu = None if kind == "auto" else kind == "gpu"
+    return args
+
+
+def include_formats(include: list[str] | None, fmt: str | None) -> list[str]:
+    """--include's formats (YOLOv5's names, onnx and paddle written here), else --format, else paddle."""
+    if not include:
+        return [fmt or "paddle"]
+    if fmt:
+        raise UserError("give the format once: --include (YOLOv5's) or --format (ppdet's)")
+    out = []
+    for item in (x.lower() for entry in include for x in entry.split(",") if x):
+        if item in OTHER_FORMATS:
+            raise UserError(f"--include {item}: a YOLOv5 format ppmulti does not write; use onnx or paddle")
+        if item not in FORMATS:
+            raise UserError(f"--include {item}: unknown format; use onnx or paddle")
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def beside_weights(weights: Path, fmt: str) -> Path:
+    """Where YOLOv5 writes a format: W.pdparams -> W.onnx, W_paddle_model/."""
+    return weights.with_suffix(".onnx") if fmt == "onnx" else weights.with_name(weights.stem + PADDLE_DIR)
 
 
 def run(args) -> int:
     check_stack()   # one line about a broken install, before ppdet is imported
-    if args.format == "onnx":
-        from ppmulti.rank.engine.onnx_export import OnnxOptions, export_onnx
+    from ppmulti.rank.engine.onnx_export import OnnxOptions
 
-        opts = OnnxOptions(nms=args.nms, dynamic=args.dynamic, batch=args.batch, opset=args.opset)
-        dst = export_onnx(args.config, overrides(args), args.weights, args.output_dir, opts)
+    opts = OnnxOptions(nms=args.nms, dynamic=args.dynamic, batch=args.batch, opset=args.opset)
+    if "onnx" in args.formats:
+        opts.check()   # before the model is built
+    elif args.dynamic or args.batch != 1:
+        raise UserError("--dynamic and --batch-size apply to ONNX; Paddle's inference model takes any batch")
+    if args.yolov5:
+        return run_yolov5(args, opts)
+    from ppmulti.rank.eval_setup import detect_edit
+
+    edit = detect_edit(args.imgsz, args.use_gpu, one_image=False)
+    if args.formats == ["onnx"]:
+        from ppmulti.rank.engine.onnx_export import export_onnx
+
+        dst = export_onnx(args.config, overrides(args), args.weights, args.output_dir, opts, edit)
         print(f"ONNX model written to {dst}")
         return 0
-    if args.dynamic or args.batch != 1:
-        raise UserError("--dynamic and --batch-size apply to --format onnx; Paddle's inference model takes any batch")
     from ppmulti.rank.engine.inference import export
 
-    dst = export(args.config, overrides(args), args.weights, args.output_dir, nms=args.nms)
+    dst = export(args.config, overrides(args), args.weights, args.output_dir, nms=args.nms, edit=edit)
     print(f"inference model written to {dst}")
     return 0
 
 
+def run_yolov5(args, opts) -> int:
+    """YOLOv5's export: the model from the weights' run, each format written beside the weights."""
+    from ppmulti.rank.engine.inference import export
+    from ppmulti.rank.engine.onnx_export import export_onnx
+    from ppmulti.rank.eval_setup import detect_edit, resolve_model
+
+    model = resolve_model(args)
+    if model.note:
+        print(model.note, file=sys.stderr)
+    weights = Path(model.weights)
+    edit = detect_edit(args.imgsz, args.use_gpu, model, one_image=False)
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=weights.parent) as tmp:
+        written = []
+        if "onnx" in args.formats:
+            written.append(export_onnx(model.config, overrides(args), str(weights), tmp, opts, edit,
+                                       dst=beside_weights(weights, "onnx")))
+        if "paddle" in args.formats:
+            if "onnx" in args.formats:
+                model_dir = next(p for p in Path(tmp).iterdir() if p.is_dir())   # the ONNX's own Paddle model
+            else:
+                model_dir = export(model.config, overrides(args), str(weights), tmp, nms=args.nms, edit=edit)
+            dst = beside_weights(weights, "paddle")
+            if dst.exists():
+                shutil.rmtree(dst)
+            shutil.move(str(model_dir), str(dst))
+            written.append(dst)
+    for dst in written:
+        print(f"{'ONNX model' if dst.suffix == '.onnx' else 'inference model'} written to {dst}")
+    return 0
+
+
 def main(argv=None) -> int:
-    return exit_on_user_error(run, build_parser().parse_args(argv))
+    return exit_on_user_error(lambda a: run(parse(a)), argv)
 
 
 if __name__ == "__main__":

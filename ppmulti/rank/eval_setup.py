@@ -160,3 +160,44 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
             cfg["use_gpu"] = args.use_gpu
 
     return edit
+
+
+def resolve_onnx_model(args: argparse.Namespace) -> tuple[str, str]:
+    """The config for an exported .onnx file (its pre-processing and class names): -c, else the config.yml of the
+    run it was exported from (RUN/weights/best.onnx -> RUN/config.yml); returns (config, note)."""
+    path = Path(args.weights)
+    if not path.is_file():
+        raise UserError(f"--weights {args.weights}: file not found")
+    if args.config:
+        return args.config, ""
+    found = run_config(path)
+    if found is None:
+        raise UserError(f"--weights {args.weights}: no config.yml in its run directory (RUN/weights/x.onnx -> "
+                        f"RUN/config.yml); pass -c CONFIG, the config it was exported from")
+    return str(found), f"model: {found} (the run's resolved config), run by onnxruntime"
+
+
+def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None = None,
+                one_image: bool = True) -> Callable[[Any], None]:
+    """tools/detect.py's (and export's) edit of the loaded config: the model's overrides, --imgsz, the device, and
+    with ``one_image`` one image per TestReader batch."""
+
+    def edit(cfg) -> None:
+        from ppdet.core.workspace import merge_config
+
+        from ppmulti.rank.yolo_config import apply_imgsz
+
+        if model is not None and model.overrides:
+            merge_config(copy.deepcopy(model.overrides))
+        if model is not None and model.weights_classes is not None \
+                and model.weights_classes != int(cfg["num_classes"]):
+            raise UserError(f"{model.weights} predicts {model.weights_classes} classes but config {model.config} "
+                            f"has num_classes={cfg['num_classes']}; pass the config the weights were trained with")
+        if imgsz:
+            apply_imgsz(cfg, int(imgsz))
+        if one_image:
+            cfg["TestReader"]["batch_size"] = 1
+        if use_gpu is not None:
+            cfg["use_gpu"] = use_gpu
+
+    return edit

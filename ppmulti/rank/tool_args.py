@@ -15,3 +15,15 @@ def add_model_args(p: argparse.ArgumentParser, config_required: bool = True) -> 
 def overrides(args: argparse.Namespace) -> list[str]:
     """The -o values, flattened (each -o may carry several key=value items)."""
     return [item for group in (args.opt or []) for item in group]
+
+
+def square_size(values: list[int] | None) -> int | None:
+    """``--imgsz 640`` or ``--imgsz 640 640`` (YOLOv5's h, w) as one side; other shapes refused."""
+    from ppmulti.common.errors import UserError
+
+    if not values:
+        return None
+    if len(values) > 2 or len(set(values)) != 1:
+        raise UserError(f"--imgsz {' '.join(map(str, values))}: give one size (square inputs only), e.g. "
+                        f"--imgsz {max(values)}")
+    return values[0]

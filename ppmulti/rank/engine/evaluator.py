@@ -64,6 +64,7 @@ class CocoEvaluator:
             self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
         self.clsid2catid = {v: k for k, v in self.dataset.catid2clsid.items()}
         self._coco_gt = None
+        self.last_detections: list[dict] = []
         self.last_pr = None   # rank 0: the PR curve of the last scoring (engine.plots.PRCurve)
 
     def predict(self, model) -> tuple[list[dict], int, float]:
@@ -97,6 +98,7 @@ class CocoEvaluator:
             all_dets = [d for dets, _, _ in gathered for d in dets]
             total = sum(n for _, n, _ in gathered)
             rates = [n / s if s > 0 else 0.0 for _, n, s in gathered]
+            self.last_detections = all_dets   # rank 0: every rank's detections (tools/eval.py's --save-txt)
             m50_95, m50, summary = self.score(all_dets)
             result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary)
         result = dist.all_gather_object(result)[0]

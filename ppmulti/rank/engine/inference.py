@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,18 +51,67 @@ def build_model(config: str, overrides: list[str], weights: str | None, edit: Ca
     return cfg, model
 
 
+@dataclass(frozen=True)
+class ValOutputs:
+    """YOLOv5 val.py's results directory (PROJECT/NAME, numbered unless ``exist_ok``): results.json always,
+    labels/<stem>.txt with ``save_txt``, the detections as COCO json in ``predictions`` when named."""
+
+    project: Path
+    name: str = "exp"
+    exist_ok: bool = False
+    save_txt: bool = False
+    save_conf: bool = False
+    predictions: str | None = None
+
+
 def evaluate(config: str, overrides: list[str], weights: str | None, save_json: str | None = None,
-             edit: Callable[[Any], None] | None = None) -> dict:
+             edit: Callable[[Any], None] | None = None, outputs: ValOutputs | None = None) -> dict:
     """COCO bbox mAP of the weights on the config's EvalDataset (sharded across ranks when launched); ``edit``
-    changes the loaded config first (tools/eval.py's YOLOv5 val.py flags)."""
+    changes the loaded config first (tools/eval.py's YOLOv5 val.py flags); ``outputs``: what rank 0 writes
+    into a results directory (its path in the result as ``save_dir``)."""
     from ppmulti.rank.engine.evaluator import CocoEvaluator
 
     cfg, model = build_model(config, overrides, weights, edit)
     config_mod.check_dataset(cfg, "EvalDataset")
-    result = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0)).evaluate(model).as_dict()
+    evaluator = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0))
+    result = evaluator.evaluate(model).as_dict()
     if save_json and dist.is_main():
         atomic_write_text(save_json, json.dumps(result, indent=2) + "\n")
+    if outputs is not None and dist.is_main():
+        result["save_dir"] = str(write_val_outputs(evaluator, result, outputs))
     return result
+
+
+def write_val_outputs(evaluator, result: dict, outputs: ValOutputs) -> Path:
+    """The results directory of one evaluation (see ``ValOutputs``); returns its path."""
+    from ppmulti.common.rundir import new_run_dir
+    from ppmulti.rank.engine.labels import clip_boxes, label_lines
+
+    save_dir = new_run_dir(outputs.project, outputs.name, outputs.exist_ok)
+    atomic_write_text(save_dir / "results.json", json.dumps(result, indent=2) + "\n")
+    keys = ("image_id", "category_id", "bbox", "score")   # pycocotools' loadRes added more to each in place
+    detections = [{k: d[k] for k in keys} for d in evaluator.last_detections]
+    if outputs.predictions:
+        atomic_write_text(save_dir / outputs.predictions, json.dumps(detections) + "\n")
+    if outputs.save_txt:
+        import numpy as np
+
+        labels = save_dir / "labels"
+        labels.mkdir(exist_ok=True)
+        images = {int(np.asarray(r["im_id"]).reshape(-1)[0]): r for r in evaluator.dataset.roidbs}
+        by_image: dict[int, list[dict]] = {}
+        for det in detections:
+            by_image.setdefault(int(det["image_id"]), []).append(det)
+        catid2clsid = evaluator.dataset.catid2clsid
+        for im_id, dets in by_image.items():
+            record = images[im_id]
+            rows = np.asarray([[d["bbox"][0], d["bbox"][1], d["bbox"][0] + d["bbox"][2], d["bbox"][1] + d["bbox"][3],
+                                d["score"], catid2clsid[d["category_id"]]]
+                               for d in sorted(dets, key=lambda d: -d["score"])], dtype=np.float64)
+            width, height = float(record["w"]), float(record["h"])
+            lines = label_lines(clip_boxes(rows, width, height), width, height, outputs.save_conf)
+            (labels / f"{Path(record['im_file']).stem}.txt").write_text("\n".join(lines) + "\n")
+    return save_dir
 
 
 def _collect_images(image: str | None, image_dir: str | None) -> list[str]:
@@ -185,10 +235,11 @@ def export_model(cfg, model, output_dir: str) -> Path:
     return dst
 
 
-def export(config: str, overrides: list[str], weights: str | None, output_dir: str, nms: bool = True) -> Path:
+def export(config: str, overrides: list[str], weights: str | None, output_dir: str, nms: bool = True,
+           edit: Callable[[Any], None] | None = None) -> Path:
     """Write a Paddle inference model with ppdet's exporter (see ``export_model``); ``nms=False`` leaves NMS
-    out of the graph (``leave_nms_out``)."""
-    cfg, model = build_model(config, overrides, weights)
+    out of the graph (``leave_nms_out``); ``edit`` changes the loaded config first."""
+    cfg, model = build_model(config, overrides, weights, edit)
     if not nms:
         leave_nms_out(model)
     return export_model(cfg, model, output_dir)

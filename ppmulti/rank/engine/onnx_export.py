@@ -6,6 +6,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from ppmulti.rank import compat
 from ppmulti.common.atomic import atomic_path
@@ -77,19 +78,21 @@ def fix_batch(data: bytes, batch: int) -> bytes:
 
 
 def export_onnx(config: str, overrides: list[str], weights: str | None, output_dir: str,
-                opts: OnnxOptions = OnnxOptions()) -> Path:
-    """Export the Paddle inference model (kept beside, as ppdet writes it), convert it to ``model.onnx`` in the
-    same directory and return that file's path."""
+                opts: OnnxOptions = OnnxOptions(), edit: Callable[[Any], None] | None = None,
+                dst: Path | None = None) -> Path:
+    """Export the Paddle inference model (kept beside, as ppdet writes it, in ``output_dir/<config name>``),
+    convert it to ONNX and write that to ``dst`` (default: ``model.onnx`` beside the Paddle model); returns the
+    ONNX file's path. ``edit`` changes the loaded config first (YOLOv5's --imgsz, the run's model)."""
     from ppmulti.rank.engine import inference
 
     opts.check()
     version = require_paddle2onnx()
-    cfg, model = inference.build_model(config, overrides, weights)
+    cfg, model = inference.build_model(config, overrides, weights, edit)
     if not opts.nms:
         inference.leave_nms_out(model)
     model_dir = inference.export_model(cfg, model, output_dir)
     data = compat.paddle_to_onnx(model_dir, opts.opset)
-    dst = model_dir / ONNX_FILE
+    dst = Path(dst) if dst is not None else model_dir / ONNX_FILE
     if not opts.dynamic:
         data = fix_batch(data, opts.batch)
     with atomic_path(dst) as tmp:

@@ -1,0 +1,149 @@
+"""Detect objects as YOLOv5's detect.py does: `python tools/detect.py --weights RUN/weights/best.pdparams (or
+best.onnx) --source IMAGES`, annotated images and YOLO-format labels in runs/detect/exp*."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
+from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.stack import check_stack
+from ppmulti.common.train_flags import parse_device
+from ppmulti.rank.tool_args import add_model_args, overrides, square_size
+
+# YOLOv5 detect.py flags without an equivalent here; each is refused by name rather than ignored.
+UNSUPPORTED = {
+    "--view-img": "showing results in a window", "--save-csv": "a CSV of the detections (use --save-txt)",
+    "--save-crop": "cropped boxes", "--augment": "test-time augmentation", "--visualize": "feature maps",
+    "--update": "stripping optimizers from .pt files", "--half": "FP16 inference", "--dnn": "OpenCV DNN for ONNX",
+    "--vid-stride": "videos (images only)",
+    "--data": "class names from a data yaml (they come from the weights' run, its config.yml)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tools/detect.py", description=__doc__)
+    add_model_args(p, config_required=False)
+    p.set_defaults(weights=None, cfg=None, data=None)   # what resolve_model reads besides -c and --weights
+    for action in p._actions:   # YOLOv5's --weights help: a .pdparams, a run directory or an exported .onnx
+        if action.dest == "weights":
+            action.help = ("a .pdparams file, a run directory (weights/best) or a .onnx file exported by "
+                           "tools/export.py; the model comes from the weights' run (its config.yml) unless -c")
+    p.add_argument("--source", default="data/images",
+                   help="an image, a folder, a glob ('imgs/*.jpg') or a .txt file of image paths "
+                        "(videos, streams and webcams are refused; default: data/images)")
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", nargs="+", type=int,
+                   help="inference size in pixels, square, a multiple of 32 (default: the run's; an ONNX file's "
+                        "own size)")
+    p.add_argument("--conf-thres", "--conf_thres", dest="conf_thres", type=float, default=0.25,
+                   help="confidence threshold (default 0.25)")
+    p.add_argument("--iou-thres", "--iou_thres", dest="iou_thres", type=float, default=0.45,
+                   help="NMS IoU threshold (default 0.45)")
+    p.add_argument("--max-det", "--max_det", dest="max_det", type=int, default=1000,
+                   help="maximum detections per image (default 1000)")
+    p.add_argument("--device", help="cpu or one GPU id")
+    p.add_argument("--save-txt", "--save_txt", dest="save_txt", action="store_true",
+                   help="write labels/<image stem>.txt: class xc yc w h, normalised (YOLO format)")
+    p.add_argument("--save-conf", "--save_conf", dest="save_conf", action="store_true",
+                   help="add each box's confidence to the --save-txt lines")
+    p.add_argument("--nosave", action="store_true", help="do not write annotated images")
+    p.add_argument("--classes", nargs="+", type=int, help="keep these class indices only: --classes 0 2 3")
+    p.add_argument("--agnostic-nms", "--agnostic_nms", dest="agnostic_nms", action="store_true",
+                   help="NMS across classes")
+    p.add_argument("--project", default="runs/detect", help="results go to PROJECT/NAME (default runs/detect)")
+    p.add_argument("--name", default="exp", help="results go to PROJECT/NAME, NAME2, ... (default exp)")
+    p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
+                   help="write into an existing PROJECT/NAME instead of the next free one")
+    p.add_argument("--line-thickness", "--line_thickness", dest="line_thickness", type=int, default=3,
+                   help="box line width in pixels (default 3)")
+    p.add_argument("--hide-labels", "--hide_labels", dest="hide_labels", action="store_true",
+                   help="draw boxes without class names")
+    p.add_argument("--hide-conf", "--hide_conf", dest="hide_conf", action="store_true",
+                   help="draw class names without confidences")
+    return p
+
+
+def parse(argv) -> argparse.Namespace:
+    """The command line, checked: YOLOv5 flags without an equivalent refused by name, values in range."""
+    args, extra = build_parser().parse_known_args(argv)
+    for item in extra:
+        name = item.split("=", 1)[0]
+        if name in UNSUPPORTED:
+            raise UserError(f"{name} is a YOLOv5 detect.py flag that ppmulti does not support "
+                            f"({UNSUPPORTED[name]}); remove it")
+        raise UserError(f"unknown argument {item!r}; see tools/detect.py --help")
+    if not args.weights:
+        raise UserError("no weights given: pass --weights RUN/weights/best.pdparams (or a run directory, or an "
+                        "exported .onnx)")
+    for flag, value, low, high in (("--conf-thres", args.conf_thres, 0.0, 1.0),
+                                   ("--iou-thres", args.iou_thres, 0.0, 1.0),
+                                   ("--max-det", args.max_det, 1, None), ("--line-thickness", args.line_thickness, 1,
+                                                                           None)):
+        if value < low or (high is not None and value > high):
+            raise UserError(f"{flag} {value}: use a value {'in [0, 1]' if high else f'of at least {low}'}")
+    args.imgsz = square_size(args.imgsz)
+    if args.classes is not None and min(args.classes) < 0:
+        raise UserError(f"--classes {' '.join(map(str, args.classes))}: class indices start at 0")
+    kind, ids, _ = parse_device(args.device, None)
+    if len(ids) > 1:
+        raise UserError(f"--device {args.device}: detect runs on one GPU; pass one id")
+    args.use_gpu = None if kind == "auto" else kind == "gpu"
+    if kind == "gpu" and not in_paddle_worker():
+        set_visible_gpu(ids[0])
+    return args
+
+
+def is_onnx(weights: str) -> bool:
+    return Path(weights).suffix.lower() == ".onnx"
+
+
+def run(args) -> int:
+    images = _images(args.source)
+    check_stack()   # one line about a broken install, before ppdet is imported
+    from ppmulti.common.rundir import new_run_dir
+    from ppmulti.rank.engine.detect import DetectOptions, NmsOptions, OnnxBackend, PaddleBackend, run_detect
+    from ppmulti.rank.eval_setup import detect_edit, resolve_model, resolve_onnx_model
+
+    if is_onnx(args.weights):
+        config, note = resolve_onnx_model(args)
+        backend = OnnxBackend(config, overrides(args), Path(args.weights), lambda cfg: None, bool(args.use_gpu))
+        if args.imgsz and backend.size and args.imgsz != backend.size:
+            raise UserError(f"--imgsz {args.imgsz}: {args.weights} was exported for {backend.size} px; pass "
+                            f"--imgsz {backend.size} or export again with --imgsz {args.imgsz}")
+        detect_edit(args.imgsz or backend.size, args.use_gpu)(backend.cfg)
+        if backend.nms_inside and args.iou_thres != 0.45:
+            print(f"note: {args.weights} holds NMS (its IoU threshold as exported); --iou-thres applies to "
+                  f"--agnostic-nms only", file=sys.stderr)
+    else:
+        model = resolve_model(args)
+        note = model.note
+        edit = detect_edit(args.imgsz, args.use_gpu, model)
+        backend = PaddleBackend(model.config, overrides(args), model.weights, edit)
+    if note:
+        print(note, file=sys.stderr)
+    save_dir = new_run_dir(args.project, args.name, args.exist_ok)
+    opts = DetectOptions(NmsOptions(args.conf_thres, args.iou_thres, tuple(args.classes) if args.classes else None,
+                                    args.agnostic_nms, args.max_det),
+                         save_dir, save_img=not args.nosave, save_txt=args.save_txt, save_conf=args.save_conf,
+                         line_thickness=args.line_thickness, hide_labels=args.hide_labels, hide_conf=args.hide_conf)
+    counts = run_detect(backend, images, opts)
+    print(f"{counts['images']} images, {counts['detections']} detections in {counts['seconds']:.1f}s", file=sys.stderr)
+    if args.save_txt:
+        written = len(list((save_dir / "labels").glob("*.txt")))
+        print(f"{written} labels saved to {save_dir / 'labels'}", file=sys.stderr)
+    print(f"Results saved to {save_dir}")
+    return 0
+
+
+def _images(source: str):
+    from ppmulti.rank.engine.detect import resolve_source
+
+    return resolve_source(source)
+
+
+def main(argv=None) -> int:
+    return exit_on_user_error(lambda a: run(parse(a)), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
