@@ -321,3 +321,16 @@ def test_mosaic_op_takes_plain_records_from_any_ppdet_dataset(tmp_path):
     out = ops["YOLOv5HSV"](0.0, 0.0, 0.0)(out)
     out = ops["DeviceNormalize"]()([out])[0]   # no HSV gains: the BGR -> RGB swap happens here
     assert "bgr" not in out and out["image"].flags["C_CONTIGUOUS"]
+
+
+def test_host_normalize_restores_ppdets_ops_for_ppdets_trainer():
+    from ppmulti.rank.data.device import host_normalize
+
+    cfg = {"TrainReader": {"batch_transforms": [{"BatchRandomResize": {}}, {"DeviceNormalize": {
+        "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "channels_last": True}}, {"PadGT": {}}]}}
+    assert host_normalize(cfg)
+    assert cfg["TrainReader"]["batch_transforms"] == [
+        {"BatchRandomResize": {}},
+        {"NormalizeImage": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "is_scale": True}},
+        {"Permute": {}}, {"PadGT": {}}]
+    assert not host_normalize(cfg) and input_norm(cfg) is None

@@ -15,6 +15,23 @@ def input_norm(cfg) -> tuple[list[float], list[float], bool] | None:
     return None
 
 
+def host_normalize(cfg) -> bool:
+    """Put the normalisation back on the host for a consumer of the train reader that is not ppmulti's Trainer
+    (ppdet's own Trainer in ``ppmulti bench``'s reference case): DeviceNormalize becomes ppdet's NormalizeImage
+    (and Permute when channels_last). Returns whether anything changed."""
+    norm = input_norm(cfg)
+    if norm is None:
+        return False
+    mean, std, channels_last = norm
+    ops = cfg["TrainReader"]["batch_transforms"]
+    at = next(i for i, op in enumerate(ops) if isinstance(op, dict) and "DeviceNormalize" in op)
+    host = [{"NormalizeImage": {"mean": mean, "std": std, "is_scale": True}}]
+    if channels_last:
+        host.append({"Permute": {}})
+    cfg["TrainReader"]["batch_transforms"] = ops[:at] + host + ops[at + 1:]
+    return True
+
+
 def to_model_input(data: dict, norm: tuple | None = None) -> dict:
     """The model's float input from the batch the loader handed over, made on the tensor's device.
 
