@@ -76,7 +76,7 @@ def test_only_hyps_that_act_here_are_mutated():
 @pytest.mark.parametrize("args, needle", [
     (["--generations", "2", "--", "--cfg", "yolov5n", "--device", "0"], "--device in the training's flags"),
     (["--generations", "2", "--", "--cfg", "yolov5n", "--project", "x"], "--project in the training's flags"),
-    (["--generations", "2", "--", "--cfg", "yolov5n", "--rect"], "--rect"),
+    (["--generations", "2", "--", "--cfg", "yolov5n", "--quad"], "--quad"),
     (["--generations", "2"], "no training given"),
     (["--generations", "0", "--", "--cfg", "yolov5n"], "--generations 0"),
     (["--generations", "2", "--devices", "0,1", "--workers", "2", "--", "--cfg", "yolov5n"], "--workers"),

@@ -72,9 +72,13 @@ def test_hyp_optimizer_schedule_and_imgsz(repo):
     assert decay["name"] == "LinearDecay" and decay["min_lr_ratio"] == 0.1   # YOLOv5's default linear, lrf 0.1
     assert cfg["YOLOv5Loss"]["loss_weight"] == {"box": 0.05, "obj": 0.7, "cls": 0.3}
     assert cfg["YOLOv5Loss"]["label_smoothing"] == 0.1 and cfg["YOLOv5Loss"]["img_size"] == 320
-    mosaic = next(op["Mosaic"] for op in cfg["TrainReader"]["sample_transforms"] if "Mosaic" in op)
-    assert mosaic["input_dim"] == [320, 320] and mosaic["scale"] == [pytest.approx(0.1), 1.9]
-    assert mosaic["enable_mixup"] is True and mosaic["mixup_prob"] == 0.1
+    ops = {k: v for op in cfg["TrainReader"]["sample_transforms"] for k, v in op.items()}
+    mosaic = ops["YOLOv5Mosaic"]   # YOLOv5's hyp values, written unchanged onto ppmulti's YOLOv5 ops
+    assert mosaic["img_size"] == 320 and mosaic["scale"] == 0.9 and mosaic["translate"] == 0.1
+    assert mosaic["mixup"] == 0.1 and mosaic["prob"] == 1.0 and mosaic["perspective"] == 0.0
+    assert ops["YOLOv5HSV"] == {"hgain": 0.015, "sgain": 0.7, "vgain": 0.4}
+    assert ops["YOLOv5Flip"] == {"fliplr": 0.5, "flipud": 0.0}
+    assert not any("perspective" in n or "flipud" in n for n in notes)   # both have an effect now
     assert cfg["eval_size"] == [320, 320]
     assert any("warmup_momentum" in n for n in notes) and opts.validate   # YOLOv5 style validates each epoch
 
@@ -105,8 +109,7 @@ def test_run_dir_flags_and_weights_from_scratch():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--rect"], "--rect is a YOLOv5 flag that ppmulti does not support"),
-    (["--quad"], "--quad is a YOLOv5 flag"),
+    (["--quad"], "--quad is a YOLOv5 flag that ppmulti does not support"),
     (["--bogus"], "unknown flag --bogus"),
 ])
 def test_unsupported_flags_are_refused_by_name(argv, message):

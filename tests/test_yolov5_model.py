@@ -16,6 +16,7 @@ from ppdet.core.workspace import create
 from ppdet.modeling.layers import MultiClassNMS
 
 from ppmulti.rank import config as config_mod
+from ppmulti.rank.data.device import input_norm, to_model_input
 from ppmulti.rank.models import YOLOv5Head, YOLOv5Loss, bbox_ciou, build_targets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,7 +161,7 @@ def _tiny_coco(root: Path) -> None:
 
 
 def test_shipped_reader_feeds_the_head(tmp_path):
-    """The reader base file (Mosaic, HSV, flip, PadGT; 640 letterbox) gives what YOLOv5Head expects."""
+    """The reader base file (YOLOv5Mosaic, HSV, flip, PadGT; 640 letterbox) gives what YOLOv5Head expects."""
     _tiny_coco(tmp_path / "data")
     # a user's config: the shipped model and reader, their own dataset sections
     dataset = (f"{{name: COCODataSet, dataset_dir: '{tmp_path / 'data'}', image_dir: images, "
@@ -172,10 +173,13 @@ def test_shipped_reader_feeds_the_head(tmp_path):
                     f"EvalDataset: {dataset}}}\n")
     cfg = config_mod.load(path, {"TrainReader": {"batch_size": 2, "use_shared_memory": False},
                                  "EvalReader": {"batch_size": 2}})
-    random.seed(0)  # Mosaic draws its centre and affine from `random`, the tiles from numpy
+    random.seed(0)  # YOLOv5Mosaic draws tiles and flips from `random`, centre, affine and HSV from numpy
     np.random.seed(0)
     data = next(iter(create("TrainReader")(create("TrainDataset")(), 0)))
-    assert list(data["image"].shape) == [2, 3, 640, 640]
+    # a COCO dataset hands the mosaic its 5 records; the batch leaves as uint8 N x H x W x 3 ...
+    assert list(data["image"].shape) == [2, 640, 640, 3] and data["image"].dtype == paddle.uint8
+    data = to_model_input(data, input_norm(cfg))   # ... and the trainer makes the float input on the device
+    assert list(data["image"].shape) == [2, 3, 640, 640] and data["image"].dtype == paddle.float32
     assert 0 <= float(data["image"].min()) and float(data["image"].max()) <= 1
     num = data["gt_bbox"].shape[1]
     assert list(data["gt_class"].shape) == [2, num, 1] and list(data["pad_gt_mask"].shape) == [2, num, 1]

@@ -268,13 +268,16 @@ def test_val_detect_export_and_detect_from_onnx_as_yolov5s_ci(yolov5_run, small_
              "--device", "cpu"]
     assert _ok(run_tool([str(REPO / "tools/detect.py"), "--weights", str(best), *flags], cwd=cwd)) == \
         "Results saved to runs/detect/exp"
-    assert _ok(run_tool([str(REPO / "tools/detect.py"), "--weights", str(best), *flags, "--nosave", "--classes",
-                         "1"], cwd=cwd)) == "Results saved to runs/detect/exp2"
     paddle_dir = cwd / "runs" / "detect" / "exp"
+    # --classes with a class the unfiltered run found (which classes pass 0.003 after 4 epochs depends on training)
+    found = np.concatenate([rows[:, 0] for rows in _labels(paddle_dir / "labels").values()]).astype(int)
+    wanted = int(np.bincount(found).argmax())
+    assert _ok(run_tool([str(REPO / "tools/detect.py"), "--weights", str(best), *flags, "--nosave", "--classes",
+                         str(wanted)], cwd=cwd)) == "Results saved to runs/detect/exp2"
     assert sorted(p.name for p in paddle_dir.glob("*.jpg")) == sorted(p.name for p in images.glob("*.jpg"))
     assert not list((cwd / "runs" / "detect" / "exp2").glob("*.jpg"))   # --nosave
     only_one = _labels(cwd / "runs" / "detect" / "exp2" / "labels")
-    assert only_one and all(set(rows[:, 0]) == {1} for rows in only_one.values())   # --classes 1
+    assert only_one and all(set(rows[:, 0]) == {wanted} for rows in only_one.values())   # --classes N
 
     # export ONNX beside the weights, as YOLOv5 does, then detect from it
     line = _ok(run_tool([str(REPO / "tools/export.py"), "--weights", str(best), "--img", "128", "--include",

@@ -10,7 +10,6 @@ from ppmulti.common.paths import TRAIN_SCRIPT
 
 # YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name.
 UNSUPPORTED = {
-    "--rect": "rectangular training batches",
     "--quad": "the quad dataloader",
     "--bucket": "gsutil dataset buckets",
     "--upload_dataset": "W&B dataset upload",
@@ -105,6 +104,9 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--image-weights", "--image_weights", dest="image_weights", action="store_true",
                    help="draw each epoch's images by class weights (rare classes and classes with a low mAP more "
                         "often), the same draw on every rank, then sharded")
+    g.add_argument("--rect", action="store_true",
+                   help="rectangular training: no mosaic, no shuffle, images in aspect-ratio order, each batch "
+                        "letterboxed to its own stride-aligned shape (YOLOv5 data yamls, YOLOv5 reader)")
     # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
                    help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
@@ -193,7 +195,7 @@ def run_output(project: str | None, name: str | None, yolo: bool = False) -> str
     return os.path.join(project or DEFAULT_PROJECT, name or DEFAULT_NAME)
 
 
-EDIT_FLAGS = ("cfg", "data", "hyp", "imgsz", "optimizer", "cos_lr", "single_cls", "label_smoothing")
+EDIT_FLAGS = ("cfg", "data", "hyp", "imgsz", "optimizer", "cos_lr", "single_cls", "label_smoothing", "rect")
 
 
 STYLE_FLAGS = ("cfg", "data", "hyp")   # any of these: a YOLOv5-style run (validate and save every epoch)

@@ -162,8 +162,10 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
 
     from ppmulti.rank import compat
     from ppmulti.rank import dist
+    from ppmulti.rank.data.device import host_normalize
 
     opts, cfg = _ppdet_config(ns, train_argv)
+    host_normalize(cfg)   # ppdet's Trainer feeds the model the loader's batch as it is
     compat.set_device("cpu")
     threads = dist.set_cpu_threads(1)
     paddle.seed(opts.seed)

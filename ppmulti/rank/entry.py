@@ -71,7 +71,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
 # the flags a bare YOLOv5 --resume takes back from the run's opt.yaml unless given again (YOLOv5 restores them all;
 # the model, data, size and hyperparameters are in config.yml already)
 RESUMED_FLAGS = ("noval", "nosave", "save_period", "patience", "freeze", "noplots", "seed", "deterministic",
-                 "cudnn_benchmark", "amp", "sync_bn", "workers", "cache", "multi_scale",
+                 "cudnn_benchmark", "amp", "sync_bn", "workers", "cache", "rect", "multi_scale",
                  "image_weights")
 
 

@@ -1,4 +1,4 @@
-"""ppmulti's door into ppdet: registering our extensions (YOLOv5 modules, YOLO source, LinearDecay), device choice."""
+"""ppmulti's door into ppdet: registering our extensions (YOLOv5 modules, data source and ops, LinearDecay), device."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ def register_extensions() -> None:
     compat.import_ppdet()
     import ppmulti.rank.models  # noqa: F401  (importing registers YOLOv5's backbone, neck, head and loss)
     from ppmulti.rank.data import coco
+    from ppmulti.rank.data.pipeline import register_ops
     from ppmulti.rank.data.yolo import register_source
     from ppmulti.rank.engine.lr import LinearDecay
 
     register_source()
     coco.register_source()
+    register_ops()
     compat.register_lr_scheduler(LinearDecay)
 
 

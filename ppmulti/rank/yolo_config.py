@@ -157,8 +157,9 @@ def apply_hyp(cfg, hyp: dict, is_yolov5: bool) -> list[str]:
         notes += [f"hyp {k}={hyp[k]} is a YOLOv5 loss gain; this model's loss has its own (not changed)"
                   for k in loss_keys if k in hyp]
     notes += _apply_augment(cfg, hyp)
+    handled = {"perspective", "flipud"} if _find_op(cfg, "YOLOv5Mosaic") is not None else set()
     for key, why in HYP_NO_EQUIVALENT.items():
-        if key not in hyp or key == "iou_t":   # iou_t: YOLOv5 reads it nowhere either
+        if key not in hyp or key == "iou_t" or key in handled:   # iou_t: YOLOv5 reads it nowhere either
             continue
         neutral = HYP_NEUTRAL[key]
         if neutral is None or float(hyp[key]) != neutral:
@@ -185,6 +186,38 @@ def _set_warmup(cfg, epochs: float) -> None:
 
 
 def _apply_augment(cfg, hyp: dict) -> list[str]:
+    """YOLOv5's augmentation hyps onto the reader: ppmulti's YOLOv5 ops take the values unchanged; a config
+    built from ppdet's own ops (Mosaic, AugmentHSV, RandomFlip) gets them converted where they have a meaning."""
+    if _find_op(cfg, "YOLOv5Mosaic") is not None:
+        return _apply_yolov5_ops(cfg, hyp)
+    return _apply_ppdet_ops(cfg, hyp)
+
+
+_MOSAIC_KEYS = {"mosaic": "prob", "degrees": "degrees", "translate": "translate", "scale": "scale",
+                "shear": "shear", "perspective": "perspective", "mixup": "mixup"}
+
+
+def _apply_yolov5_ops(cfg, hyp: dict) -> list[str]:
+    notes = []
+    mosaic = _find_op(cfg, "YOLOv5Mosaic")
+    for key, name in _MOSAIC_KEYS.items():
+        if key in hyp:
+            mosaic[name] = float(hyp[key])
+    for op_name, keys in (("YOLOv5HSV", {"hsv_h": "hgain", "hsv_s": "sgain", "hsv_v": "vgain"}),
+                          ("YOLOv5Flip", {"fliplr": "fliplr", "flipud": "flipud"})):
+        given = [k for k in keys if k in hyp]
+        if not given:
+            continue
+        op = _find_op(cfg, op_name)
+        if op is None:
+            notes.append(f"hyp {', '.join(given)}: this config's pipeline has no {op_name} op (not changed)")
+            continue
+        for key in given:
+            op[keys[key]] = float(hyp[key])
+    return notes
+
+
+def _apply_ppdet_ops(cfg, hyp: dict) -> list[str]:
     notes = []
     hsv = [k for k in ("hsv_h", "hsv_s", "hsv_v") if k in hyp]
     if hsv:
@@ -272,6 +305,8 @@ def apply_imgsz(cfg, imgsz: int) -> None:
         for op in _ops(cfg.get("TrainReader"), kind):
             if "Mosaic" in op:
                 op["Mosaic"]["input_dim"] = [imgsz, imgsz]
+            if "YOLOv5Mosaic" in op:
+                op["YOLOv5Mosaic"]["img_size"] = imgsz
             for name in ("BatchRandomResize", "RandomResize", "Resize"):
                 body = op.get(name)
                 if isinstance(body, dict) and "target_size" in body:
@@ -290,6 +325,27 @@ def _rescale_sizes(sizes, factor: float):
     if isinstance(sizes, (int, float)):
         return one(sizes)
     return [_rescale_sizes(s, factor) if isinstance(s, (list, tuple)) else one(s) for s in sizes]
+
+
+# ----------------------------------------------------------------------------- --rect
+def apply_rect(cfg, global_batch: int | None) -> None:
+    """YOLOv5's --rect: the dataset in aspect-ratio order, batches letterboxed to their own shape, no mosaic,
+    no shuffle. The shapes are computed per global batch (per-rank batch x world, consecutive images), and
+    Paddle's DistributedBatchSampler gives each rank a contiguous slice of every global batch: all ranks'
+    batches of one step share a shape."""
+    from ppmulti.rank import dist
+
+    if _find_op(cfg, "YOLOv5Mosaic") is None:
+        raise UserError("--rect needs the YOLOv5 reader (YOLOv5Mosaic in TrainReader); this config's reader "
+                        "has none")
+    if cfg["TrainDataset"].get("name") != "YOLODataSet":
+        raise UserError("--rect works with YOLOv5 data yamls (--data data.yaml); this dataset is "
+                        f"{cfg['TrainDataset'].get('name')}")
+    batch = int(global_batch or int(cfg["TrainReader"]["batch_size"]) * dist.world_size())
+    cfg["TrainDataset"]["rect"] = True
+    cfg["TrainDataset"]["rect_batch"] = batch
+    cfg["TrainReader"]["shuffle"] = False
+    _find_op(cfg, "YOLOv5Mosaic")["rect"] = True
 
 
 # ----------------------------------------------------------------------------- --data
@@ -371,6 +427,8 @@ def config_edit(args: argparse.Namespace):
             apply_schedule(cfg, cos_lr=False)   # YOLOv5's default: linear decay to lrf
         if yolo_style(args) and not getattr(args, "noval", False):
             cfg["snapshot_epoch"] = 1   # YOLOv5 validates and saves last after every epoch
+        if getattr(args, "rect", False):
+            apply_rect(cfg, getattr(args, "batch", None))
         if getattr(args, "label_smoothing", None) is not None:
             if not is_yolov5(cfg):
                 raise UserError("--label-smoothing applies to YOLOv5 models (YOLOv5Loss); PP-YOLOE's loss has none")

@@ -409,12 +409,15 @@ def _dataset_class():
         """A YOLOv5 dataset yaml's split as a ppdet dataset (``name: YOLODataSet, data: x.yaml, split: val``)."""
 
         def __init__(self, data: str = "", split: str = "train", data_fields=("image",), sample_num: int = -1,
-                     single_cls: bool = False, allow_empty: bool = True, repeat: int = 1, cache=None, **kwargs):
+                     single_cls: bool = False, allow_empty: bool = True, repeat: int = 1, cache=None,
+                     rect: bool = False, rect_batch: int = 0, **kwargs):
             from ppmulti.rank.data.cache import parse_cache
 
             self.data, self.split = data, split
             self.cache = parse_cache(cache)   # --cache: None, "ram" or "disk" (see image_store)
             self._stores: dict = {}
+            self.rect, self.rect_batch = bool(rect), int(rect_batch)   # --rect: aspect-ratio order, shapes
+            self._rect_shapes: dict = {}
             self.single_cls, self.allow_empty = single_cls, allow_empty
             self.spec = load_data_yaml(data)
             super().__init__(dataset_dir=str(self.spec.root), image_dir="", anno_path=None,
@@ -433,6 +436,8 @@ def _dataset_class():
                 records = [r for r in records if len(r["gt_bbox"])]
             if self.sample_num > 0:
                 records = records[:self.sample_num]
+            if self.rect:   # YOLOv5's --rect: sorted by h/w so that a batch holds images of similar shape
+                records = sorted(records, key=lambda r: r["h"] / r["w"])
             names = ["object"] if self.single_cls else self.spec.names
             self.catid2clsid = {i + 1: i for i in range(len(names))}
             self.cname2cid = {n: i for i, n in enumerate(names)}
@@ -456,6 +461,28 @@ def _dataset_class():
                 shapes = [(int(r["h"]), int(r["w"])) for r in self.roidbs]
                 self._stores[key] = make_store(files, int(size), augment, self.cache, shapes)
             return self._stores[key]
+
+        def __getitem__(self, idx):
+            from ppmulti.rank.data.pipeline import uses_source
+
+            if not uses_source(self.transform):
+                return super().__getitem__(idx)
+            # the pipeline's first op (YOLOv5Mosaic) loads this image and its extra tiles itself, by index,
+            # through image_store(); no record copies, no decode by ppdet
+            sample = {"_source": self, "_index": idx % len(self.roidbs), "curr_iter": self._curr_iter}
+            self._curr_iter += 1
+            return self.transform(sample)
+
+        def rect_shape(self, index: int, img_size: int, stride: int = 32):
+            """--rect: the (h, w) letterbox shape of the global batch (``rect_batch`` consecutive images in
+            aspect-ratio order) that ``index`` belongs to, YOLOv5's rule with pad 0."""
+            from ppmulti.rank.data.augment import rect_shapes
+
+            key = (img_size, stride)
+            if key not in self._rect_shapes:
+                hw = np.array([[r["h"], r["w"]] for r in self.roidbs], np.float64)
+                self._rect_shapes[key] = rect_shapes(hw, max(1, self.rect_batch or 1), img_size, stride)
+            return tuple(int(v) for v in self._rect_shapes[key][index // max(1, self.rect_batch or 1)])
 
         def get_anno(self):
             if self.roidbs is None:

@@ -13,6 +13,7 @@ from ppmulti.common.errors import UserError
 from ppmulti.common.gpu_switches import Switches
 from ppmulti.rank import compat
 from ppmulti.rank import dist, heartbeat
+from ppmulti.rank.data.device import input_norm, to_model_input
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook,
                                        StepOutputs, VisualDLHook)
@@ -226,6 +227,7 @@ class Trainer:
         """Forward and backward; with ``step_optimizer`` also the optimizer and lr step (else the gradients add
         up for the next one, not all-reduced across ranks): (the model's outputs, the lr the step used)."""
         data["epoch_id"] = epoch
+        data = to_model_input(data, input_norm(self.cfg))   # a uint8 batch becomes the float input here
         if self.multi_scale is not None:
             self.multi_scale(data, epoch, self.state.global_step)
         heartbeat.beat("forward", self.state.global_step)
