@@ -6,7 +6,8 @@
                 first-step time, CPU time, threads, peak resident memory (ru_maxrss) of each rank.
 - ``ppdet``     ppdet's own Trainer on the same config and steps (the overhead reference).
 - ``loader``    the training data loader alone: batches/s with the model never run.
-- ``allreduce`` all-reduce of a float32 buffer as large as the model's gradients, timed (2+ ranks).
+- ``allreduce`` all-reduce of a float32 buffer as large as the model's gradients, timed (2+ ranks); each record
+                also holds every rank's timing and node (gathered), which ``ppmulti launch --check-network`` reports.
 
 Each writes one JSON record per rank. Rank-side code: it never starts processes; ``ppmulti.procs.bench.runner``
 does.
@@ -253,8 +254,18 @@ def probe_allreduce(ns, _argv: list[str]) -> dict:
         pdist.all_reduce(buf)
         samples.append(time.perf_counter() - t)
     samples.sort()
+    median, low = samples[len(samples) // 2], samples[0]
+    # every rank's timing, with its node, in every rank's record (``ppmulti launch --check-network`` reads them on
+    # node 0: ppmulti.procs.launch.netcheck)
+    from ppmulti.common.envvars import worker_info
+
+    mine = paddle.to_tensor([float(worker_info().node_rank), median, low], dtype="float64")
+    gathered: list = []
+    pdist.all_gather(gathered, mine)
+    ranks = [{"rank": r, "node": int(t[0]), "median_s": float(t[1]), "min_s": float(t[2])}
+             for r, t in enumerate(x.numpy().tolist() for x in gathered)]
     return {"mode": "allreduce", "rank": dist.rank(), "world": world, "numel": int(ns.numel),
-            "bytes": 4 * int(ns.numel), "median_s": samples[len(samples) // 2], "min_s": samples[0], **_usage()}
+            "bytes": 4 * int(ns.numel), "median_s": median, "min_s": low, "ranks": ranks, **_usage()}
 
 
 MODES = {"train": probe_train, "ppdet": probe_ppdet, "loader": probe_loader, "allreduce": probe_allreduce}

@@ -8,24 +8,38 @@ route's source address, and the interface holding that address is the one. The r
 
 Speed. Inside ppmulti's rendezvous, once every node joined, node 0 sends each node in turn a block of the size of
 a gradient all-reduce's traffic (``--network-check-mb``) and times it until the node confirms it has it all; the
-node answers with the interface it uses. Node 0 logs one line per node and names the slowest. ``--check-network``
-does this with the full size and stops there; every multi-node launch does a quick one (``QUICK_MB``) before
-training unless ``--no-network-check``.
+node answers with the interface it uses. Node 0 logs one line per node and names the slowest. Every multi-node
+launch does a quick one (``QUICK_MB``) before training unless ``--no-network-check``.
+
+All-reduce. ``--check-network`` times the links with the full size, then runs a real collective instead of the
+training script: every rank of every node, through Paddle's launcher as training would start (gloo on CPU, NCCL on
+GPUs), all-reduces a float32 buffer of ``--network-check-mb`` (default 32 MB: YOLOv5s's 7.2 M gradients x 4 bytes),
+``ALLREDUCE_STEPS`` times after one warm-up (``ppmulti/rank/bench_probe.py``'s ``allreduce`` mode, which gathers
+every rank's median time and node into each rank's record). Node 0 reports the bus bandwidth, the ring
+all-reduce's per-rank traffic over the time, ``2(n-1)/n x bytes / seconds`` (the figure nccl-tests calls busbw),
+across all ranks and per node (its slowest rank), and names the slowest node with both its TCP and its all-reduce
+figures. An all-reduce ends on every rank together, so its per-node figures are nearly equal: the slowest link bounds
+all of them; the TCP figure is the one that isolates a node. Then it stops.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
+import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
 
 from ppmulti.common import envvars as E
+from ppmulti.common.paths import BENCH_PROBE
+from ppmulti.procs.launch.plan import LaunchPlan
 
 QUICK_MB = 4.0             # the check before every multi-node launch: well under a second on any real link
 FULL_MB = 32.0             # --check-network: about YOLOv5s's gradients in float32 (7.2 M parameters)
+ALLREDUCE_STEPS = 5        # timed all-reduces of --check-network (the median is reported), after one warm-up
 _CHUNK = 1 << 20
 _SIOCGIFADDR = 0x8915
 
@@ -130,3 +144,76 @@ def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+# --- the all-reduce of --check-network, run as the ranks' script -------------------------------------------
+def allreduce_plan(plan: LaunchPlan, directory: str) -> LaunchPlan:
+    """The plan whose ranks all-reduce ``plan.network_check_mb`` MB of float32 instead of training; each writes
+    ``directory/rankN.json``."""
+    numel = max(1, int(plan.network_check_mb * 1e6 / 4))
+    return replace(plan, script=str(BENCH_PROBE),
+                   script_args=("allreduce", "--out", directory, "--numel", str(numel),
+                                "--steps", str(ALLREDUCE_STEPS)))
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's median time of one all-reduce, and the node it ran on."""
+
+    rank: int
+    node: int
+    seconds: float
+
+
+def read_timings(directory: str) -> tuple[int, list[RankTiming]]:
+    """(bytes all-reduced, every rank's timing) from a rank record in ``directory``; (0, []) when none was left."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.startswith("rank") and n.endswith(".json"))
+    except OSError:
+        return 0, []
+    for name in names:
+        try:
+            with open(os.path.join(directory, name)) as fh:
+                record = json.load(fh)
+            return int(record["bytes"]), [RankTiming(int(r["rank"]), int(r["node"]), float(r["median_s"]))
+                                          for r in record["ranks"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return 0, []
+
+
+def bus_bandwidth(nbytes: int, ranks: int, seconds: float) -> float:
+    """Bytes/s of a ring all-reduce's bus bandwidth: each rank sends (and receives) 2(n-1)/n x the buffer."""
+    return 2 * (ranks - 1) / ranks * nbytes / max(seconds, 1e-9)
+
+
+def _gbs(bytes_per_s: float) -> str:
+    return _rate(bytes_per_s / 1e6)
+
+
+def allreduce_report(nbytes: int, timings: Sequence[RankTiming], backend: str,
+                     links: Sequence[Link] = ()) -> list[str]:
+    """Node 0's lines after the all-reduce: the figure across all ranks, each node's, and the slowest node named
+    with its TCP figure (``links``, which isolates it) and its all-reduce figure."""
+    if not timings:
+        return []
+    n = len(timings)
+    worst = max(t.seconds for t in timings)
+    nodes = sorted({t.node for t in timings})
+    per_node = {node: bus_bandwidth(nbytes, n, max(t.seconds for t in timings if t.node == node)) for node in nodes}
+    lines = [f"network: all-reduce {_gbs(bus_bandwidth(nbytes, n, worst))} across {n} ranks on {len(nodes)} nodes "
+             f"(bus bandwidth 2(n-1)/n x {nbytes / 1e6:g} MB / {worst:.3f}s, the slowest rank's median of "
+             f"{ALLREDUCE_STEPS}; {backend})",
+             "network: all-reduce per node (its slowest rank): "
+             + ", ".join(f"node {node} {_gbs(rate)}" for node, rate in per_node.items())]
+    if links:
+        tcp = "; ".join(f"node {link.node_rank} {_rate(link.mb_per_s)}" for link in links)
+        low = min(links, key=lambda link: link.mb_per_s)
+        allreduce = per_node.get(low.node_rank)
+        lines.append(f"network: per node TCP to node 0: {tcp}; slowest: node {low.node_rank} at {low.peer} "
+                     f"({_rate(low.mb_per_s)} TCP"
+                     + (f", {_gbs(allreduce)} all-reduce)" if allreduce is not None else ")"))
+    else:   # nothing isolates a node: name the one whose ranks waited longest
+        node = min(per_node, key=per_node.__getitem__)
+        lines.append(f"network: slowest: node {node} ({_gbs(per_node[node])} all-reduce)")
+    return lines
