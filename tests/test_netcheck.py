@@ -21,8 +21,8 @@ import pytest
 
 from launching import REPO, free_ports
 from ppmulti.common.paths import BENCH_PROBE
-from ppmulti.procs.launch.netcheck import (ALLREDUCE_STEPS, Link, RankTiming, Route, allreduce_plan, allreduce_report,
-                                          bus_bandwidth, ifname_env, read_timings, route_interface)
+from ppmulti.procs.launch.netcheck import (ALLREDUCE_STEPS, Allreduce, Link, RankTiming, Route, allreduce_plan,
+                                          allreduce_report, bus_bandwidth, ifname_env, read_timings, route_interface)
 from ppmulti.procs.launch.plan import LaunchPlan
 
 RATE_MBIT = 20
@@ -89,20 +89,25 @@ def test_allreduce_report_states_bus_bandwidth_and_names_the_slowest_node():
     # 3 ranks, 30 MB: a ring all-reduce moves 2(3-1)/3 x 30 MB = 40 MB per rank; 0.4s -> 100 MB/s
     assert bus_bandwidth(30_000_000, 3, 0.4) == pytest.approx(100e6)
     assert bus_bandwidth(8_000_000, 2, 1.0) == pytest.approx(8e6)   # n = 2: the buffer once each way
-    timings = [RankTiming(0, 0, 0.10), RankTiming(1, 0, 0.12), RankTiming(2, 1, 0.40), RankTiming(3, 1, 0.38)]
-    links = [Link(1, "b (10.0.0.2)", "eth1", 4_000_000, 2.0)]
-    lines = allreduce_report(30_000_000, timings, "gloo", links)
-    # 4 ranks: 2(4-1)/4 x 30 MB = 45 MB; the slowest rank's 0.40s bounds all -> 112.5 MB/s
-    assert lines[0] == ("network: all-reduce 112.5 MB/s across 4 ranks on 2 nodes (bus bandwidth 2(n-1)/n x 30 MB / "
-                        f"0.400s, the slowest rank's median of {ALLREDUCE_STEPS}; gloo)")
-    assert lines[1] == "network: all-reduce per node (its slowest rank): node 0 375.0 MB/s, node 1 112.5 MB/s"
-    assert lines[2] == ("network: per node TCP to node 0: node 1 2.0 MB/s; slowest: node 1 at b (10.0.0.2) "
-                        "(2.0 MB/s TCP, 112.5 MB/s all-reduce)")
-    # GB/s from 1000 MB/s; without TCP links the node whose ranks waited longest is named
-    fast = allreduce_report(3_000_000_000, [RankTiming(0, 0, 1.0), RankTiming(1, 1, 2.0)], "NCCL")
-    assert fast[0].startswith("network: all-reduce 1.50 GB/s across 2 ranks on 2 nodes") and fast[0].endswith("NCCL)")
-    assert fast[2] == "network: slowest: node 1 (1.50 GB/s all-reduce)"
-    assert allreduce_report(1, [], "gloo") == []
+    ranks = (RankTiming(0, 0, 0.10), RankTiming(1, 0, 0.12), RankTiming(2, 1, 0.40), RankTiming(3, 1, 0.38),
+             RankTiming(4, 2, 0.39), RankTiming(5, 2, 0.40))
+    links = [Link(1, "b (10.0.0.2)", "eth1", 4_000_000, 0.004), Link(2, "c (10.0.0.3)", "eth1", 4_000_000, 2.0)]
+    lines = allreduce_report(Allreduce(30_000_000, ranks, {1: 0.03, 2: 1.5}), "gloo", links)
+    # 6 ranks: 2(6-1)/6 x 30 MB = 50 MB; the slowest rank's 0.40s bounds all -> 125 MB/s
+    assert lines == [
+        "network: all-reduce 125.0 MB/s across 6 ranks on 3 nodes (bus bandwidth 2(n-1)/n x 30 MB / 0.400s, "
+        f"the slowest rank's median of {ALLREDUCE_STEPS}; gloo)",
+        "network: all-reduce of each node with node 0 alone (2 ranks, bus bandwidth = bytes / time): "
+        "node 1 1.00 GB/s, node 2 20.0 MB/s",
+        "network: TCP from node 0: node 1 1.00 GB/s, node 2 2.0 MB/s",
+        "network: slowest: node 2 at c (10.0.0.3) (20.0 MB/s all-reduce with node 0, 2.0 MB/s TCP)"]
+    # no pairs: the TCP link names the node; neither: the node whose ranks waited longest
+    only_tcp = allreduce_report(Allreduce(30_000_000, ranks, {}), "NCCL", links)
+    assert only_tcp[0].endswith("; NCCL)") and only_tcp[-1] == "network: slowest: node 2 at c (10.0.0.3) (2.0 MB/s TCP)"
+    alone = allreduce_report(Allreduce(3_000_000_000, (RankTiming(0, 0, 1.0), RankTiming(1, 1, 2.0)), {}), "NCCL")
+    assert alone[0].startswith("network: all-reduce 1.50 GB/s across 2 ranks on 2 nodes")
+    assert alone[-1] == "network: slowest: node 1 (its ranks' all-reduce 1.50 GB/s)"
+    assert allreduce_report(Allreduce(1, (), {}), "gloo") == []
 
 
 def test_allreduce_plan_runs_the_probe_with_the_gradient_size(tmp_path):
@@ -111,18 +116,21 @@ def test_allreduce_plan_runs_the_probe_with_the_gradient_size(tmp_path):
     probe = allreduce_plan(plan, str(tmp_path))
     assert probe.script == str(BENCH_PROBE) and probe.nnodes == 2 and probe.node_rank == 1
     assert probe.script_args == ("allreduce", "--out", str(tmp_path), "--numel", "7200000",
-                                 "--steps", str(ALLREDUCE_STEPS))
+                                 "--steps", str(ALLREDUCE_STEPS), "--pairs")
     (tmp_path / "rank1.json").write_text(json.dumps({"bytes": 28_800_000, "ranks": [
-        {"rank": 0, "node": 0, "median_s": 0.5, "min_s": 0.4}, {"rank": 1, "node": 1, "median_s": 0.6, "min_s": 0.5}]}))
-    assert read_timings(str(tmp_path)) == (28_800_000, [RankTiming(0, 0, 0.5), RankTiming(1, 1, 0.6)])
-    assert read_timings(str(tmp_path / "none")) == (0, [])
+        {"rank": 0, "node": 0, "median_s": 0.5, "min_s": 0.4}, {"rank": 1, "node": 1, "median_s": 0.6, "min_s": 0.5}],
+        "pairs": [{"node": 1, "median_s": 0.7}]}))
+    assert read_timings(str(tmp_path)) == Allreduce(28_800_000, (RankTiming(0, 0, 0.5), RankTiming(1, 1, 0.6)),
+                                                    {1: 0.7})
+    assert read_timings(str(tmp_path / "none")) is None
 
 
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_check_network_times_links_and_all_reduces_naming_the_rate_limited_node(namespaces, tmp_path):
     """Three nodes, one rank each: node 0 times each node's TCP link, then the three ranks all-reduce 4 MB through
-    gloo over the bridge; node 0 names node 2 (behind the limit) as the slowest with both figures."""
+    gloo over the bridge, all together and node 0 with each node alone; node 0 names node 2 (behind the limit) as
+    the slowest with its figures."""
     port = free_ports(2)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "PET_", "MASTER_", "RANK",
                                                                          "WORLD_SIZE", "SLURM_", "GLOO_", "NCCL_"))},
@@ -167,12 +175,16 @@ def test_check_network_times_links_and_all_reduces_naming_the_rate_limited_node(
     assert total and total.group(2) == "MB", node0
     rate, seconds = float(total.group(1)), float(total.group(3))
     assert abs(rate - 2 * 2 / 3 * 4 / seconds) < 0.05 * rate and rate < RATE_MBIT / 8 * 1.3, node0
-    assert re.search(r"network: all-reduce per node \(its slowest rank\): node 0 [\d.]+ [MG]B/s, "
-                     r"node 1 [\d.]+ [MG]B/s, node 2 [\d.]+ [MG]B/s", node0), node0
-    named = re.search(r"network: per node TCP to node 0: node 1 ([\d.]+) (MB|GB)/s; node 2 ([\d.]+) MB/s; "
-                      rf"slowest: node 2 at (\S+ \()?{re.escape(addr2)}\)? \(([\d.]+) MB/s TCP, ([\d.]+) MB/s "
-                      r"all-reduce\)", node0)
-    assert named, node0
+    # node 0 with each node alone through gloo: node 2's pair is bounded by the limit, node 1's is far above it
+    pairs = re.search(r"network: all-reduce of each node with node 0 alone \(2 ranks, bus bandwidth = bytes / time\): "
+                      r"node 1 ([\d.]+) (MB|GB)/s, node 2 ([\d.]+) MB/s", node0)
+    assert pairs, node0
+    pair1 = float(pairs.group(1)) * (1000 if pairs.group(2) == "GB" else 1)
+    assert float(pairs.group(3)) < RATE_MBIT / 8 * 1.3 and pair1 > 3 * float(pairs.group(3)), node0
+    assert re.search(r"network: TCP from node 0: node 1 [\d.]+ [MG]B/s, node 2 [\d.]+ MB/s", node0), node0
+    named = re.search(rf"network: slowest: node 2 at (\S+ \()?{re.escape(addr2)}\)? \(([\d.]+) MB/s all-reduce "
+                      r"with node 0, ([\d.]+) MB/s TCP\)", node0)
+    assert named and float(named.group(2)) == float(pairs.group(3)), node0
     for other in outputs[1:]:
         assert "network check done (node 0 reports the figures)" in other, other
     assert "netns-test-token" not in "".join(outputs)

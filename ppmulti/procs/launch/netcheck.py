@@ -15,11 +15,13 @@ All-reduce. ``--check-network`` times the links with the full size, then runs a 
 training script: every rank of every node, through Paddle's launcher as training would start (gloo on CPU, NCCL on
 GPUs), all-reduces a float32 buffer of ``--network-check-mb`` (default 32 MB: YOLOv5s's 7.2 M gradients x 4 bytes),
 ``ALLREDUCE_STEPS`` times after one warm-up (``ppmulti/rank/bench_probe.py``'s ``allreduce`` mode, which gathers
-every rank's median time and node into each rank's record). Node 0 reports the bus bandwidth, the ring
-all-reduce's per-rank traffic over the time, ``2(n-1)/n x bytes / seconds`` (the figure nccl-tests calls busbw),
-across all ranks and per node (its slowest rank), and names the slowest node with both its TCP and its all-reduce
-figures. An all-reduce ends on every rank together, so its per-node figures are nearly equal: the slowest link bounds
-all of them; the TCP figure is the one that isolates a node. Then it stops.
+every rank's median time and node into each rank's record), then node 0's first rank all-reduces the same buffer
+with each other node's first rank alone, in groups of two. An all-reduce ends on every rank together, so the one
+across all ranks is bounded by the slowest link and says nothing of which; the pairs isolate each node's link to
+node 0 through the same library, as the TCP figure does outside it. Node 0 reports bus bandwidth, the ring
+all-reduce's per-rank traffic over the time, ``2(n-1)/n x bytes / seconds`` (the figure nccl-tests calls busbw;
+for a pair, bytes / seconds), and names the slowest node by its pair figure with its TCP figure beside. Then it
+stops.
 """
 
 from __future__ import annotations
@@ -148,12 +150,12 @@ def timed(fn) -> float:
 
 # --- the all-reduce of --check-network, run as the ranks' script -------------------------------------------
 def allreduce_plan(plan: LaunchPlan, directory: str) -> LaunchPlan:
-    """The plan whose ranks all-reduce ``plan.network_check_mb`` MB of float32 instead of training; each writes
-    ``directory/rankN.json``."""
+    """The plan whose ranks all-reduce ``plan.network_check_mb`` MB of float32 instead of training, all together
+    and then node 0 with each node in pairs; each rank writes ``directory/rankN.json``."""
     numel = max(1, int(plan.network_check_mb * 1e6 / 4))
     return replace(plan, script=str(BENCH_PROBE),
                    script_args=("allreduce", "--out", directory, "--numel", str(numel),
-                                "--steps", str(ALLREDUCE_STEPS)))
+                                "--steps", str(ALLREDUCE_STEPS), "--pairs"))
 
 
 @dataclass(frozen=True)
@@ -165,21 +167,33 @@ class RankTiming:
     seconds: float
 
 
-def read_timings(directory: str) -> tuple[int, list[RankTiming]]:
-    """(bytes all-reduced, every rank's timing) from a rank record in ``directory``; (0, []) when none was left."""
+@dataclass(frozen=True)
+class Allreduce:
+    """What the ranks measured: bytes per all-reduce, each rank's median over all ranks, and each node's median
+    with node 0 alone (node -> seconds)."""
+
+    nbytes: int
+    ranks: tuple[RankTiming, ...]
+    pairs: Mapping[int, float]
+
+
+def read_timings(directory: str) -> Allreduce | None:
+    """The all-reduce's timings from a rank record in ``directory``; None when no rank left one."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.startswith("rank") and n.endswith(".json"))
     except OSError:
-        return 0, []
+        return None
     for name in names:
         try:
             with open(os.path.join(directory, name)) as fh:
                 record = json.load(fh)
-            return int(record["bytes"]), [RankTiming(int(r["rank"]), int(r["node"]), float(r["median_s"]))
-                                          for r in record["ranks"]]
+            return Allreduce(int(record["bytes"]),
+                             tuple(RankTiming(int(r["rank"]), int(r["node"]), float(r["median_s"]))
+                                   for r in record["ranks"]),
+                             {int(p["node"]): float(p["median_s"]) for p in record.get("pairs", [])})
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return 0, []
+    return None
 
 
 def bus_bandwidth(nbytes: int, ranks: int, seconds: float) -> float:
@@ -191,29 +205,41 @@ def _gbs(bytes_per_s: float) -> str:
     return _rate(bytes_per_s / 1e6)
 
 
-def allreduce_report(nbytes: int, timings: Sequence[RankTiming], backend: str,
-                     links: Sequence[Link] = ()) -> list[str]:
-    """Node 0's lines after the all-reduce: the figure across all ranks, each node's, and the slowest node named
-    with its TCP figure (``links``, which isolates it) and its all-reduce figure."""
+def allreduce_report(result: Allreduce, backend: str, links: Sequence[Link] = ()) -> list[str]:
+    """Node 0's lines after the all-reduce: its bus bandwidth across all ranks, each node's with node 0 alone, each
+    node's TCP link (``links``), and the slowest node named with its figures."""
+    timings, nbytes = result.ranks, result.nbytes
     if not timings:
         return []
     n = len(timings)
     worst = max(t.seconds for t in timings)
     nodes = sorted({t.node for t in timings})
-    per_node = {node: bus_bandwidth(nbytes, n, max(t.seconds for t in timings if t.node == node)) for node in nodes}
     lines = [f"network: all-reduce {_gbs(bus_bandwidth(nbytes, n, worst))} across {n} ranks on {len(nodes)} nodes "
              f"(bus bandwidth 2(n-1)/n x {nbytes / 1e6:g} MB / {worst:.3f}s, the slowest rank's median of "
-             f"{ALLREDUCE_STEPS}; {backend})",
-             "network: all-reduce per node (its slowest rank): "
-             + ", ".join(f"node {node} {_gbs(rate)}" for node, rate in per_node.items())]
-    if links:
-        tcp = "; ".join(f"node {link.node_rank} {_rate(link.mb_per_s)}" for link in links)
-        low = min(links, key=lambda link: link.mb_per_s)
-        allreduce = per_node.get(low.node_rank)
-        lines.append(f"network: per node TCP to node 0: {tcp}; slowest: node {low.node_rank} at {low.peer} "
-                     f"({_rate(low.mb_per_s)} TCP"
-                     + (f", {_gbs(allreduce)} all-reduce)" if allreduce is not None else ")"))
-    else:   # nothing isolates a node: name the one whose ranks waited longest
-        node = min(per_node, key=per_node.__getitem__)
-        lines.append(f"network: slowest: node {node} ({_gbs(per_node[node])} all-reduce)")
+             f"{ALLREDUCE_STEPS}; {backend})"]
+    pairs = {node: bus_bandwidth(nbytes, 2, s) for node, s in sorted(result.pairs.items())}
+    if pairs:
+        lines.append("network: all-reduce of each node with node 0 alone (2 ranks, bus bandwidth = bytes / time): "
+                     + ", ".join(f"node {node} {_gbs(rate)}" for node, rate in pairs.items()))
+    tcp = {link.node_rank: link for link in links}
+    if tcp:
+        lines.append("network: TCP from node 0: "
+                     + ", ".join(f"node {link.node_rank} {_rate(link.mb_per_s)}" for link in links))
+    # the slowest: by the pair all-reduce, else the TCP link (each isolates a node), else the longest-waiting ranks
+    if pairs:
+        node = min(pairs, key=pairs.__getitem__)
+    elif tcp:
+        node = min(tcp, key=lambda k: tcp[k].mb_per_s)
+    else:
+        by_node = {k: max(t.seconds for t in timings if t.node == k) for k in nodes}
+        node = max(by_node, key=by_node.__getitem__)
+    figures = []
+    if node in pairs:
+        figures.append(f"{_gbs(pairs[node])} all-reduce with node 0")
+    if node in tcp:
+        figures.append(f"{_rate(tcp[node].mb_per_s)} TCP")
+    if not figures:
+        figures.append(f"its ranks' all-reduce {_gbs(bus_bandwidth(nbytes, n, by_node[node]))}")
+    where = f" at {tcp[node].peer}" if node in tcp else ""
+    lines.append(f"network: slowest: node {node}{where} ({', '.join(figures)})")
     return lines

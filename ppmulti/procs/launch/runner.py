@@ -331,11 +331,11 @@ def _socket_interface(plan: LaunchPlan, env: Mapping[str, str], out: TextIO | No
 
 def _report_allreduce(plan: LaunchPlan, directory: str, links: list, rc: int, out: TextIO | None) -> None:
     """--check-network: node 0 reports the all-reduce's figures with the links' (netcheck.py)."""
-    nbytes, timings = netcheck.read_timings(directory)
-    if rc == 0 and plan.node_rank == 0:
-        for line in netcheck.allreduce_report(nbytes, timings, "NCCL" if plan.device == "gpu" else "gloo", links):
+    result = netcheck.read_timings(directory)
+    if rc == 0 and result and plan.node_rank == 0:
+        for line in netcheck.allreduce_report(result, "NCCL" if plan.device == "gpu" else "gloo", links):
             _log(line, out)
-    elif rc == 0 and timings:
+    elif rc == 0 and result:
         _log(f"node {plan.node_rank}: network check done (node 0 reports the figures)", out)
 
 
