@@ -1,9 +1,11 @@
 """The network check on real links: nodes in network namespaces joined by veth pairs, one behind a tc rate limit.
 
-Node 0 runs in this namespace, nodes 1 and 2 each in a namespace of their own, reached over their own veth pair;
-the pair to node 2 sends at most 20 Mbit/s (a tc token bucket on node 0's end). ``ppmulti launch --check-network``
-on the three must name node 2 as the slowest, with about that rate. The test creates the namespaces and links and
-removes them (deleting a namespace removes its veth pair); it needs root and iproute2's ``ip`` and ``tc``.
+Node 0 runs in this namespace on a bridge, nodes 1 and 2 each in a namespace of their own whose veth pair is
+attached to the bridge (so every node reaches every other, as gloo's full mesh needs); node 0's end of node 2's
+pair sends at most 20 Mbit/s (a tc token bucket), which limits everything into node 2. ``ppmulti launch
+--check-network`` on the three must name node 2 as the slowest, by its TCP link and by its all-reduce with node 0,
+with about that rate. The test creates the bridge, namespaces and links and removes them; it needs root and
+iproute2's ``ip`` and ``tc``. Pure functions (the report, the bus-bandwidth formula) are tested without them.
 """
 
 from __future__ import annotations
