@@ -6,7 +6,9 @@
                 first-step time, CPU time, threads, peak resident memory (ru_maxrss) of each rank.
 - ``ppdet``     ppdet's own Trainer on the same config and steps (the overhead reference).
 - ``loader``    the training data loader alone: batches/s with the model never run.
-- ``allreduce`` all-reduce of a float32 buffer as large as the model's gradients, timed (2+ ranks).
+- ``allreduce`` all-reduce of a float32 buffer as large as the model's gradients, timed (2+ ranks); each record
+                also holds every rank's timing and node (gathered), and with ``--pairs`` each node's all-reduce
+                with node 0 alone, which ``ppmulti launch --check-network`` reports.
 
 Each writes one JSON record per rank. Rank-side code: it never starts processes; ``ppmulti.procs.bench.runner``
 does.
@@ -237,26 +239,61 @@ def probe_loader(ns, train_argv: list[str]) -> dict:
             "cpu_s_per_img": cpu_per_img, **_usage()}
 
 
+def _timed_allreduce(buf, steps: int, group=None) -> list[float]:
+    """Seconds of each of ``steps`` all-reduces of ``buf`` (after one warm-up: connections, buffers), sorted."""
+    import paddle.distributed as pdist
+
+    pdist.all_reduce(buf, group=group)
+    samples = []
+    for _ in range(steps):
+        if group is None:
+            pdist.barrier()
+        t = time.perf_counter()
+        pdist.all_reduce(buf, group=group)
+        samples.append(time.perf_counter() - t)
+    return sorted(samples)
+
+
 def probe_allreduce(ns, _argv: list[str]) -> dict:
-    """Time one all-reduce of ``--numel`` float32 values (a model's gradients), median of ``--steps``."""
+    """Time one all-reduce of ``--numel`` float32 values (a model's gradients), median of ``--steps``.
+
+    Every rank's record also holds every rank's median and node (gathered). ``--pairs``: then, for each node after
+    the first, node 0's first rank and that node's first rank all-reduce the same buffer in a group of two, which
+    isolates that node's link to node 0 through the same collective library (``ppmulti launch --check-network``)."""
     import paddle
     import paddle.distributed as pdist
 
+    from ppmulti.common.envvars import worker_info
     from ppmulti.rank import dist
 
     world = dist.init()
     dist.set_cpu_threads()
     buf = paddle.ones([int(ns.numel)], dtype="float32")
-    pdist.all_reduce(buf)   # warm-up: connections, buffers
-    samples = []
-    for _ in range(ns.steps):
-        dist.barrier()
-        t = time.perf_counter()
-        pdist.all_reduce(buf)
-        samples.append(time.perf_counter() - t)
-    samples.sort()
-    return {"mode": "allreduce", "rank": dist.rank(), "world": world, "numel": int(ns.numel),
-            "bytes": 4 * int(ns.numel), "median_s": samples[len(samples) // 2], "min_s": samples[0], **_usage()}
+    samples = _timed_allreduce(buf, ns.steps)
+    median, low = samples[len(samples) // 2], samples[0]
+    mine = paddle.to_tensor([float(worker_info().node_rank), median, low], dtype="float64")
+    gathered: list = []
+    pdist.all_gather(gathered, mine)
+    ranks = [{"rank": r, "node": int(t[0]), "median_s": float(t[1]), "min_s": float(t[2])}
+             for r, t in enumerate(x.numpy().tolist() for x in gathered)]
+    record = {"mode": "allreduce", "rank": dist.rank(), "world": world, "numel": int(ns.numel),
+              "bytes": 4 * int(ns.numel), "median_s": median, "min_s": low, "ranks": ranks}
+    if ns.pairs and world > 1:
+        first: dict[int, int] = {}
+        for r in ranks:
+            first.setdefault(r["node"], r["rank"])
+        nodes = sorted(first)
+        pair_s = paddle.zeros([len(nodes)], dtype="float64")
+        for i, node in enumerate(nodes[1:], start=1):
+            members = sorted({first[nodes[0]], first[node]})
+            group = pdist.new_group(members)   # every rank takes part in making every group
+            if dist.rank() in members:
+                timed = _timed_allreduce(buf, ns.steps, group)
+                pair_s[i] = timed[len(timed) // 2]
+            pdist.barrier()
+        pdist.all_reduce(pair_s, op=pdist.ReduceOp.MAX)   # both members' medians: the slower one
+        record["pairs"] = [{"node": node, "median_s": float(pair_s[i])} for i, node in enumerate(nodes) if i]
+    return {**record, **_usage()}
 
 
 MODES = {"train": probe_train, "ppdet": probe_ppdet, "loader": probe_loader, "allreduce": probe_allreduce}
@@ -274,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the rate")
     ap.add_argument("--numel", type=float, default=0, help="allreduce: float32 values per all-reduce")
+    ap.add_argument("--pairs", action="store_true",
+                    help="allreduce: also node 0's first rank with each other node's first rank, in pairs")
     ap.add_argument("--one-size", type=int, default=0, help="train at this one size (no random multi-scale)")
     ns = ap.parse_args(argv)
     record = MODES[ns.mode](ns, train_argv)

@@ -89,13 +89,15 @@ FLAGS: tuple[Flag, ...] = (
          "passed to Paddle's launcher: whether it logs GPU usage, e.g. false (default true)", metavar="BOOL"),
     Flag(("--check-network", "--check_network"), "check_network",
          "meet the other nodes, report the interface each one reaches node 0 over and its link speed (a gradient "
-         "all-reduce's worth of data from node 0, see --network-check-mb), name the slowest node, and stop: "
+         "all-reduce's worth of data from node 0, see --network-check-mb), all-reduce that much float32 on every "
+         "rank (gloo on CPU, NCCL on GPUs) and report its bus bandwidth, name the slowest node, and stop: "
          "no training", takes_value=False),
     Flag(("--no-network-check", "--no_network_check"), "no_network_check",
          "skip the quick network check (4 MB per node) a multi-node launch makes before training",
          takes_value=False),
     Flag(("--network-check-mb", "--network_check_mb"), "network_check_mb",
-         "MB node 0 sends each node to time its link, e.g. 64 (default 32 with --check-network, else 4)",
+         "MB node 0 sends each node to time its link, and --check-network's all-reduce size: your model's "
+         "gradients, 4 bytes a parameter, e.g. 64 (default 32 with --check-network, about YOLOv5s's; else 4)",
          metavar="MB"),
     Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
          "(they always go to LOG_DIR)", takes_value=False),
@@ -613,7 +615,8 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
         paddle_flags=paddle_flags_of(ns), check_network=bool(ns.check_network),
         network_check_mb=network_check_of(ns, nodes.nnodes),
         notes=(*cluster_notes, *nodes.notes, *start.notes, *_token_note(nodes.nnodes, ns.rdzv_token_file, environ),
-               *(("--check-network: the nodes meet, node 0 times each link, and nothing more runs",)
+               *(("--check-network: the nodes meet, node 0 times each link, every rank all-reduces "
+                  f"{network_check_of(ns, nodes.nnodes):g} MB in place of the script, and nothing more runs",)
                  if ns.check_network else ())))
 
 

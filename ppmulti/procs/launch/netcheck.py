@@ -8,24 +8,40 @@ route's source address, and the interface holding that address is the one. The r
 
 Speed. Inside ppmulti's rendezvous, once every node joined, node 0 sends each node in turn a block of the size of
 a gradient all-reduce's traffic (``--network-check-mb``) and times it until the node confirms it has it all; the
-node answers with the interface it uses. Node 0 logs one line per node and names the slowest. ``--check-network``
-does this with the full size and stops there; every multi-node launch does a quick one (``QUICK_MB``) before
-training unless ``--no-network-check``.
+node answers with the interface it uses. Node 0 logs one line per node and names the slowest. Every multi-node
+launch does a quick one (``QUICK_MB``) before training unless ``--no-network-check``.
+
+All-reduce. ``--check-network`` times the links with the full size, then runs a real collective instead of the
+training script: every rank of every node, through Paddle's launcher as training would start (gloo on CPU, NCCL on
+GPUs), all-reduces a float32 buffer of ``--network-check-mb`` (default 32 MB: YOLOv5s's 7.2 M gradients x 4 bytes),
+``ALLREDUCE_STEPS`` times after one warm-up (``ppmulti/rank/bench_probe.py``'s ``allreduce`` mode, which gathers
+every rank's median time and node into each rank's record), then node 0's first rank all-reduces the same buffer
+with each other node's first rank alone, in groups of two. An all-reduce ends on every rank together, so the one
+across all ranks is bounded by the slowest link and says nothing of which; the pairs isolate each node's link to
+node 0 through the same library, as the TCP figure does outside it. Node 0 reports bus bandwidth, the ring
+all-reduce's per-rank traffic over the time, ``2(n-1)/n x bytes / seconds`` (the figure nccl-tests calls busbw;
+for a pair, bytes / seconds), and names the slowest node by its pair figure with its TCP figure beside. Then it
+stops.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
+import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
 
 from ppmulti.common import envvars as E
+from ppmulti.common.paths import BENCH_PROBE
+from ppmulti.procs.launch.plan import LaunchPlan
 
 QUICK_MB = 4.0             # the check before every multi-node launch: well under a second on any real link
 FULL_MB = 32.0             # --check-network: about YOLOv5s's gradients in float32 (7.2 M parameters)
+ALLREDUCE_STEPS = 5        # timed all-reduces of --check-network (the median is reported), after one warm-up
 _CHUNK = 1 << 20
 _SIOCGIFADDR = 0x8915
 
@@ -130,3 +146,100 @@ def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+# --- the all-reduce of --check-network, run as the ranks' script -------------------------------------------
+def allreduce_plan(plan: LaunchPlan, directory: str) -> LaunchPlan:
+    """The plan whose ranks all-reduce ``plan.network_check_mb`` MB of float32 instead of training, all together
+    and then node 0 with each node in pairs; each rank writes ``directory/rankN.json``."""
+    numel = max(1, int(plan.network_check_mb * 1e6 / 4))
+    return replace(plan, script=str(BENCH_PROBE),
+                   script_args=("allreduce", "--out", directory, "--numel", str(numel),
+                                "--steps", str(ALLREDUCE_STEPS), "--pairs"))
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's median time of one all-reduce, and the node it ran on."""
+
+    rank: int
+    node: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Allreduce:
+    """What the ranks measured: bytes per all-reduce, each rank's median over all ranks, and each node's median
+    with node 0 alone (node -> seconds)."""
+
+    nbytes: int
+    ranks: tuple[RankTiming, ...]
+    pairs: Mapping[int, float]
+
+
+def read_timings(directory: str) -> Allreduce | None:
+    """The all-reduce's timings from a rank record in ``directory``; None when no rank left one."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.startswith("rank") and n.endswith(".json"))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(os.path.join(directory, name)) as fh:
+                record = json.load(fh)
+            return Allreduce(int(record["bytes"]),
+                             tuple(RankTiming(int(r["rank"]), int(r["node"]), float(r["median_s"]))
+                                   for r in record["ranks"]),
+                             {int(p["node"]): float(p["median_s"]) for p in record.get("pairs", [])})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def bus_bandwidth(nbytes: int, ranks: int, seconds: float) -> float:
+    """Bytes/s of a ring all-reduce's bus bandwidth: each rank sends (and receives) 2(n-1)/n x the buffer."""
+    return 2 * (ranks - 1) / ranks * nbytes / max(seconds, 1e-9)
+
+
+def _gbs(bytes_per_s: float) -> str:
+    return _rate(bytes_per_s / 1e6)
+
+
+def allreduce_report(result: Allreduce, backend: str, links: Sequence[Link] = ()) -> list[str]:
+    """Node 0's lines after the all-reduce: its bus bandwidth across all ranks, each node's with node 0 alone, each
+    node's TCP link (``links``), and the slowest node named with its figures."""
+    timings, nbytes = result.ranks, result.nbytes
+    if not timings:
+        return []
+    n = len(timings)
+    worst = max(t.seconds for t in timings)
+    nodes = sorted({t.node for t in timings})
+    lines = [f"network: all-reduce {_gbs(bus_bandwidth(nbytes, n, worst))} across {n} ranks on {len(nodes)} nodes "
+             f"(bus bandwidth 2(n-1)/n x {nbytes / 1e6:g} MB / {worst:.3f}s, the slowest rank's median of "
+             f"{ALLREDUCE_STEPS}; {backend})"]
+    pairs = {node: bus_bandwidth(nbytes, 2, s) for node, s in sorted(result.pairs.items())}
+    if pairs:
+        lines.append("network: all-reduce of each node with node 0 alone (2 ranks, bus bandwidth = bytes / time): "
+                     + ", ".join(f"node {node} {_gbs(rate)}" for node, rate in pairs.items()))
+    tcp = {link.node_rank: link for link in links}
+    if tcp:
+        lines.append("network: TCP from node 0: "
+                     + ", ".join(f"node {link.node_rank} {_rate(link.mb_per_s)}" for link in links))
+    # the slowest: by the pair all-reduce, else the TCP link (each isolates a node), else the longest-waiting ranks
+    if pairs:
+        node = min(pairs, key=pairs.__getitem__)
+    elif tcp:
+        node = min(tcp, key=lambda k: tcp[k].mb_per_s)
+    else:
+        by_node = {k: max(t.seconds for t in timings if t.node == k) for k in nodes}
+        node = max(by_node, key=by_node.__getitem__)
+    figures = []
+    if node in pairs:
+        figures.append(f"{_gbs(pairs[node])} all-reduce with node 0")
+    if node in tcp:
+        figures.append(f"{_rate(tcp[node].mb_per_s)} TCP")
+    if not figures:
+        figures.append(f"its ranks' all-reduce {_gbs(bus_bandwidth(nbytes, n, by_node[node]))}")
+    where = f" at {tcp[node].peer}" if node in tcp else ""
+    lines.append(f"network: slowest: node {node}{where} ({', '.join(figures)})")
+    return lines

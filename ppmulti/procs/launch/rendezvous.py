@@ -248,8 +248,10 @@ class _Greeter:
 
 
 def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | None = None,
-                     environ: Mapping[str, str] | None = None, hello_timeout: float = HELLO_TIMEOUT) -> None:
-    """Node 0: wait for nodes 1..N-1, then let them all go; name the missing ones at the deadline."""
+                     environ: Mapping[str, str] | None = None,
+                     hello_timeout: float = HELLO_TIMEOUT) -> list[netcheck.Link]:
+    """Node 0: wait for nodes 1..N-1, then let them all go; name the missing ones at the deadline. Returns the
+    links the network check timed (none without it)."""
     key = rdzv_key(plan.job_id, plan.rdzv_token_file, os.environ if environ is None else environ)
     deadline = time.monotonic() + plan.rdzv_timeout
     joined: dict[int, _Joined] = {}
@@ -297,8 +299,7 @@ def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | No
                        f"(--node_rank for each), or raise --rdzv-timeout")
             abort(message)
             raise RendezvousError(message)
-        if plan.network_check_mb > 0:
-            _check_network(plan, joined, out, abort)
+        links = _check_network(plan, joined, out, abort) if plan.network_check_mb > 0 else []
         for node in joined.values():
             answer(node, {"go": True})
         for node in joined.values():
@@ -314,9 +315,10 @@ def serve_rendezvous(plan: LaunchPlan, listener: socket.socket, out: TextIO | No
         for node in joined.values():
             node.conn.close()
         listener.close()
+    return links
 
 
-def _check_network(plan: LaunchPlan, joined: dict[int, _Joined], out: TextIO | None, abort) -> None:
+def _check_network(plan: LaunchPlan, joined: dict[int, _Joined], out: TextIO | None, abort) -> list[netcheck.Link]:
     """Node 0: time each node's link in turn (netcheck.py), one line each, then name the slowest."""
     nbytes = int(plan.network_check_mb * 1e6)
     links = []
@@ -344,6 +346,7 @@ def _check_network(plan: LaunchPlan, joined: dict[int, _Joined], out: TextIO | N
     line = netcheck.slowest(links)
     if line and len(links) > 1:
         _log(line, out)
+    return links
 
 
 # --- nodes 1..N-1 ------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from ppmulti.common.procfs import alive, exit_code
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
+from ppmulti.procs.launch import netcheck
 from ppmulti.procs.launch.netcheck import ifname_env, route_interface
 from ppmulti.procs.launch.plan import LaunchPlan
 from ppmulti.procs.launch.rendezvous import RendezvousError, join_rendezvous, serve_rendezvous  # noqa: F401
@@ -328,17 +329,29 @@ def _socket_interface(plan: LaunchPlan, env: Mapping[str, str], out: TextIO | No
     return chosen
 
 
+def _report_allreduce(plan: LaunchPlan, directory: str, links: list, rc: int, out: TextIO | None) -> None:
+    """--check-network: node 0 reports the all-reduce's figures with the links' (netcheck.py)."""
+    result = netcheck.read_timings(directory)
+    if rc == 0 and result and plan.node_rank == 0:
+        for line in netcheck.allreduce_report(result, "NCCL" if plan.device == "gpu" else "gloo", links):
+            _log(line, out)
+    elif rc == 0 and result:
+        _log(f"node {plan.node_rank}: network check done (node 0 reports the figures)", out)
+
+
 def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
               watch: _RankWatch, interrupted: list[int], dog: Watchdog) -> int:
     plan, listener = preflight(plan, out, restart=attempt > 0)
+    links: list = []
     if plan.rdzv_endpoint is not None:
         if plan.node_rank == 0:
-            serve_rendezvous(plan, listener, out, environ)  # type: ignore[arg-type]
+            links = serve_rendezvous(plan, listener, out, environ)  # type: ignore[arg-type]
         else:
             join_rendezvous(plan, out, environ)
-    if plan.check_network:
-        _log(f"network check done on node {plan.node_rank}; --check-network starts no training", out)
-        return 0
+    if plan.check_network:   # the ranks all-reduce instead of training, then node 0 reports (netcheck.py)
+        plan = netcheck.allreduce_plan(plan, os.path.join(launch_dir, "netcheck"))
+        _log(f"node {plan.node_rank}: network check: every rank all-reduces {plan.network_check_mb:g} MB "
+             f"({'NCCL' if plan.device == 'gpu' else 'gloo'}); --check-network starts no training", out)
     plan = _with_route_host(plan, out)
     argv, _ = to_paddle(plan)
     child_env, _, _ = launch_env(plan, environ)
@@ -368,6 +381,8 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
             while True:
                 code = child.wait(0.1)   # short: see the first rank that dies
                 if code is not None:
+                    if plan.check_network:
+                        _report_allreduce(plan, os.path.join(launch_dir, "netcheck"), links, exit_code(code), out)
                     return exit_code(code)
                 watch.poll()
                 if dog.poll(watch.started()):
