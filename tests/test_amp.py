@@ -260,13 +260,13 @@ SCALER_RUN = GPU_LIKE_SCALER + textwrap.dedent("""
     from ppmulti.rank.engine.hooks import amp
     amp.plan = lambda req, device, problem: amp.AmpPlan("float16" if req.on else "off", req.level, "GradScaler on CPU")
     amp.MixedPrecisionHook.autocast = lambda self: contextlib.nullcontext()   # no float16 kernels on CPU
-    _step, _calls = amp.MixedPrecisionHook.backward_step, [0]
+    _backward, _calls = amp.MixedPrecisionHook.backward, [0]
 
-    def backward_step(self, loss, optimizer):   # steps 2 and 5 of each process overflow, as float16 steps do
+    def backward(self, loss):   # steps 2 and 5 of each process overflow, as float16 steps do (no accumulation here)
         _calls[0] += 1
-        return _step(self, loss * float("inf") if _calls[0] in (2, 5) else loss, optimizer)
+        return _backward(self, loss * float("inf") if _calls[0] in (2, 5) else loss)
 
-    amp.MixedPrecisionHook.backward_step = backward_step
+    amp.MixedPrecisionHook.backward = backward
     sys.argv = ["tools/train.py", *sys.argv[1:]]
     runpy.run_path("tools/train.py", run_name="__main__")
 """)
