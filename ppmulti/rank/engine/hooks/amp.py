@@ -111,10 +111,11 @@ def o1_float16_ops(model, custom_white_list=None, custom_black_list=None) -> dic
 
 class MixedPrecisionHook(Hook):
     """Owns the precision of the training step: ``autocast()`` around the forward pass, ``backward()`` per
-    batch and ``step()`` per optimizer step (``backward_step()`` both, without accumulation). float16: Paddle's GradScaler; a step whose gradients overflow is skipped
-    and counted (``stats.amp`` per epoch, read by the console and VisualDL hooks). Its state in a checkpoint:
-    the scaler's (scale, good/bad step counters) and the skipped steps, the same on every rank (gradients are
-    all-reduced before the check), so it resumes on any number of ranks."""
+    batch and ``step()`` per optimizer step (``backward_step()`` both, without accumulation). float16:
+    Paddle's GradScaler; a step whose gradients overflow is skipped and counted (``stats.amp`` per epoch, read
+    by the console and VisualDL hooks). Its state in a checkpoint: the scaler's (scale, good/bad step counters)
+    and the skipped steps, the same on every rank (gradients are all-reduced before the check), so it resumes
+    on any number of ranks."""
 
     priority = 12   # after_epoch: stats.amp is set before the console (50) and VisualDL (90) read it
     name = "amp"
