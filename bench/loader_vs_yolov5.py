@@ -144,6 +144,9 @@ def _yolov5_worker(argv: list[str]) -> None:
     import yaml
     from utils.dataloaders import create_dataloader
 
+    import torch
+
+    torch.set_num_threads(1)   # as in a DataLoader worker (torch sets 1 there), and as ppmulti's side runs
     hyp = yaml.safe_load((yolov5 / "data" / "hyps" / HYP).read_text())
     data = yaml.safe_load(Path(a.data).read_text())
     train = str(Path(data["path"]) / data["train"])

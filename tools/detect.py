@@ -9,7 +9,7 @@ from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
-from ppmulti.rank.tool_args import add_model_args, overrides, square_size
+from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra, square_size
 
 # YOLOv5 detect.py flags without an equivalent here; each is refused by name rather than ignored.
 UNSUPPORTED = {
@@ -66,12 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(argv) -> argparse.Namespace:
     """The command line, checked: YOLOv5 flags without an equivalent refused by name, values in range."""
     args, extra = build_parser().parse_known_args(argv)
-    for item in extra:
-        name = item.split("=", 1)[0]
-        if name in UNSUPPORTED:
-            raise UserError(f"{name} is a YOLOv5 detect.py flag that ppmulti does not support "
-                            f"({UNSUPPORTED[name]}); remove it")
-        raise UserError(f"unknown argument {item!r}; see tools/detect.py --help")
+    refuse_extra(extra, UNSUPPORTED, "detect.py", "tools/detect.py")
     if not args.weights:
         raise UserError("no weights given: pass --weights RUN/weights/best.pdparams (or a run directory, or an "
                         "exported .onnx)")

@@ -10,7 +10,7 @@ from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
-from ppmulti.rank.tool_args import add_model_args, overrides
+from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
 # YOLOv5 val.py flags without an equivalent here; each is refused by name rather than ignored.
 UNSUPPORTED = {
@@ -61,12 +61,7 @@ def build_parser(prog: str = "tools/eval.py") -> argparse.ArgumentParser:
 
 def parse(argv, prog: str = "tools/eval.py") -> argparse.Namespace:
     args, extra = build_parser(prog).parse_known_args(argv)
-    for item in extra:
-        name = item.split("=", 1)[0]
-        if name in UNSUPPORTED:
-            raise UserError(f"{name} is a YOLOv5 val.py flag that ppmulti does not support "
-                            f"({UNSUPPORTED[name]}); remove it")
-        raise UserError(f"unknown argument {item!r}; see {prog} --help")
+    refuse_extra(extra, UNSUPPORTED, "val.py", prog)
     if args.task != "val":
         why = TASKS.get(args.task, "an unknown task")
         raise UserError(f"--task {args.task}: YOLOv5 val.py's task for {why}, which ppmulti does not run; "

@@ -11,7 +11,7 @@ from pathlib import Path
 from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
-from ppmulti.rank.tool_args import add_model_args, overrides, square_size
+from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra, square_size
 
 FORMATS = ("paddle", "onnx")
 # YOLOv5 export.py's other formats, refused by name (the first is what --include names them).
@@ -65,12 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(argv) -> argparse.Namespace:
     """The command line, checked: unknown formats and flags refused by name; the mode (-c: ppdet's, else YOLOv5's)."""
     args, extra = build_parser().parse_known_args(argv)
-    for item in extra:
-        name = item.split("=", 1)[0]
-        if name in UNSUPPORTED:
-            raise UserError(f"{name} is a YOLOv5 export.py flag that ppmulti does not support "
-                            f"({UNSUPPORTED[name]}); remove it")
-        raise UserError(f"unknown argument {item!r}; see tools/export.py --help")
+    refuse_extra(extra, UNSUPPORTED, "export.py", "tools/export.py")
     if args.half:
         raise UserError("--half: ppmulti exports float32 only (YOLOv5 itself exports FP16 only from a GPU); "
                         "remove --half")

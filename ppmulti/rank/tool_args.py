@@ -27,3 +27,16 @@ def square_size(values: list[int] | None) -> int | None:
         raise UserError(f"--imgsz {' '.join(map(str, values))}: give one size (square inputs only), e.g. "
                         f"--imgsz {max(values)}")
     return values[0]
+
+
+def refuse_extra(extra: list[str], unsupported: dict[str, str], yolov5_script: str, prog: str) -> None:
+    """Leftover argv of a tool: a YOLOv5 flag with no equivalent is refused by name with what it does there,
+    anything else as unknown (UserError, the first one)."""
+    from ppmulti.common.errors import UserError
+
+    for item in extra:
+        name = item.split("=", 1)[0]
+        if name in unsupported:
+            raise UserError(f"{name} is a YOLOv5 {yolov5_script} flag that ppmulti does not support "
+                            f"({unsupported[name]}); remove it")
+        raise UserError(f"unknown argument {item!r}; see {prog} --help")
