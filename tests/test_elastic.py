@@ -266,3 +266,68 @@ def test_node_lost_mid_run_the_other_finishes_from_the_last_checkpoint(etcd, sma
     assert metrics["epochs"] == 3 and metrics["world_size"] == 1 and metrics["global_batch"] == 8
     epochs = [line.split(",")[0] for line in (out / "results.csv").read_text().splitlines()[1:]]
     assert epochs == ["1", "2", "3"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_node_that_comes_back_is_taken_in_at_the_next_restart(etcd, small_demo, tmp_path):
+    """Node 1 is lost in epoch 2 and started again while node 0 trains alone; it waits. When node 0's rank
+    then fails, the next round takes both nodes in again, and the run ends on 2 ranks from the same run directory."""
+    from test_distributed import _rank_pid, _train_args
+
+    out = tmp_path / "run"
+    common = ["--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{etcd}", "--rdzv-id",
+              "back", "--master_port", str(free_ports(2)), "--rdzv-timeout", "120", "--elastic_timeout", "5",
+              "--nproc_per_node", "1"]
+    train = _train_args(small_demo, out, "snapshot_epoch=1", "--batch", "8", "--epochs", "4")
+    launches = Launches(tmp_path)
+    left_dirs: set[str] = set()
+    log = out / "train.log"
+
+    def node(i: int):
+        proc = launches.start(*common, "--host", f"127.0.0.{2 + i}", "--log_dir", str(tmp_path / f"log{i}"),
+                              *train, env=launch_env())
+        deadline = time.time() + 60
+        while "elastic: etcd" not in launches.output(proc) and time.time() < deadline:
+            time.sleep(0.2)
+        return proc
+
+    def until(text: str, seconds: float = 300) -> None:
+        deadline = time.time() + seconds
+        while time.time() < deadline and nodes[0].poll() is None:
+            if log.is_file() and text in log.read_text():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} never came:\n{launches.output(nodes[0])[-3000:]}")
+
+    try:
+        nodes = [node(0), node(1)]
+        until("epoch 2/4 step")
+        pids = _tree(nodes[1].pid)
+        left_dirs = _launch_dirs(pids)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        until("resuming a run of 2 ranks on 1 ranks")
+        back = node(1)                                      # node 1 returns while round 1 runs
+        time.sleep(3)
+        assert "elastic round 2" not in launches.output(back)    # not taken in mid-round
+        pid = _rank_pid(0, str(out))
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)                        # the next restart
+        codes = [launches.wait(nodes[0], 600), launches.wait(back, 600)]
+    finally:
+        launches.close()
+        for path in left_dirs:
+            shutil.rmtree(path, ignore_errors=True)
+    texts = [launches.output(nodes[0]), launches.output(back)]
+    assert codes == [0, 0], "\n----\n".join(t[-3000:] for t in texts)
+    assert "elastic round 1: node 0 of 1 (127.0.0.2)" in texts[0]
+    assert "elastic round 2: node 0 of 2 (127.0.0.2, 127.0.0.3), 2 ranks" in texts[0], texts[0][-3000:]
+    assert "elastic round 2: node 1 of 2 (127.0.0.2, 127.0.0.3), 2 ranks" in texts[1], texts[1][-3000:]
+    assert "resuming a run of 1 ranks on 2 ranks: the effective batch stays 8" in log.read_text()
+    assert f"launch restart 2: resuming {out}" in (out / "logs" / "rank1.log").read_text()   # the returned node
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs"] == 4 and metrics["world_size"] == 2 and metrics["global_batch"] == 8

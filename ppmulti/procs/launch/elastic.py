@@ -20,7 +20,9 @@ How. Every node talks to etcd's v3 JSON gateway over HTTP (``/v3/lease/grant``, 
 * ``ready/<k>/<node>``: the node is between launches and wants to be in round ``k`` (same lease).
 * ``round/<k>``: the members of round ``k`` in rank order, written once (a create-if-absent transaction) by the
   first ready node, when MAX nodes are ready, or every live member is ready and at least MIN are (a restart),
-  or MIN are ready and ``--elastic_timeout`` has passed since (the first round waits that long for more).
+  or MIN are ready and ``--elastic_timeout`` has passed since (the first round waits that long for more); never
+  while a live member of round ``k-1`` still runs it.
+* ``run_dir``: the run directory a restart continues, for nodes that join later.
 * ``done``: the run finished; a later launch with the same job id is refused.
 
 Each round is an ordinary master-mode launch (``runner._run_once``: ppmulti's rendezvous, Paddle's launcher,
@@ -28,7 +30,7 @@ the watchdog) with ``PPMULTI_RESTART=k``, so a training started by ppmulti resum
 with the same effective batch on the new world size (``hooks/resume.py``). While a round runs, each node checks
 etcd every second and ends its launch when a member's lease is gone or a member is already waiting for the
 next round. A node that joins while a round runs waits for the next round (the next restart); it is taken in
-then.
+then, and continues the same run (``run_dir``: the run directory the first round's nodes started).
 """
 
 from __future__ import annotations
@@ -273,8 +275,22 @@ class Membership:
 
     def mark_done(self) -> None:
         self.etcd.put(self.root + "done", "1")
-        self.etcd.delete_prefix(self.root + "round/")
-        self.etcd.delete_prefix(self.root + "ready/")
+        for part in ("round/", "ready/", "run_dir"):
+            self.etcd.delete_prefix(self.root + part)
+
+    def share_run_dir(self, launch_dir: str) -> None:
+        """The run a restart continues (rundir.RUN_DIR_MARKER in the launch directory, written by the first
+        start): published once a node has it, and given to a node that joins later, which has never started it."""
+        from ppmulti.common.atomic import atomic_write_text
+        from ppmulti.common.rundir import RUN_DIR_MARKER
+
+        marker = os.path.join(launch_dir, RUN_DIR_MARKER)
+        if os.path.isfile(marker):
+            self.etcd.create(self.root + "run_dir", open(marker, encoding="utf-8").read())
+            return
+        shared = self.etcd.get(self.root + "run_dir")
+        if shared:
+            atomic_write_text(marker, shared)
 
     def agree(self, k: int, timeout: float, out: TextIO | None = None) -> Round | None:
         """Round ``k`` or a later one that takes this node in; None when the job finished meanwhile.
@@ -297,6 +313,14 @@ class Membership:
                 return None
             live = self.members()
             ready = [n for n in live if n in set(self.ready(k))]
+            previous = self.get_round(k - 1) if k > 0 else None
+            if previous is not None and any(n in live and n not in ready for n in previous.members):
+                # round k-1 still runs on a live node: a node that joined meanwhile waits for its end
+                if deadline is not None:
+                    deadline = time.monotonic() + timeout
+                enough_since = None
+                time.sleep(POLL)
+                continue
             if len(ready) >= spec.min_nodes and enough_since is None:
                 enough_since = time.monotonic()
             if ready and ready[0] == self.node:       # the first ready member writes the round
@@ -371,6 +395,7 @@ def run_elastic(plan, environ: dict[str, str], out: TextIO | None,
                 _log("the job finished on the other nodes", out)
                 return 0
             k = agreed.number
+            member.share_run_dir(launch_dir)
             rank = agreed.rank_of(member.node)
             assert rank is not None
             _log(f"elastic round {k}: node {rank} of {len(agreed.members)} "
@@ -390,6 +415,7 @@ def run_elastic(plan, environ: dict[str, str], out: TextIO | None,
                     return str(exc)
 
             rc = run_once(one, environ, out, launch_dir, k, interrupted, abort)
+            member.share_run_dir(launch_dir)
             if rc == 0:
                 if rank == 0:
                     member.mark_done()
