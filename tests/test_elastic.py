@@ -61,6 +61,8 @@ def test_elastic_spellings_map_to_one_etcd_plan(argv, want):
      "--elastic_level 0 keeps the node count fixed, but --nnodes 1:2 is a range"),
     (["--nnodes", "1:2", "--master", "etcd://h:2379", "--elastic_level", "-1"], "--elastic_level -1: turns"),
     (["--nnodes", "1:2", "--master", "etcd://h:99999"], "--master 99999: not a TCP port"),
+    (["--nnodes", "1:2", "--master", "etcd://h:2379", "--check-network"],
+     "--check-network cannot be combined with an etcd master"),
     (["--elastic_timeout", "5"], "--elastic_timeout applies to elastic runs on an etcd master"),
 ])
 def test_elastic_refusals_are_one_line(argv, needle):

@@ -411,8 +411,8 @@ def run_elastic(plan, environ: dict[str, str], out: TextIO | None,
                 last_check[0] = time.monotonic()
                 try:
                     return member.lost(agreed)
-                except UserError as exc:
-                    return str(exc)
+                except UserError:
+                    return None   # etcd briefly unreachable: the training goes on; a lost node still fails it
 
             rc = run_once(one, environ, out, launch_dir, k, interrupted, abort)
             member.share_run_dir(launch_dir)

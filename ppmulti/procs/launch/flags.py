@@ -666,7 +666,9 @@ def elastic_of(ns: argparse.Namespace):
     for dest, shown, why in (("node_rank", "--node_rank", "node ranks follow the order the nodes register in etcd"),
                              ("ips", "--ips", "the nodes find each other in etcd"),
                              ("master_addr", "--master_addr", "node 0 is the first node registered in etcd"),
-                             ("standalone", "--standalone", "an etcd master is for several nodes")):
+                             ("standalone", "--standalone", "an etcd master is for several nodes"),
+                             ("check_network", "--check-network", "check the links with a fixed --nnodes N "
+                                                                  "--master_addr run")):
         if getattr(ns, dest):
             raise UserError(f"{shown} cannot be combined with an etcd master ({why}); drop {shown}")
     if ns.nnodes is None:
@@ -703,6 +705,7 @@ def _elastic_plan(ns: argparse.Namespace, elastic, script: str, script_args: tup
         log_dir=ns.log_dir, max_restarts=restarts.max_restarts, job_id=ns.job_id,
         rdzv_timeout=restarts.rdzv_timeout, verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout,
         rdzv_token_file=ns.rdzv_token_file, paddle_flags=paddle_flags_of(ns), elastic=elastic,
+        network_check_mb=network_check_of(ns, elastic.max_nodes),
         notes=(f"elastic: {elastic.min_nodes} to {elastic.max_nodes} node(s) meet in etcd at {elastic.endpoint} "
                f"({elastic.endpoint_flag}), job {elastic.job!r}; each round runs as --nnodes N --node_rank R "
                f"--master_addr (the first node registered) --master_port {port or DEFAULT_MASTER_PORT}",
