@@ -71,6 +71,19 @@ def test_elastic_refusals_are_one_line(argv, needle):
     assert str(info.value).startswith(needle) and "\n" not in str(info.value), str(info.value)
 
 
+def test_an_elastic_pytorchjob_pod_runs_with_the_etcd_flags():
+    """A pod of an elastic PyTorchJob (PET_NNODES=MIN:MAX) is refused by name without them, and planned with them:
+    the node count and rank come from etcd, not from the operator's variables."""
+    pod = {"PET_NNODES": "1:4", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "job-master-0",
+           "PET_MASTER_PORT": "23456", "PET_RDZV_ENDPOINT": "etcd:2379"}
+    with pytest.raises(UserError, match=r"PET_NNODES=1:4: an elastic PyTorchJob .* ppmulti launch --nnodes 1:4 "
+                                        r"--rdzv-backend etcd --rdzv-endpoint HOST:2379"):
+        build_plan(parse_launch_args(["t.py"]), pod, set(), 0)
+    plan = build_plan(parse_launch_args(["--nnodes", "1:4", "--rdzv-backend", "etcd", "--rdzv-endpoint", "etcd:2379",
+                                         "t.py"]), pod, set(), 0)
+    assert plan.elastic == Elastic("etcd", 2379, 1, 4)
+
+
 def test_unreachable_etcd_is_one_line_naming_the_endpoint(tmp_path):
     port = free_ports(1)
     proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "launch", "--nnodes", "1:2", "--rdzv-backend",

@@ -8,8 +8,8 @@ one node is SIGKILLed, Paddle 3.3.1 restarts the survivor's rank as a world of 1
 nothing on the CPU and the first collective fails (``RuntimeError: The global group is not initialized.``), and
 the launcher then waits for peers ("Waiting peer ready...") until it is stopped. Nor does it resume from a
 checkpoint: that is the script's business. On Paddle 2.6.2 the same launch died at start with SIGSEGV in
-``inflateReset2`` (the zlib clash of docs/stacks.md). So ppmulti keeps Paddle's launcher for what it does well (one fixed
-world) and uses etcd only for what etcd is for: who is alive.
+``inflateReset2`` (the zlib clash of docs/stacks.md). So ppmulti keeps Paddle's launcher for what it does well
+(one fixed world) and uses etcd only for what etcd is for: who is alive.
 
 How. Every node talks to etcd's v3 JSON gateway over HTTP (``/v3/lease/grant``, ``/v3/kv/put``, ``/v3/kv/range``,
 ``/v3/kv/txn``, ``/v3/lease/keepalive``) with urllib: no new dependency, nothing that pins protobuf. Under

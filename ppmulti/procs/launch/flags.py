@@ -608,7 +608,8 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
     a scheduler gives (SLURM's node list) into addresses (default: kept as names)."""
     spec = spec or launcher_spec()
     script, script_args = script_of(ns, spec)
-    ns, cluster_notes = with_cluster(ns, environ, resolve)
+    # under etcd the nodes find each other there: a scheduler's node count and rank do not apply
+    ns, cluster_notes = with_cluster(ns, environ, resolve) if not _etcd_named(ns) else (ns, ())
     nodes = nodes_of(ns, environ, local_addrs) if not _etcd_named(ns) else Nodes()
     devices = devices_of(ns, environ, device_count, spec)
     start = start_port_of(ns, environ, spec)
