@@ -652,7 +652,8 @@ def elastic_of(ns: argparse.Namespace):
         raise UserError(f"--rdzv-endpoint {ns.rdzv_endpoint} needs --rdzv-backend etcd (ppmulti's own rendezvous "
                         f"is named with --master_addr/--master_port)")
     if backend and not ns.rdzv_endpoint:
-        raise UserError("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:2379")
+        raise UserError("--rdzv-backend etcd needs the address of etcd: add --rdzv-endpoint, e.g. "
+                        "--rdzv-endpoint 10.0.0.1:2379")
     if backend and etcd_master:
         raise UserError(f"--master {ns.master} together with --rdzv-backend etcd: give one of them")
     if not backend and not etcd_master:
