@@ -147,6 +147,12 @@ def test_rounds_follow_the_live_members(etcd):
         assert rounds["a"] == rounds["b"] and rounds["a"].members == (a.node, b.node)
         assert rounds["a"].hosts == ("127.0.0.2", "127.0.0.3")
         assert a.lost(rounds["a"]) is None
+        db.put(f"{b.root}finished/0/{b.node}", "1")      # b's ranks ended round 0 well: b may leave
+        b.close()
+        assert a.lost(rounds["a"]) is None
+        db.delete_prefix(f"{b.root}finished/")
+        b = Membership(db, spec, "127.0.0.3", 1, ttl=2)      # b again, then its process "dies"
+        rounds["a"] = type(rounds["a"])(0, (a.node, b.node), ("127.0.0.2", "127.0.0.3"))
         b._stop.set()                  # b's process "dies": its lease is no longer kept alive
         deadline = time.time() + 10
         while a.lost(rounds["a"]) is None and time.time() < deadline:

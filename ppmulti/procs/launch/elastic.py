@@ -23,6 +23,7 @@ How. Every node talks to etcd's v3 JSON gateway over HTTP (``/v3/lease/grant``, 
   first ready node, when MAX nodes are ready, or every live member is ready and at least MIN are (a restart),
   or MIN are ready and ``--elastic_timeout`` has passed since (the first round waits that long for more); never
   while a live member of round ``k-1`` still runs it.
+* ``finished/<k>/<node>``: the node's ranks ended round ``k`` well; its leaving then ends nothing.
 * ``run_dir``: the run directory a restart continues, for nodes that join later.
 * ``done``: the run finished; a later launch with the same job id is refused.
 
@@ -276,7 +277,7 @@ class Membership:
 
     def mark_done(self) -> None:
         self.etcd.put(self.root + "done", "1")
-        for part in ("round/", "ready/", "run_dir"):
+        for part in ("round/", "ready/", "finished/", "run_dir"):
             self.etcd.delete_prefix(self.root + part)
 
     def share_run_dir(self, launch_dir: str) -> None:
@@ -343,8 +344,9 @@ class Membership:
         """Why round ``agreed`` must end now (a member's lease is gone, or a member already waits for the
         next round), or None."""
         live = self.members()
+        finished = {key.rsplit("/", 1)[1] for key, _, _ in self.etcd.prefix(f"{self.root}finished/{agreed.number}/")}
         for node, host in zip(agreed.members, agreed.hosts):
-            if node not in live:
+            if node not in live and node not in finished:   # a node whose ranks finished may leave first
                 return f"node {agreed.rank_of(node)} ({host}) left: its etcd lease expired"
         waiting = set(self.ready(agreed.number + 1)) & set(agreed.members)
         if waiting:
@@ -418,6 +420,7 @@ def run_elastic(plan, environ: dict[str, str], out: TextIO | None,
             rc = run_once(one, environ, out, launch_dir, k, interrupted, abort)
             member.share_run_dir(launch_dir)
             if rc == 0:
+                member.etcd.put(f"{member.root}finished/{k}/{member.node}", "1")
                 if rank == 0:
                     member.mark_done()
                 _log(f"elastic round {k} finished", out)

@@ -295,11 +295,19 @@ def attempt_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, 
     watch.reset()
     dog = Watchdog(launch_dir, plan.hang_timeout, plan.node_rank, plan.nnodes, local_world=plan.nnodes == 1,
                    log_dir=plan.log_dir)
+    fired: list[str] = []
+
+    def stop_reason() -> str | None:
+        reason = abort() if abort is not None else None
+        if reason:
+            fired.append(reason)
+        return reason
+
     try:
-        rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog, abort)
+        rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog, stop_reason)
     finally:
         _sweep_ranks(launch_dir, dog, out)
-    if rc != 0 and not interrupted:
+    if rc != 0 and not interrupted and not fired:   # an abort has said why already
         _log(dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause(), out)
     return rc
 
