@@ -96,6 +96,7 @@ SHELL = {
     "export ": "sets a variable",
     "kubectl apply": "submits a manifest to a cluster",
     "python -m pytest": "runs this test suite",
+    "etcd ": "starts etcd (tests/test_elastic.py's etcd fixture starts it with these flags on loopback ports)",
 }
 
 # Placeholders in the docs and what the dry runs use instead (loopback addresses this machine owns).

@@ -374,8 +374,8 @@ def test_cli_bad_flag_is_one_line_and_exit_2():
     proc = _cli("--rdzv_backend", "c10d", "train.py")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: --rdzv_backend is a launcher flag ppmulti launch cannot honour: ppmulti runs its own rendezvous "
-        "on --master_addr:--master_port; drop it"]
+        "error: --rdzv-backend c10d: ppmulti runs its own rendezvous on --master_addr:--master_port; drop it, "
+        "or use --rdzv-backend etcd for --nnodes MIN:MAX"]
 
 
 def test_cli_help_lists_both_spellings_with_examples():

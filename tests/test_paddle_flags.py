@@ -31,8 +31,8 @@ MEANING: dict[str, str | None] = {
     "--log_level": "log_level", "--log_overwrite": "log_overwrite", "--enable_gpu_log": "enable_gpu_log",
     "--legacy": None, "--sort_ip": None, "--npus": None, "--xpus": None, "--auto_parallel_config": None,
     "--auto_cluster_config": None, "--auto_tuner_json": None, "--servers": None, "--trainers": None,
-    "--trainer_num": None, "--server_num": None, "--gloo_port": None, "--with_gloo": None, "--elastic_level": None,
-    "--elastic_timeout": None,
+    "--trainer_num": None, "--server_num": None, "--gloo_port": None, "--with_gloo": None,
+    "--elastic_level": "elastic_level", "--elastic_timeout": "elastic_timeout",
     # the legacy fleet/launch.py (fleetrun --legacy)
     "--selected_gpus": "selected_gpus", "--selected_xpus": None, "--backend": None, "--cluster_topo_path": None,
     "--rank_mapping_path": None, "--enable_auto_mapping": None, "--workers": None, "--worker_num": None,
@@ -127,7 +127,8 @@ def test_paddles_own_logging_flags_reach_its_launcher():
 
 @pytest.mark.parametrize("argv, needle", [
     (["--run_mode", "ps", "t.py"], "--run_mode ps: ppmulti trains collectively"),
-    (["--master", "etcd://10.0.0.1:2379", "t.py"], "--master etcd://10.0.0.1:2379: an etcd master is Paddle's elastic"),
+    (["--master", "etcd://10.0.0.1:2379", "t.py"], "an etcd master (--master) needs --nnodes MIN:MAX"),
+    (["--elastic_level", "1", "t.py"], "--elastic_level applies to elastic runs on an etcd master"),
     (["--nnodes", "1:2", "t.py"], "--nnodes 1:2: elastic MIN:MAX node ranges need an etcd master"),
     (["--nproc", "2", "t.py"], "unknown launch flag --nproc (before the script); did you mean --nproc_per_node?"),
 ])

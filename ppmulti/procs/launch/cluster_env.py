@@ -149,8 +149,9 @@ def _pytorchjob(environ: Mapping[str, str]) -> Cluster:
             raise UserError(f"{E.PET_NNODES}={text} in the environment is not a node count or MIN:MAX; fix or unset it")
         if low != high:
             raise UserError(f"{E.PET_NNODES}={text}: an elastic PyTorchJob (elasticPolicy with minReplicas "
-                            f"{low} < maxReplicas {high}); ppmulti launch needs a fixed node count: drop the "
-                            f"elasticPolicy or give it minReplicas = maxReplicas")
+                            f"{low} < maxReplicas {high}) meets in etcd with ppmulti: give the pods "
+                            f"ppmulti launch --nnodes {low}:{high} --rdzv-backend etcd --rdzv-endpoint HOST:2379, "
+                            f"or drop the elasticPolicy (or give it minReplicas = maxReplicas)")
         text = low
     nnodes = _number({E.PET_NNODES: text}, E.PET_NNODES) or 1
     rank = _number(environ, E.PET_NODE_RANK)

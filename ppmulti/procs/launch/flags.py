@@ -39,7 +39,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--nproc_per_node", "--nproc-per-node"), "nproc_per_node",
          "processes (ranks) on this node, e.g. 2; 'gpu' or 'auto' = one per visible GPU. On a machine without "
          "GPUs (or with --device cpu) the ranks run on the CPU with gloo", metavar="N"),
-    Flag(("--nnodes",), "nnodes", "number of nodes (machines), e.g. 2 (default 1)", metavar="N"),
+    Flag(("--nnodes",), "nnodes", "number of nodes (machines), e.g. 2 (default 1); MIN:MAX, e.g. 1:4, with an etcd "
+         "master (--rdzv-backend etcd or --master etcd://): the run goes on with the nodes alive, at least MIN",
+         metavar="N"),
     Flag(("--node_rank", "--node-rank", "--rank"), "node_rank",
          "this node's rank, 0 .. nnodes-1, e.g. 1; node 0 runs at --master_addr (--rank is Paddle's spelling)",
          metavar="R"),
@@ -48,8 +50,23 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--master_port", "--master-port"), "master_port",
          f"port on node 0, e.g. 29500 (default {DEFAULT_MASTER_PORT} for several nodes, a free one for one node); "
          f"ppmulti's rendezvous and rank 0's store use it, Paddle's HTTP rendezvous the next one", metavar="PORT"),
-    Flag(("--master",), "master", "Paddle's spelling of --master_addr/--master_port, e.g. 10.0.0.1:29500",
-         metavar="ADDR:PORT"),
+    Flag(("--master",), "master", "Paddle's spelling of --master_addr/--master_port, e.g. 10.0.0.1:29500; "
+         "etcd://HOST:PORT names an etcd server for --nnodes MIN:MAX (the same as --rdzv-backend etcd "
+         "--rdzv-endpoint HOST:PORT)", metavar="ADDR:PORT"),
+    Flag(("--rdzv-backend", "--rdzv_backend"), "rdzv_backend",
+         "etcd: the nodes meet in etcd (--rdzv-endpoint) and --nnodes may be MIN:MAX; nothing else is taken "
+         "(without it ppmulti's own rendezvous runs on --master_addr:--master_port)", metavar="etcd"),
+    Flag(("--rdzv-endpoint", "--rdzv_endpoint"), "rdzv_endpoint",
+         "with --rdzv-backend etcd: etcd's client address, e.g. 10.0.0.1:2379", metavar="HOST:PORT"),
+    Flag(("--rdzv-id", "--rdzv_id"), "rdzv_id",
+         "with an etcd master: the run's name in etcd, the same on every node, e.g. yolo_run1 (default: --job_id, "
+         "else 'default')", metavar="NAME"),
+    Flag(("--elastic_level", "--elastic-level"), "elastic_level",
+         "Paddle's elastic level, with an etcd master: 1 (the node count may change within --nnodes MIN:MAX) or 0 "
+         "(a fixed --nnodes N, restarted when a node fails), e.g. 1", metavar="LEVEL"),
+    Flag(("--elastic_timeout", "--elastic-timeout"), "elastic_timeout",
+         f"with an etcd master: seconds the first round waits for more than MIN nodes, e.g. 10 "
+         f"(default {30:g}, Paddle's)", metavar="SECONDS"),
     Flag(("--standalone",), "standalone", "one node on its own (the same as --nnodes 1)", takes_value=False),
     Flag(("--max_restarts", "--max-restarts", "--max_restart"), "max_restarts",
          "restart every rank up to N times when one fails, e.g. 3 (default 0); ppmulti restarts the launch "
@@ -131,10 +148,6 @@ FLAGS: tuple[Flag, ...] = (
 
 # torchrun/Paddle flags that ppmulti cannot honour: refused by name, each with the way out.
 UNSUPPORTED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
-    (("--rdzv_backend", "--rdzv-backend"), True,
-     "ppmulti runs its own rendezvous on --master_addr:--master_port; drop it"),
-    (("--rdzv_endpoint", "--rdzv-endpoint"), True, "use --master_addr ADDR --master_port PORT instead"),
-    (("--rdzv_id", "--rdzv-id"), True, "use --job_id instead"),
     (("--rdzv_conf", "--rdzv-conf"), True, "use --rdzv-timeout SECONDS for the join timeout; drop the rest"),
     (("--monitor_interval", "--monitor-interval"), True, "Paddle's launcher polls its workers itself; drop it"),
     (("--role",), True, "drop it"),
@@ -148,8 +161,6 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
     (("--module", "-m"), False, "pass the script's file path (Paddle's launcher runs .py files only)"),
     (("--run_path", "--run-path"), False, "drop it: the script is always run by its path"),
     (("--legacy",), True, "ppmulti always uses Paddle's new launcher"),
-    (("--elastic_level", "--elastic-level", "--elastic_timeout", "--elastic-timeout"), True,
-     "elastic training needs an etcd master, which ppmulti launch does not run; for restarts use --max_restarts"),
     # the rest of Paddle's launchers' flags (paddle.distributed.launch and the legacy fleet/launch.py)
     (("--sort_ip",), True, "node ranks are ppmulti's: --node_rank, or the order of --ips / --nodes; drop it"),
     (("--npus", "--xpus", "--selected_xpus"), True,
@@ -328,12 +339,10 @@ def master_of(ns: argparse.Namespace) -> Master:
     port = _port(ns.master_port, "--master_port")
     if not ns.master:
         return Master(ns.master_addr, port, "--master_port" if port is not None else None)
+    if str(ns.master).startswith("etcd://"):
+        return Master(ns.master_addr, port, "--master_port" if port is not None else None)   # elastic_of reads it
     if ns.master_addr or port is not None:
         raise UserError(f"--master {ns.master} together with --master_addr/--master_port: give one of them")
-    if str(ns.master).startswith("etcd://"):
-        raise UserError(f"--master {ns.master}: an etcd master is Paddle's elastic mode, which ppmulti launch does "
-                        f"not run; give node 0 as --master ADDR:PORT (ppmulti's own rendezvous) and use "
-                        f"--max_restarts for restarts")
     addr, _, port_text = str(ns.master).replace("http://", "").rpartition(":")
     if not addr:
         raise UserError(f"--master {ns.master!r}: expected ADDR:PORT, e.g. --master 10.0.0.1:29500")
@@ -342,7 +351,8 @@ def master_of(ns: argparse.Namespace) -> Master:
 
 def _nnodes(ns: argparse.Namespace) -> int | None:
     if ns.nnodes is not None and ":" in str(ns.nnodes):
-        raise UserError(f"--nnodes {ns.nnodes}: elastic MIN:MAX node ranges need an etcd master; give one number")
+        raise UserError(f"--nnodes {ns.nnodes}: elastic MIN:MAX node ranges need an etcd master (--rdzv-backend etcd "
+                        f"--rdzv-endpoint HOST:2379, or --master etcd://HOST:2379); give one number")
     return _int(ns.nnodes, "--nnodes", "2")
 
 
@@ -600,11 +610,15 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
     a scheduler gives (SLURM's node list) into addresses (default: kept as names)."""
     spec = spec or launcher_spec()
     script, script_args = script_of(ns, spec)
-    ns, cluster_notes = with_cluster(ns, environ, resolve)
-    nodes = nodes_of(ns, environ, local_addrs)
+    # under etcd the nodes find each other there: a scheduler's node count and rank do not apply
+    ns, cluster_notes = with_cluster(ns, environ, resolve) if not _etcd_named(ns) else (ns, ())
+    nodes = nodes_of(ns, environ, local_addrs) if not _etcd_named(ns) else Nodes()
     devices = devices_of(ns, environ, device_count, spec)
     start = start_port_of(ns, environ, spec)
     restarts = restarts_of(ns)
+    elastic = elastic_of(ns)
+    if elastic is not None:
+        return _elastic_plan(ns, elastic, script, script_args, devices, start, restarts)
     return LaunchPlan(
         script=script, script_args=script_args, nproc_per_node=devices.nproc_per_node, nnodes=nodes.nnodes,
         node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port,
@@ -618,6 +632,91 @@ def build_plan(ns: argparse.Namespace, environ: Mapping[str, str], local_addrs: 
                *(("--check-network: the nodes meet, node 0 times each link, every rank all-reduces "
                   f"{network_check_of(ns, nodes.nnodes):g} MB in place of the script, and nothing more runs",)
                  if ns.check_network else ())))
+
+
+# --- elastic: --nnodes MIN:MAX on etcd (--rdzv-backend etcd --rdzv-endpoint, --master etcd://) -----------------
+def _etcd_named(ns: argparse.Namespace) -> bool:
+    return bool(ns.rdzv_backend or ns.rdzv_endpoint or str(ns.master or "").startswith("etcd://"))
+
+
+def elastic_of(ns: argparse.Namespace):
+    """The elastic launch the flags ask for (elastic.Elastic), or None; every contradiction refused by name."""
+    from ppmulti.procs.launch.elastic import DEFAULT_LAST_CALL, Elastic, parse_endpoint, parse_range
+
+    backend = (ns.rdzv_backend or "").strip().lower()
+    if backend and backend != "etcd":
+        why = ("torchrun's etcd-v2 backend speaks etcd's old v2 API; ppmulti uses etcd's v3 API: "
+               "--rdzv-backend etcd" if backend == "etcd-v2" else
+               "ppmulti runs its own rendezvous on --master_addr:--master_port; drop it, or use "
+               "--rdzv-backend etcd for --nnodes MIN:MAX")
+        raise UserError(f"--rdzv-backend {ns.rdzv_backend}: {why}")
+    etcd_master = str(ns.master or "").startswith("etcd://")
+    if ns.rdzv_endpoint and not backend:
+        raise UserError(f"--rdzv-endpoint {ns.rdzv_endpoint} needs --rdzv-backend etcd (ppmulti's own rendezvous "
+                        f"is named with --master_addr/--master_port)")
+    if backend and not ns.rdzv_endpoint:
+        raise UserError("--rdzv-backend etcd needs the address of etcd: add --rdzv-endpoint, e.g. "
+                        "--rdzv-endpoint 10.0.0.1:2379")
+    if backend and etcd_master:
+        raise UserError(f"--master {ns.master} together with --rdzv-backend etcd: give one of them")
+    if not backend and not etcd_master:
+        for dest, flag in (("elastic_level", "--elastic_level"), ("elastic_timeout", "--elastic_timeout"),
+                           ("rdzv_id", "--rdzv-id")):
+            if getattr(ns, dest) is not None:
+                raise UserError(f"{flag} applies to elastic runs on an etcd master: add --rdzv-backend etcd "
+                                f"--rdzv-endpoint HOST:2379 (or --master etcd://HOST:2379), or drop {flag}")
+        return None
+    flag = "--master" if etcd_master else "--rdzv-endpoint"
+    host, port = parse_endpoint(ns.master if etcd_master else ns.rdzv_endpoint, flag)
+    for dest, shown, why in (("node_rank", "--node_rank", "node ranks follow the order the nodes register in etcd"),
+                             ("ips", "--ips", "the nodes find each other in etcd"),
+                             ("master_addr", "--master_addr", "node 0 is the first node registered in etcd"),
+                             ("standalone", "--standalone", "an etcd master is for several nodes"),
+                             ("check_network", "--check-network", "check the links with a fixed --nnodes N "
+                                                                  "--master_addr run")):
+        if getattr(ns, dest):
+            raise UserError(f"{shown} cannot be combined with an etcd master ({why}); drop {shown}")
+    if ns.nnodes is None:
+        raise UserError(f"an etcd master ({flag}) needs --nnodes MIN:MAX, e.g. --nnodes 1:2")
+    low, high = parse_range(ns.nnodes)
+    level = None if ns.elastic_level is None else _int(ns.elastic_level, "--elastic_level", "1")
+    if level is not None and level not in (0, 1):
+        why = ("turns Paddle's elastic mode off: drop the etcd master for a fixed run" if level == -1
+               else "expected 0 (fixed node count, restarts) or 1 (elastic node count)")
+        raise UserError(f"--elastic_level {level}: {why}")
+    if level == 0 and low != high:
+        raise UserError(f"--elastic_level 0 keeps the node count fixed, but --nnodes {ns.nnodes} is a range; "
+                        f"give --nnodes N or --elastic_level 1")
+    last_call = DEFAULT_LAST_CALL
+    if ns.elastic_timeout is not None:
+        try:
+            last_call = float(ns.elastic_timeout)
+        except ValueError:
+            last_call = -1.0
+        if last_call < 0:
+            raise UserError(f"--elastic_timeout {ns.elastic_timeout!r}: expected seconds, e.g. --elastic_timeout 10")
+    return Elastic(host, port, low, high, job=ns.rdzv_id or ns.job_id or "default", last_call=last_call,
+                   endpoint_flag=flag)
+
+
+def _elastic_plan(ns: argparse.Namespace, elastic, script: str, script_args: tuple[str, ...], devices: Devices,
+                  start: StartPort, restarts: Restarts) -> LaunchPlan:
+    """One node's plan under etcd: the node count, rank and node 0 are decided per round (elastic.py)."""
+    port = _port(ns.master_port, "--master_port")
+    return LaunchPlan(
+        script=script, script_args=script_args, nproc_per_node=devices.nproc_per_node, nnodes=1, node_rank=0,
+        master_port=port, master_port_flag="--master_port" if port is not None else None, host=ns.host,
+        device=devices.device, devices=devices.devices, start_port=start.port, start_port_flag=start.flag,
+        log_dir=ns.log_dir, max_restarts=restarts.max_restarts, job_id=ns.job_id,
+        rdzv_timeout=restarts.rdzv_timeout, verbose=bool(ns.verbose), hang_timeout=restarts.hang_timeout,
+        rdzv_token_file=ns.rdzv_token_file, paddle_flags=paddle_flags_of(ns), elastic=elastic,
+        network_check_mb=network_check_of(ns, elastic.max_nodes),
+        notes=(f"elastic: {elastic.min_nodes} to {elastic.max_nodes} node(s) meet in etcd at {elastic.endpoint} "
+               f"({elastic.endpoint_flag}), job {elastic.job!r}; each round runs as --nnodes N --node_rank R "
+               f"--master_addr (the first node registered) --master_port {port or DEFAULT_MASTER_PORT}",
+               "elastic: a lost node ends the round; the others go on from the last checkpoint "
+               "(up to --max_restarts rounds, default 3 under etcd)", *start.notes,
+               *_token_note(2, ns.rdzv_token_file, {})))
 
 
 def _token_note(nnodes: int, token_file: str | None, environ: Mapping[str, str]) -> tuple[str, ...]:

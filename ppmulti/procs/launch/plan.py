@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ppmulti.common.compat import launcher_spec
 from ppmulti.common.errors import UserError
@@ -201,6 +202,7 @@ class LaunchPlan:
     network_check_mb: float = 0.0         # MB node 0 sends each node in the rendezvous to time its link; 0: none
     verbose: bool = False                 # all of Paddle's launcher output on the console (procs/launch/console.py)
     hang_timeout: float = DEFAULT_HANG_TIMEOUT   # seconds without progress before the watchdog fires; 0: off
+    elastic: Any = None                   # elastic.Elastic: --nnodes MIN:MAX on etcd, rounds agreed there
     notes: tuple[str, ...] = field(default=(), compare=False)   # things build_plan decided, shown by --dry-run
 
     def __post_init__(self) -> None:

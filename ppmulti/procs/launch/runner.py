@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from typing import Mapping, TextIO
+from typing import Callable, Mapping, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common import heartbeat as heartbeat_record
@@ -255,6 +255,10 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
     if dry_run:
         (out or sys.stdout).write(describe(plan, environ))
         return 0
+    if plan.elastic is not None:   # --nnodes MIN:MAX on etcd: rounds agreed there, each one attempt (elastic.py)
+        from ppmulti.procs.launch.elastic import run_elastic
+
+        return run_elastic(plan, environ, out, attempt_once)
     launch_dir = tempfile.mkdtemp(prefix="ppmulti-launch-")
     watch = _RankWatch(launch_dir)
     interrupted: list[int] = []
@@ -283,6 +287,30 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
         return 1  # not reached: the loop returns
     finally:
         shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def attempt_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
+                 interrupted: list[int], abort: Callable[[], str | None] | None = None) -> int:
+    """One launch attempt of an elastic round: ``abort`` (polled while it runs) ends it early with its reason."""
+    watch = _RankWatch(launch_dir)
+    watch.reset()
+    dog = Watchdog(launch_dir, plan.hang_timeout, plan.node_rank, plan.nnodes, local_world=plan.nnodes == 1,
+                   log_dir=plan.log_dir)
+    fired: list[str] = []
+
+    def stop_reason() -> str | None:
+        reason = abort() if abort is not None else None
+        if reason:
+            fired.append(reason)
+        return reason
+
+    try:
+        rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog, stop_reason)
+    finally:
+        _sweep_ranks(launch_dir, dog, out)
+    if rc != 0 and not interrupted and not fired:   # an abort has said why already
+        _log(dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause(), out)
+    return rc
 
 
 def _sweep_ranks(launch_dir: str, dog: Watchdog, out: TextIO | None) -> None:
@@ -340,7 +368,8 @@ def _report_allreduce(plan: LaunchPlan, directory: str, links: list, rc: int, ou
 
 
 def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
-              watch: _RankWatch, interrupted: list[int], dog: Watchdog) -> int:
+              watch: _RankWatch, interrupted: list[int], dog: Watchdog,
+              abort: Callable[[], str | None] | None = None) -> int:
     plan, listener = preflight(plan, out, restart=attempt > 0)
     links: list = []
     if plan.rdzv_endpoint is not None:
@@ -385,6 +414,12 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
                         _report_allreduce(plan, os.path.join(launch_dir, "netcheck"), links, exit_code(code), out)
                     return exit_code(code)
                 watch.poll()
+                reason = abort() if abort is not None else None
+                if reason:
+                    _log(f"{reason}; stopping this node's ranks", out)
+                    supervisor.sweep(E.PPMULTI_LAUNCH_DIR, launch_dir)
+                    child.stop()
+                    return 1
                 if dog.poll(watch.started()):
                     # the stalled rank is named and every stack written: stop the ranks now, then the launcher
                     supervisor.sweep(E.PPMULTI_LAUNCH_DIR, launch_dir)
