@@ -29,6 +29,7 @@ Writes bench/results/loader_vs_yolov5.json and .md (--out) and prints the markdo
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -116,6 +117,7 @@ def _ppmulti_worker(argv: list[str]) -> None:
 
     from ppmulti.rank import dist
     from ppmulti.rank.bench_probe import _ppdet_config
+    from ppmulti.rank.data.cache import prebuild_cache
 
     flags = ["--cfg", "yolov5s", "--data", a.data, "--hyp", str(REPO / "configs" / "hyps" / HYP), "--img", "640",
              "--batch", str(a.batch), "--workers", str(a.workers)]
@@ -125,6 +127,7 @@ def _ppmulti_worker(argv: list[str]) -> None:
     dist.set_cpu_threads(1)
     dataset = create("TrainDataset")()
     loader = create("TrainReader")(dataset, a.workers)
+    prebuild_cache(dataset, cfg)   # --cache ram/disk: built before the workers fork, as the Trainer does
     result = {"side": "ppmulti", "workers": a.workers, "cache": a.cache}
     if a.workers == 0:
         result["cpu_ms_per_img"] = _cpu_per_image(loader, a.images, a.batch)
@@ -175,13 +178,29 @@ def _worker_args(argv: list[str]) -> argparse.Namespace:
 
 
 # ============================================================================ the runner
+def _sweep_loader_shm(before: set[str]) -> None:
+    """Remove the shared-memory blocks Paddle's loader workers of a finished case left in /dev/shm: a case stops
+    iterating mid-epoch and exits, and batches its workers had prefetched stay there (``paddle_<pid>_...``, the
+    pid a dead worker's; a live process's blocks are never touched)."""
+    for path in set(glob.glob("/dev/shm/paddle_*")) - before:
+        try:
+            pid = int(Path(path).name.split("_")[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            Path(path).unlink(missing_ok=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
 def run_case(side: str, python: str, common: list[str], workers: int, out: Path, cwd: Path) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")
     cmd = [python, str(Path(__file__).resolve()), f"{side}-worker", *common, "--workers", str(workers),
            "--out", str(out)]
+    before = set(glob.glob("/dev/shm/paddle_*"))
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=_run_env())
+    _sweep_loader_shm(before)
     if proc.returncode != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
         return {"side": side, "workers": workers, "error": f"exit {proc.returncode}", "log_tail": tail}

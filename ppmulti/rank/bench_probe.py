@@ -144,11 +144,13 @@ def probe_train(ns, train_argv: list[str]) -> dict:
 def _ppdet_config(ns, train_argv: list[str]):
     """The config ppmulti would train, loaded for ppdet's own pieces: (options, cfg) with the batch and workers."""
     from ppmulti.rank import config as config_mod
+    from ppmulti.rank.data.cache import apply_cache
 
     opts = _train_args(train_argv, ns.one_size)
     cfg = config_mod.load(opts.config, opts.overrides)
     if opts.config_edit:
         opts.config_edit(cfg)
+    apply_cache(cfg, opts.cache)   # --cache, as the Trainer's builder applies it
     if opts.batch:
         cfg.TrainReader["batch_size"] = int(opts.batch)
     if opts.workers is not None:
@@ -203,8 +205,10 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
 
 
 def probe_loader(ns, train_argv: list[str]) -> dict:
-    """The loader alone, built as the Trainer builds it (same reader, batch, worker_num)."""
+    """The loader alone, built as the Trainer builds it (same reader, batch, worker_num, cache)."""
     from ppdet.core.workspace import create
+
+    from ppmulti.rank.data.cache import prebuild_cache
 
     from ppmulti.rank import dist
 
@@ -212,6 +216,7 @@ def probe_loader(ns, train_argv: list[str]) -> dict:
     dist.set_cpu_threads(1)
     dataset = create("TrainDataset")()
     loader = create("TrainReader")(dataset, cfg.get("worker_num", 0))
+    prebuild_cache(dataset, cfg)   # --cache: built before the workers fork, as the Trainer's builder does
     batch = int(cfg.TrainReader["batch_size"])
     times: list[float] = []
     epoch = 0
