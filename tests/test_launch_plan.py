@@ -422,3 +422,23 @@ def test_cluster_notes_say_where_each_value_came_from():
     argv, _ = to_paddle(cluster_plan([], NODE1), PADDLE_2_6)
     assert argv[3:argv.index(WORKER_PATH)] == ["--nproc_per_node", "1", "--master", "10.1.0.7:29501", "--nnodes", "2",
                                                 "--rank", "1", "--host", "10.1.0.8", "--job_id", "slurm-41-0"]
+
+
+def test_rank_watch_survives_its_launch_directory_going(tmp_path):
+    """A launch directory removed from outside while the ranks run (a cleanup of /tmp): the watch reads no marks
+    instead of ending the launch with a traceback."""
+    import os
+    import shutil
+
+    from ppmulti.procs.launch.runner import _RankWatch
+
+    directory = tmp_path / "ppmulti-launch-x"
+    directory.mkdir()
+    (directory / "rank0.started").write_text(str(os.getpid()))
+    watch = _RankWatch(str(directory))
+    assert watch.started() == {0: os.getpid()}
+    shutil.rmtree(directory)
+    assert watch.started() == {} and watch.failed() == {}
+    watch.poll()
+    watch.reset()
+    assert watch.first_gone is None

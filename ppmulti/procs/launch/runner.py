@@ -186,9 +186,17 @@ class _RankWatch:
         self.directory = directory
         self.first_gone: int | None = None
 
+    def _marks(self) -> list[str]:
+        """The marks in the launch directory; none if it is gone (removed from outside while the ranks run:
+        the launch goes on, it only loses the names of who failed first)."""
+        try:
+            return os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+
     def started(self) -> dict[int, int]:
         ranks = {}
-        for name in os.listdir(self.directory):
+        for name in self._marks():
             if name.startswith("rank") and name.endswith(".started"):
                 try:
                     ranks[int(name[4:-8])] = int(open(os.path.join(self.directory, name)).read().strip())
@@ -208,7 +216,7 @@ class _RankWatch:
     def failed(self) -> dict[int, str]:
         """The cause each ``rankN.failed`` mark gives, by rank."""
         failed = {}
-        for name in os.listdir(self.directory):
+        for name in self._marks():
             if name.startswith("rank") and name.endswith(".failed"):
                 try:
                     failed[int(name[4:-7])] = open(os.path.join(self.directory, name)).read().strip()
@@ -232,7 +240,7 @@ class _RankWatch:
         return "the launcher failed before any rank started"
 
     def reset(self) -> None:
-        for name in os.listdir(self.directory):
+        for name in self._marks():
             if name.startswith("rank"):
                 try:
                     os.unlink(os.path.join(self.directory, name))
