@@ -5,7 +5,11 @@ What is compared
     shuffled, no cache (or --cache ram on both).
       * ppmulti -- the loader ``ppmulti/rank/bench_probe.py loader`` builds from the YOLOv5 flags
                    ``--cfg yolov5s --data DATA.yaml --hyp hyp.scratch-low.yaml --img 640 --batch 16``
-                   (the YOLOv5 reader: ppmulti's YOLOv5 ops, uint8 batches normalised on the device).
+                   (the YOLOv5 reader: ppmulti's YOLOv5 ops, uint8 batches normalised on the device), twice:
+                   as a GPU run builds it (``ppmulti``: YOLOv5's HSV gains drawn in the loader and applied on
+                   the GPU) and as a CPU run builds it (``ppmulti-hsv-host``: the gains applied in the loader).
+                   What the GPU's share would cost on this CPU is reported beside (``device_ms_per_img``, the
+                   trainer's to_model_input on the loader's batches; on a GPU it runs there).
       * yolov5  -- ``utils.dataloaders.create_dataloader`` of a YOLOv5 checkout (``--yolov5 DIR``) with
                    the same yaml files, in its own venv (bench/vs_yolov5.py's ``ensure_venv``, offline env).
                    YOLOv5 caps its workers at os.cpu_count(); the bench lifts that cap (``os.cpu_count`` answers
@@ -16,7 +20,7 @@ What is compared
         its workers again every epoch, YOLOv5's InfiniteDataLoader keeps them: each tool as it trains).
       * CPU ms per image in-process (workers 0): time.process_time() over --cpu-images images after one warm-up
         batch: decode + augment + batch + collate, everything the cores spend on loading.
-    The cases alternate (ppmulti, yolov5, ppmulti, yolov5 ...) so that background load hits both.
+    The cases alternate (ppmulti, ppmulti-hsv-host, yolov5, ppmulti ...) so that background load hits both.
 
 Images: --images (128) JPEGs at 640x480, quality 90, cut at random places and scales from the real photographs
 that every YOLOv5 checkout ships (data/images/bus.jpg, zidane.jpg), mirrored at random; 1-8 random boxes each
@@ -123,17 +127,35 @@ def _ppmulti_worker(argv: list[str]) -> None:
              "--batch", str(a.batch), "--workers", str(a.workers)]
     if a.cache:
         flags += ["--cache", a.cache]
-    _, cfg = _ppdet_config(argparse.Namespace(one_size=0), flags)
+    # --hsv device: the loader a GPU run builds (the HSV gains drawn here, applied on the GPU)
+    _, cfg = _ppdet_config(argparse.Namespace(one_size=0), flags, device="gpu" if a.hsv == "device" else "cpu")
     dist.set_cpu_threads(1)
     dataset = create("TrainDataset")()
     loader = create("TrainReader")(dataset, a.workers)
     prebuild_cache(dataset, cfg)   # --cache ram/disk: built before the workers fork, as the Trainer does
-    result = {"side": "ppmulti", "workers": a.workers, "cache": a.cache}
+    result = {"side": "ppmulti" if a.hsv == "device" else "ppmulti-hsv-host", "workers": a.workers,
+              "cache": a.cache}
     if a.workers == 0:
         result["cpu_ms_per_img"] = _cpu_per_image(loader, a.images, a.batch)
+        result["device_ms_per_img"] = _device_per_image(loader, cfg, a.batch)
     else:
         result["img_s"] = _time_batches(loader, a.batches, a.batch, None)
     Path(a.out).write_text(json.dumps(result))
+
+
+def _device_per_image(loader, cfg, batch: int, batches: int = 2) -> float:
+    """ms per image of what the trainer does to a batch on the device before the model (to_model_input: the
+    HSV gains when the loader left them, the permute, /255), run here on the CPU with one thread."""
+    from ppmulti.rank.data.device import input_norm, to_model_input
+
+    norm, total = input_norm(cfg), 0.0
+    it = iter(loader)
+    for _ in range(batches):
+        data = next(it)
+        t0 = time.process_time()
+        to_model_input(data, norm)["image"].numpy()
+        total += time.process_time() - t0
+    return total / (batches * batch) * 1000
 
 
 # ============================================================================ YOLOv5 side (its venv)
@@ -173,6 +195,7 @@ def _worker_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=24)
     p.add_argument("--images", type=int, default=64)
     p.add_argument("--cache", default="")
+    p.add_argument("--hsv", choices=["host", "device"], default="device")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -195,7 +218,8 @@ def _sweep_loader_shm(before: set[str]) -> None:
 def run_case(side: str, python: str, common: list[str], workers: int, out: Path, cwd: Path) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")
-    cmd = [python, str(Path(__file__).resolve()), f"{side}-worker", *common, "--workers", str(workers),
+    worker = f"{side.split('-')[0]}-worker"   # ppmulti-hsv-host runs the ppmulti worker
+    cmd = [python, str(Path(__file__).resolve()), worker, *common, "--workers", str(workers),
            "--out", str(out)]
     before = set(glob.glob("/dev/shm/paddle_*"))
     with open(log, "w") as f:
@@ -207,18 +231,27 @@ def run_case(side: str, python: str, common: list[str], workers: int, out: Path,
     return json.loads(out.read_text())
 
 
+SIDES = ("ppmulti", "ppmulti-hsv-host", "yolov5")
+
+
 def summarise(results: list[dict], workers: list[int]) -> dict:
     table: dict = {}
-    for side in ("ppmulti", "yolov5"):
+    for side in SIDES:
         row = {}
         cpu = [r["cpu_ms_per_img"] for r in results if r["side"] == side and "cpu_ms_per_img" in r]
         row["cpu_ms_per_img"] = round(statistics.median(cpu), 2) if cpu else None
+        device = [r["device_ms_per_img"] for r in results if r["side"] == side and "device_ms_per_img" in r]
+        if device:
+            row["device_ms_per_img_on_this_cpu"] = round(statistics.median(device), 2)
         for w in workers:
             rates = [r["img_s"] for r in results if r["side"] == side and r.get("workers") == w and "img_s" in r]
             row[f"img_s_{w}w"] = round(statistics.median(rates), 1) if rates else None
         table[side] = row
-    p, y = table["ppmulti"]["cpu_ms_per_img"], table["yolov5"]["cpu_ms_per_img"]
-    table["cpu_ratio_ppmulti_over_yolov5"] = round(p / y, 3) if p and y else None
+    y = table["yolov5"]["cpu_ms_per_img"]
+    for side, key in (("ppmulti", "cpu_ratio_ppmulti_over_yolov5"),
+                      ("ppmulti-hsv-host", "cpu_ratio_ppmulti_hsv_host_over_yolov5")):
+        p = table[side]["cpu_ms_per_img"]
+        table[key] = round(p / y, 3) if p and y else None
     return table
 
 
@@ -226,13 +259,16 @@ def markdown(summary: dict, workers: list[int], meta: dict) -> str:
     head = "| | CPU ms per image, in-process | " + " | ".join(f"img/s, {w} worker{'s' * (w > 1)}"
                                                               for w in workers) + " |"
     lines = [head, "| --- | --- |" + " --- |" * len(workers)]
-    for side in ("ppmulti", "yolov5"):
+    for side in SIDES:
         row = summary[side]
         cells = [str(row["cpu_ms_per_img"])] + [str(row[f"img_s_{w}w"]) for w in workers]
         lines.append(f"| {side} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"CPU ratio ppmulti / yolov5: {summary['cpu_ratio_ppmulti_over_yolov5']} "
-                 f"(goal: at most 0.5). {meta['images']} JPEGs 640x480 q90 from YOLOv5's data/images photographs; "
+    lines.append(f"CPU ratio ppmulti / yolov5: {summary['cpu_ratio_ppmulti_over_yolov5']} with the HSV gains "
+                 f"on the GPU (goal: at most 0.5), {summary['cpu_ratio_ppmulti_hsv_host_over_yolov5']} with them "
+                 f"in the loader (a CPU run); the GPU's share run on this CPU: "
+                 f"{summary['ppmulti'].get('device_ms_per_img_on_this_cpu')} ms per image. "
+                 f"{meta['images']} JPEGs 640x480 q90 from YOLOv5's data/images photographs; "
                  f"--img 640 --batch {meta['batch']}, hyp.scratch-low, cache: {meta['cache'] or 'none'}; "
                  f"medians of {meta['rounds']} alternated rounds; {meta['when']}, {meta['cpus']} CPUs.")
     return "\n".join(lines) + "\n"
@@ -276,11 +312,13 @@ def main(argv: list[str] | None = None) -> None:
         results = []
         for r in range(args.rounds):
             for w in [0, *args.workers]:
-                for side, py, cwd in (("ppmulti", sys.executable, REPO), ("yolov5", str(python), yolov5)):
-                    res = run_case(side, py, common, w, tmp / "runs" / f"{side}_w{w}_r{r}.json", cwd)
+                for side, py, cwd, extra in (("ppmulti", sys.executable, REPO, ["--hsv", "device"]),
+                                             ("ppmulti-hsv-host", sys.executable, REPO, ["--hsv", "host"]),
+                                             ("yolov5", str(python), yolov5, [])):
+                    res = run_case(side, py, common + extra, w, tmp / "runs" / f"{side}_w{w}_r{r}.json", cwd)
                     what = (f"{res['cpu_ms_per_img']:.2f} CPU ms/img" if "cpu_ms_per_img" in res
                             else f"{res['img_s']:.1f} img/s" if "img_s" in res else res.get("error"))
-                    print(f"round {r + 1}/{args.rounds} {side:8s} workers {w}: {what}", flush=True)
+                    print(f"round {r + 1}/{args.rounds} {side:16s} workers {w}: {what}", flush=True)
                     results.append(res)
         meta = {"images": args.images, "batch": args.batch, "rounds": args.rounds, "cache": args.cache,
                 "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

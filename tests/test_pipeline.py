@@ -1,6 +1,7 @@
 """The YOLOv5 reader's batches (ppmulti's YOLOv5 ops, uint8 normalised on the device) against YOLOv5's recipe
 and against the old path (ppdet's Decode/Mosaic/AugmentHSV/RandomFlip/NormalizeImage/Permute, as the reader had
-them): pixel and box statistics on the demo data; and the device-side normalisation against ppdet's host one."""
+them): pixel and box statistics on the demo data; the device-side normalisation against ppdet's host one; and
+YOLOv5's HSV gains applied on the device (as on a GPU) against cv2's on the host."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 paddle = pytest.importorskip("paddle")
 
 from ppmulti.common.paths import CONFIGS  # noqa: E402
-from ppmulti.rank.data.device import input_norm, to_model_input  # noqa: E402
+from ppmulti.rank.data.device import hsv_on_device, input_norm, place_hsv, to_model_input  # noqa: E402
 
 REPO = CONFIGS.parent
 
@@ -33,9 +34,11 @@ OLD_READER = {
 }
 
 
-def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0):
+def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0, device: str = "cpu",
+             raw: list | None = None):
     """Float N x 3 x H x W batches in 0-1 and their boxes, as the model receives them, from a YOLOv5 command
-    line (yolov5n, hyp.scratch-low) on ``data_yaml``."""
+    line (yolov5n, hyp.scratch-low) on ``data_yaml``; ``device`` places the HSV gains as a run on it would;
+    ``raw`` collects each batch as the loader hands it over (numpy copies)."""
     from ppdet.core.workspace import create
 
     from ppmulti.common.train_flags import build_parser
@@ -51,6 +54,7 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
         for key, value in OLD_READER.items():
             cfg["TrainReader"][key] = value
     opts.config_edit(cfg)   # data, image size and the hyp values, mapped onto whichever ops are there
+    place_hsv(cfg, device)
     cfg["TrainReader"]["batch_size"] = 16
     cfg["TrainReader"]["use_shared_memory"] = False
     random.seed(seed)
@@ -60,6 +64,8 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
     for i, data in enumerate(loader):
         if i >= n_batches:
             break
+        if raw is not None:
+            raw.append({k: v.numpy().copy() for k, v in data.items() if isinstance(v, paddle.Tensor)})
         data = to_model_input(data, input_norm(cfg))
         mask = data["pad_gt_mask"].numpy()[..., 0] > 0
         out.append((data["image"].numpy(), data["gt_bbox"].numpy(), mask))
@@ -334,3 +340,83 @@ def test_host_normalize_restores_ppdets_ops_for_ppdets_trainer():
         {"NormalizeImage": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "is_scale": True}},
         {"Permute": {}}, {"PadGT": {}}]
     assert not host_normalize(cfg) and input_norm(cfg) is None
+
+
+def _hsv_image(seed: int = 0, size: int = 96) -> np.ndarray:
+    """A BGR test image: smooth colour ramps (every hue, saturation and value) above uniform noise, with grey."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size] / (size - 1)
+    ramps = np.stack([x * 255, y * 255, (1 - x) * (1 - y) * 255], -1)
+    noise = rng.integers(0, 256, (size, size, 3))
+    grey = np.full((size // 4, size, 3), 114)
+    return np.concatenate([ramps, noise, grey]).astype(np.uint8)
+
+
+def test_hsv_on_the_device_equals_cv2s_on_the_host():
+    """YOLOv5's augment_hsv as the device runs it (paddle ops on a BGR batch) against cv2 on the host (LUT and
+    conversions), 24 gain draws of hyp.scratch-low plus the identity and extreme gains: every value within 1 of
+    cv2's and at most 3% off by 1 (cv2's vectorised HSV-to-RGB truncates its floats; the last bit of a float32
+    product decides a few). Grey stays grey."""
+    from ppmulti.rank.data import augment as A
+
+    image = _hsv_image()
+    rng = np.random.default_rng(1)
+    draws = [A.hsv_gains(rng, 0.015, 0.7, 0.4) for _ in range(24)]
+    draws += [np.ones(3), np.array([1.015, 1.7, 1.4]), np.array([0.985, 0.3, 0.6]), np.array([1.0, 0.0, 1.0])]
+    batch = paddle.to_tensor(np.stack([image.transpose(2, 0, 1)] * len(draws)))
+    out = hsv_on_device(batch, paddle.to_tensor(np.stack(draws).astype(np.float32))).numpy()
+    for k, gains in enumerate(draws):
+        want = A.augment_hsv(image.copy(), gains, rgb=True).astype(int)
+        got = out[k].transpose(1, 2, 0).astype(int)
+        off = np.abs(got - want)
+        assert off.max() <= 1, (gains, off.max())
+        assert (off > 0).mean() < 0.03, (gains, (off > 0).mean())
+        grey = got[-4:]
+        assert (grey.max(-1) == grey.min(-1)).all()
+
+
+def test_hsv_gains_on_the_device_give_the_hosts_batches(demo_yaml):
+    """The reader as a GPU run builds it (YOLOv5HSV on_device: BGR uint8 and the drawn gains leave the loader,
+    the trainer's to_model_input applies them): each image of its batches equals cv2's augment_hsv with the same
+    gains on the host within 1/255; and the batch statistics of the whole path (128 images) agree with a CPU
+    run's (gains applied in the loader) within the tolerances the YOLOv5 recipe test uses."""
+    from ppmulti.rank.data import augment as A
+
+    raw: list = []
+    device = _batches(demo_yaml, old=False, n_batches=1, seed=3, device="gpu", raw=raw)
+    bgr, gains = raw[0]["image"], raw[0]["hsv_gain"]
+    assert bgr.dtype == np.uint8 and bgr.shape[-1] == 3 and gains.shape == (16, 3)
+    for k in range(16):
+        want = A.augment_hsv(np.ascontiguousarray(bgr[k]), gains[k].astype(np.float64), rgb=True)
+        got = device[0][0][k].transpose(1, 2, 0) * 255
+        off = np.abs(got - want)
+        assert off.max() <= 1 + 1e-3, (k, off.max())
+        assert (off > 1e-3).mean() < 0.03
+    host = _stats(_batches(demo_yaml, old=False, n_batches=8, seed=0, device="cpu"))
+    on_device = _stats(_batches(demo_yaml, old=False, n_batches=8, seed=0, device="gpu"))
+    tolerance = {"mean": 0.06, "std": 0.03, "grey": 0.06, "boxes_per_image": 1.2, "box_w": 0.04, "box_h": 0.04}
+    print("\nhost", host, "\ndevice", on_device)
+    for key, tol in tolerance.items():
+        assert abs(host[key] - on_device[key]) < tol, (key, host[key], on_device[key])
+
+
+def test_hsv_placement_follows_the_training_device():
+    """on_device auto: the GPU gets the gains, a CPU run keeps them in the loader; a config's true/false stays;
+    ppdet's own Trainer (host_normalize) always gets them on the host."""
+    from ppmulti.rank.data.device import host_normalize
+
+    def cfg(value="auto"):
+        return {"TrainReader": {"sample_transforms": [{"YOLOv5HSV": {"hgain": 0.015, "on_device": value}}],
+                                "batch_transforms": [{"DeviceNormalize": {"channels_last": True}}]}}
+
+    for device, want in (("gpu", True), ("cpu", False)):
+        c = cfg()
+        assert place_hsv(c, device) is want
+        assert c["TrainReader"]["sample_transforms"][0]["YOLOv5HSV"]["on_device"] is want
+    assert place_hsv(cfg(True), "cpu") is True
+    assert place_hsv(cfg(False), "gpu") is False
+    assert place_hsv({"TrainReader": {"sample_transforms": [{"Decode": {}}]}}, "gpu") is None
+    c = cfg()
+    place_hsv(c, "gpu")
+    host_normalize(c)
+    assert c["TrainReader"]["sample_transforms"][0]["YOLOv5HSV"]["on_device"] is False

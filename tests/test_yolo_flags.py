@@ -76,7 +76,7 @@ def test_hyp_optimizer_schedule_and_imgsz(repo):
     mosaic = ops["YOLOv5Mosaic"]   # YOLOv5's hyp values, written unchanged onto ppmulti's YOLOv5 ops
     assert mosaic["img_size"] == 320 and mosaic["scale"] == 0.9 and mosaic["translate"] == 0.1
     assert mosaic["mixup"] == 0.1 and mosaic["prob"] == 1.0 and mosaic["perspective"] == 0.0
-    assert ops["YOLOv5HSV"] == {"hgain": 0.015, "sgain": 0.7, "vgain": 0.4}
+    assert ops["YOLOv5HSV"] == {"hgain": 0.015, "sgain": 0.7, "vgain": 0.4, "on_device": "auto"}
     assert ops["YOLOv5Flip"] == {"fliplr": 0.5, "flipud": 0.0}
     assert not any("perspective" in n or "flipud" in n for n in notes)   # both have an effect now
     assert cfg["eval_size"] == [320, 320]

@@ -141,16 +141,19 @@ def probe_train(ns, train_argv: list[str]) -> dict:
             **_beat_cost(), **usage}
 
 
-def _ppdet_config(ns, train_argv: list[str]):
-    """The config ppmulti would train, loaded for ppdet's own pieces: (options, cfg) with the batch and workers."""
+def _ppdet_config(ns, train_argv: list[str], device: str = "cpu"):
+    """The config ppmulti would train, loaded for ppdet's own pieces: (options, cfg) with the batch and workers;
+    ``device`` decides where YOLOv5's HSV gains go, as on the Trainer's device (``gpu``: left to the device)."""
     from ppmulti.rank import config as config_mod
     from ppmulti.rank.data.cache import apply_cache
+    from ppmulti.rank.data.device import place_hsv
 
     opts = _train_args(train_argv, ns.one_size)
     cfg = config_mod.load(opts.config, opts.overrides)
     if opts.config_edit:
         opts.config_edit(cfg)
     apply_cache(cfg, opts.cache)   # --cache, as the Trainer's builder applies it
+    place_hsv(cfg, device)
     if opts.batch:
         cfg.TrainReader["batch_size"] = int(opts.batch)
     if opts.workers is not None:

@@ -1,6 +1,7 @@
 """YOLOv5's training pipeline as ppdet operators (registered into ppdet's op registry): mosaic + random affine
-fed by an ImageStore and a bounded buffer of recently loaded images, HSV gains, flips, and the marker that
-sends the uint8 batch to the device as it is (float conversion, mean/std and the channel permute happen there).
+fed by an ImageStore and a bounded buffer of recently loaded images, HSV gains (on the host, or drawn here and
+applied on a GPU), flips, and the marker that sends the uint8 batch to the device as it is (float conversion,
+mean/std and the channel permute happen there).
 
 Ops (ppdet YAML names): ``YOLOv5Mosaic``, ``YOLOv5HSV``, ``YOLOv5Flip``, ``ChannelsFirst`` (sample transforms)
 and ``DeviceNormalize`` (a batch transform). The image functions are in ``ppmulti.rank.data.augment``.
@@ -145,11 +146,17 @@ def _ops():
 
     class YOLOv5HSV(BaseOperator):
         """YOLOv5's augment_hsv: H, S and V multiplied by 1 + U(-1, 1) x hgain/sgain/vgain (hyp hsv_h/s/v);
-        hands on RGB (the channel swap comes free with the conversion back)."""
+        hands on RGB (the channel swap comes free with the conversion back).
 
-        def __init__(self, hgain=0.015, sgain=0.7, vgain=0.4):
+        ``on_device``: true leaves the pixels BGR and hands the drawn gains on as ``hsv_gain``; the trainer
+        applies them on the device (``device.hsv_on_device``), after the flips, which do not change colours.
+        ``auto`` (the YOLOv5 reader's) is resolved by the trainer: the device on a GPU, the host on a CPU
+        (``device.place_hsv``); read here, auto means the host."""
+
+        def __init__(self, hgain=0.015, sgain=0.7, vgain=0.4, on_device=False):
             super().__init__()
             self.gains = (float(hgain), float(sgain), float(vgain))
+            self.on_device = on_device is True or str(on_device).lower() == "true"
 
         def apply(self, sample, context=None):
             image = sample["image"]
@@ -160,8 +167,12 @@ def _ops():
                 import cv2
 
                 image = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2BGR)
-            sample["image"] = A.augment_hsv(np.ascontiguousarray(image), A.hsv_gains(np.random, *self.gains),
-                                            rgb=True)
+            gains = A.hsv_gains(np.random, *self.gains)
+            if self.on_device:
+                sample["image"], sample["bgr"] = image, True
+                sample["hsv_gain"] = gains.astype(np.float32)
+                return sample
+            sample["image"] = A.augment_hsv(np.ascontiguousarray(image), gains, rgb=True)
             sample["bgr"] = False
             return sample
 
@@ -194,7 +205,8 @@ def _ops():
         """A batch transform that leaves uint8 images as they are: the trainer divides by 255, applies
         ``mean``/``std`` (0-1 units, as NormalizeImage's with is_scale) and, with ``channels_last``, permutes
         N x h x w x 3 to N x 3 x h x w, on the device (``ppmulti.rank.data.device.to_model_input``).
-        A sample still marked BGR (no YOLOv5HSV before) is turned to RGB here."""
+        A sample still marked BGR (no YOLOv5HSV before) is turned to RGB here, unless it carries ``hsv_gain``:
+        then the device applies the gains and swaps the channels."""
 
         def __init__(self, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), channels_last=False):
             super().__init__()
@@ -203,7 +215,7 @@ def _ops():
 
         def __call__(self, samples, context=None):
             for sample in samples:
-                if sample.pop("bgr", False):
+                if sample.pop("bgr", False) and "hsv_gain" not in sample:
                     sample["image"] = np.ascontiguousarray(sample["image"][:, :, ::-1])
             return samples
 

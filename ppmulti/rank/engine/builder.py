@@ -15,6 +15,7 @@ from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
 from ppmulti.rank.data import coco as coco_cache
 from ppmulti.rank.data.cache import apply_cache, prebuild_cache
+from ppmulti.rank.data.device import place_hsv
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, ResumeHook,
                                        StopOnSignalHook)
@@ -52,6 +53,7 @@ class _Build:
         from ppmulti.rank.ppdet_bridge import select_device
 
         self.device = select_device(self.cfg)
+        hsv_on_device = place_hsv(self.cfg, self.device)
         self.threads = dist.set_cpu_threads() if self.device == "cpu" else None
         self._seed(opts.seed)
         if opts.epochs is not None:
@@ -74,6 +76,9 @@ class _Build:
             log.warning("%s", self.resume.restart_note)
         for note in notes:
             log.warning("%s", note)
+        if hsv_on_device is not None:
+            log.info("YOLOv5's HSV gains: %s", "applied on the GPU (the loader hands over BGR uint8 and the gains)"
+                     if hsv_on_device else "applied in the loader workers")
         self._apply_switches()
         if dist.is_main():
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
