@@ -453,6 +453,45 @@ def test_two_ranks_accumulate_multi_scale_image_weights_then_resume_on_one(small
 
 
 @pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_loopback_nodes_accumulate_multi_scale_image_weights_with_a_ram_cache(small_demo, tmp_path, repo):
+    """Two ``ppmulti launch`` nodes on loopback, one rank each, a YOLOv5 command line with --batch 8
+    --accumulate 2 --multi-scale --image-weights --cache ram, 1 epoch: both ranks step the optimizer on the same
+    micro-steps, train every step at the same image size, take the two shards of one weighted draw, and end with
+    equal weights."""
+    from launching import Launches, free_ports, launch_env
+
+    script = str(repo / "tests" / "fixtures" / "batching_train.py")
+    out = tmp_path / "runs" / "exp"
+    port = free_ports(2)
+    launches = Launches(tmp_path)
+    try:
+        nodes = []
+        for rank in (1, 0):
+            flags = ["--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port",
+                     str(port), "--node_rank", str(rank), "--log_dir", str(tmp_path / f"log{rank}")]
+            nodes.append(launches.start(*flags, script, "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n",
+                                        "--weights", "", "--img", "64", "--workers", "0", "--batch", "8",
+                                        "--accumulate", "2", "--multi-scale", "--image-weights", "--cache", "ram",
+                                        "--epochs", "1", "--noval", "--project", str(tmp_path / "runs"), "--name",
+                                        "exp", env=launch_env()))
+        codes = [launches.wait(node, timeout=400) for node in nodes]
+        assert codes == [0, 0], [launches.output(node)[-3000:] for node in nodes]
+    finally:
+        launches.close()
+    log = (out / "train.log").read_text()
+    assert "x accumulate 2 = effective batch 16 (--accumulate 2)" in log
+    ranks = [_recorded(out, r) for r in (0, 1)]
+    for rec in ranks:
+        assert [s["stepped"] for s in rec["steps"]] == [False, True] * 3
+    assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"], rel=1e-6)
+    sizes = [[tuple(s["size"]) for s in rec["steps"]] for rec in ranks]
+    assert sizes[0] == sizes[1], sizes
+    draw = ranks[0]["epochs"][0]["draw"]
+    assert ranks[0]["epochs"][0]["shard"] == draw[0::2] and ranks[1]["epochs"][0]["shard"] == draw[1::2]
+
+
+@pytest.mark.slow
 def test_yolov5_line_accumulates_to_64_with_multi_scale_and_image_weights(small_demo, tmp_path, repo):
     """A YOLOv5 command line, one process: --batch 8 accumulates 8 batches (YOLOv5's nominal 64), YOLOv5's loss
     trains at the drawn sizes, the images come from the weighted sampler, and the log says the plan."""

@@ -101,6 +101,20 @@ def test_scan_cache_read_only_folder_uses_the_user_cache_dir(tmp_path, user_cach
     assert len(opened) == 6
 
 
+def test_scan_in_one_thread_or_several_gives_the_same_arrays(tmp_path, monkeypatch):
+    """The first scan runs in YOLOv5's thread count (cores - 1, at most 8; one here on 2 cores, where threads
+    only add GIL contention): one thread and four give the same arrays, in the files' order."""
+    spec = _dataset(tmp_path / "d", n=12)
+    files = yolo.image_files(spec, "train")
+    one, four = yolo.scan_files(files, spec.nc, threads=1), yolo.scan_files(files, spec.nc, threads=4)
+    assert one.keys() == four.keys()
+    for key in one:
+        np.testing.assert_array_equal(one[key], four[key])
+    for cores, want in ((1, 1), (2, 1), (4, 3), (32, 8)):
+        monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
+        assert yolo.scan_threads() == want
+
+
 def test_corrupt_or_foreign_scan_cache_is_rebuilt(tmp_path, user_cache, opened):
     spec = _dataset(tmp_path / "d")
     yolo.scan(spec, "train")

@@ -58,6 +58,25 @@ def test_missing_data_yaml_and_split_directory(tmp_path):
         image_files(spec, "train")
 
 
+def test_a_listing_is_kept_until_a_directory_or_list_changes(tmp_path):
+    """A split is listed once per process (a start asks three times): an image added to a sub-directory, an
+    image removed, or a rewritten list file is seen by the next call."""
+    import os
+
+    a = _image(tmp_path / "images" / "train" / "a.jpg")
+    (tmp_path / "list.txt").write_text("images/train/a.jpg\n")
+    spec = load_data_yaml(_yaml(tmp_path, "train: images\nval: list.txt\nnames: [a]\n"))
+    assert image_files(spec, "train") == [a] and image_files(spec, "train") == [a]
+    b = _image(tmp_path / "images" / "train" / "deeper" / "b.jpg")
+    assert image_files(spec, "train") == [a, b]
+    os.unlink(a)
+    assert image_files(spec, "train") == [b]
+    assert image_files(spec, "val") == [a]
+    (tmp_path / "list.txt").write_text("images/train/a.jpg\nimages/train/deeper/b.jpg\n")
+    os.utime(tmp_path / "list.txt", ns=(1, 1))   # a different mtime even on a coarse clock
+    assert image_files(spec, "val") == [a, b]
+
+
 def test_splits_as_directory_list_and_txt(tmp_path):
     a = _image(tmp_path / "images" / "train" / "a.jpg")
     b = _image(tmp_path / "images" / "extra" / "sub" / "b.png")

@@ -199,9 +199,9 @@ def check_dataset(cfg, section_name: str) -> None:
     if section is None:
         raise UserError(f"config has no {section_name}; add one (see configs/datasets/)")
     if section.get("name") == "YOLODataSet":
-        from ppmulti.rank.data.yolo import image_files, load_data_yaml
+        from ppmulti.rank.data.yolo import image_names, load_data_yaml
 
-        image_files(load_data_yaml(section.get("data") or ""), section.get("split", "train"))
+        image_names(load_data_yaml(section.get("data") or ""), section.get("split", "train"))
         return
     root, image_dir, anno = _dataset_paths(section)
     if not root.is_dir():
