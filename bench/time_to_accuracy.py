@@ -197,6 +197,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _portable(argv: list[str]) -> list[str]:
+    """The command line as the results record it: this machine's paths (checkout, venv, data, output) as DIR."""
+    out, paths = [], ("--yolov5", "--venv", "--data", "--out")
+    for i, arg in enumerate(argv):
+        out.append("DIR" if i and argv[i - 1] in paths else arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["yolov5-worker"]:
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
                              "data": "ppmulti demo set, 256 train / 64 val, 256 px",
                              "yolov5_commit": vs._yolov5_commit(yolov5), "date": time.strftime("%Y-%m-%d")},
               "yolov5_final_mAP50": y_final, "yolov5_seconds_to_own_final": y_own, "rows": rows,
-              "rerun": "python bench/time_to_accuracy.py " + " ".join(argv)}
+              "rerun": "python bench/time_to_accuracy.py " + " ".join(_portable(argv))}
     atomic_write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(f"\nYOLOv5's final mAP50 {y_final:.3f}, reached in {y_own[0]:.0f} s (epoch {y_own[1]})\n")
     print("| case | final mAP50 | train s | s to YOLOv5's final (epoch) | ratio | YOLOv5 s to this final |")
