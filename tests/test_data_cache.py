@@ -105,7 +105,7 @@ def test_scan_in_one_thread_or_several_gives_the_same_arrays(tmp_path, monkeypat
     """The first scan runs in YOLOv5's thread count (cores - 1, at most 8; one here on 2 cores, where threads
     only add GIL contention): one thread and four give the same arrays, in the files' order."""
     spec = _dataset(tmp_path / "d", n=12)
-    files = yolo.image_files(spec, "train")
+    files = yolo.image_names(spec, "train")
     one, four = yolo.scan_files(files, spec.nc, threads=1), yolo.scan_files(files, spec.nc, threads=4)
     assert one.keys() == four.keys()
     for key in one:
@@ -131,7 +131,7 @@ def test_corrupt_or_foreign_scan_cache_is_rebuilt(tmp_path, user_cache, opened):
 
 def _race(root: str, out: str, barrier) -> None:
     spec = yolo.load_data_yaml(Path(root) / "data.yaml")
-    files = yolo.image_files(spec, "train")
+    files = yolo.image_names(spec, "train")
     labels = [yolo.label_path(p) for p in files]
 
     def compute():

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ppmulti.rank.data.yolo import (coco_json, image_files, label_path, load_data_yaml, read_labels, scan,
+from ppmulti.rank.data.yolo import (coco_json, image_names, label_path, load_data_yaml, read_labels, scan,
                                     use_data_yaml)
 from ppmulti.common.errors import UserError
 
@@ -75,6 +76,10 @@ def test_a_listing_is_kept_until_a_directory_or_list_changes(tmp_path):
     (tmp_path / "list.txt").write_text("images/train/a.jpg\nimages/train/deeper/b.jpg\n")
     os.utime(tmp_path / "list.txt", ns=(1, 1))   # a different mtime even on a coarse clock
     assert image_files(spec, "val") == [a, b]
+
+
+def image_files(spec, split):
+    return [Path(p) for p in image_names(spec, split)]
 
 
 def test_splits_as_directory_list_and_txt(tmp_path):

@@ -53,11 +53,10 @@ def _train_args(argv: list[str], one_size: int = 0):
 def _fix_size(cfg, size: int) -> None:
     """Train at one size: the readers' random multi-scale makes steps differ up to 6x in work, so ten steps
     of two runs would compare the sizes each happened to draw instead of the loops."""
-    for kind in ("sample_transforms", "batch_transforms"):
-        for op in (cfg.get("TrainReader") or {}).get(kind) or []:
-            body = op.get("BatchRandomResize") if isinstance(op, dict) else None
-            if isinstance(body, dict):
-                body["target_size"], body["random_size"] = [size], True
+    from ppmulti.rank.config import reader_ops
+
+    for body in reader_ops(cfg, "BatchRandomResize"):
+        body["target_size"], body["random_size"] = [size], True
 
 
 def _write(out: str, record: dict) -> None:

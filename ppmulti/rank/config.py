@@ -189,6 +189,19 @@ def _dataset_paths(section) -> tuple[Path, Path | None, Path | None]:
     return root, (root / image_dir if image_dir else None), (root / anno if anno else None)
 
 
+def reader_ops(cfg, name: str, reader: str = "TrainReader") -> list[dict]:
+    """The bodies of every ``name`` op in a reader's sample and batch transforms (a bare ``- Op:`` gets an
+    empty body, so the caller can edit it in place)."""
+    ops = []
+    for kind in ("sample_transforms", "batch_transforms"):
+        for op in ((cfg or {}).get(reader) or {}).get(kind) or []:
+            if isinstance(op, dict) and name in op:
+                if op[name] is None:
+                    op[name] = {}
+                ops.append(op[name])
+    return ops
+
+
 def check_dataset(cfg, section_name: str) -> None:
     """Fail early, with the path named, when a dataset section points at nothing.
 

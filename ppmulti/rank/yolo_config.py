@@ -12,6 +12,7 @@ from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.hyp import HYP_NEUTRAL, HYP_NO_EQUIVALENT, load_hyp
 from ppmulti.common.train_flags import OPTIMIZERS, yolo_style
 from ppmulti.common.paths import CONFIGS
+from ppmulti.rank.config import reader_ops
 
 log = logging.getLogger("ppmulti")
 
@@ -101,13 +102,8 @@ def _ops(section: dict | None, kind: str) -> list[dict]:
 
 
 def _find_op(cfg, name: str) -> dict | None:
-    for kind in ("sample_transforms", "batch_transforms"):
-        for op in _ops(cfg.get("TrainReader"), kind):
-            if name in op:
-                if op[name] is None:
-                    op[name] = {}
-                return op[name]
-    return None
+    ops = reader_ops(cfg, name)
+    return ops[0] if ops else None
 
 
 def _schedulers(cfg) -> list[dict]:

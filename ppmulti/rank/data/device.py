@@ -3,16 +3,14 @@ YOLOv5's HSV gains when the reader leaves them to the device)."""
 
 from __future__ import annotations
 
+from ppmulti.rank.config import reader_ops
+
 
 def input_norm(cfg) -> tuple[list[float], list[float], bool] | None:
     """(mean, std, channels_last) of the train reader's DeviceNormalize op (0-1 units), or None without one."""
-    reader = (cfg or {}).get("TrainReader") or {}
-    for kind in ("batch_transforms", "sample_transforms"):
-        for op in reader.get(kind) or []:
-            if isinstance(op, dict) and "DeviceNormalize" in op:
-                body = op["DeviceNormalize"] or {}
-                return ([float(v) for v in body.get("mean", (0.0, 0.0, 0.0))],
-                        [float(v) for v in body.get("std", (1.0, 1.0, 1.0))], bool(body.get("channels_last")))
+    for body in reader_ops(cfg, "DeviceNormalize"):
+        return ([float(v) for v in body.get("mean", (0.0, 0.0, 0.0))],
+                [float(v) for v in body.get("std", (1.0, 1.0, 1.0))], bool(body.get("channels_last")))
     return None
 
 
@@ -23,23 +21,11 @@ def place_hsv(cfg, device: str) -> bool | None:
     142 against 1.8 ms per 640 px image, bench/loader_vs_yolov5.py).
     ``true``/``false`` in the config are kept. Returns the placement, or None without a YOLOv5HSV op."""
     placed = None
-    for op in _reader_ops(cfg, "YOLOv5HSV"):
+    for op in reader_ops(cfg, "YOLOv5HSV"):
         if str(op.get("on_device", "auto")).lower() == "auto":
             op["on_device"] = device == "gpu"
         placed = bool(op["on_device"])
     return placed
-
-
-def _reader_ops(cfg, name: str) -> list[dict]:
-    reader = (cfg or {}).get("TrainReader") or {}
-    ops = []
-    for kind in ("sample_transforms", "batch_transforms"):
-        for op in reader.get(kind) or []:
-            if isinstance(op, dict) and name in op:
-                if op[name] is None:
-                    op[name] = {}
-                ops.append(op[name])
-    return ops
 
 
 def host_normalize(cfg) -> bool:
@@ -49,7 +35,7 @@ def host_normalize(cfg) -> bool:
     norm = input_norm(cfg)
     if norm is None:
         return False
-    for op in _reader_ops(cfg, "YOLOv5HSV"):
+    for op in reader_ops(cfg, "YOLOv5HSV"):
         op["on_device"] = False
     mean, std, channels_last = norm
     ops = cfg["TrainReader"]["batch_transforms"]

@@ -108,11 +108,6 @@ def load_data_yaml(path: str | os.PathLike) -> DataSpec:
     return DataSpec(yaml_path.resolve(), root, splits, names)
 
 
-def image_files(spec: DataSpec, split: str) -> list[Path]:
-    """The images of a split: directories are searched recursively, .txt files list one image per line."""
-    return [Path(p) for p in image_names(spec, split)]
-
-
 # a split's listing, kept for this process while the directories and lists it came from are unchanged: a
 # training start lists its splits three times (config check, dataset check, scan), 1.7 s each at 128,000 images
 _LISTINGS: dict[tuple, tuple[list[str], list[tuple[str, int]]]] = {}
@@ -126,7 +121,8 @@ def _mtime(path: str) -> int:
 
 
 def image_names(spec: DataSpec, split: str) -> list[str]:
-    """``image_files`` as strings (what the scan works on: Path objects cost seconds at 100,000 images)."""
+    """The images of a split, as strings (Path objects cost seconds at 100,000 images): directories are searched
+    recursively, .txt files list one image per line."""
     if split not in spec.splits:
         raise UserError(f"{spec.yaml_path}: no {split} split; add {split}: <directory, list or .txt of images>")
     key = (str(spec.yaml_path), split, tuple(str(e) for e in spec.splits[split]))

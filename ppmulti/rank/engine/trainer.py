@@ -124,6 +124,7 @@ class Trainer:
                  dataset=None, lr_plan: LRPlan | None = None, report_by_default: bool = False,
                  multi_scale: Callable | None = None):
         self.cfg = {} if cfg is None else cfg
+        self.input_norm = input_norm(self.cfg)   # how run_step turns the loader's batch into the model's input
         if epochs is not None:
             self.cfg["epoch"] = int(epochs)
         if "epoch" not in self.cfg:
@@ -227,7 +228,7 @@ class Trainer:
         """Forward and backward; with ``step_optimizer`` also the optimizer and lr step (else the gradients add
         up for the next one, not all-reduced across ranks): (the model's outputs, the lr the step used)."""
         data["epoch_id"] = epoch
-        data = to_model_input(data, input_norm(self.cfg))   # a uint8 batch becomes the float input here
+        data = to_model_input(data, self.input_norm)   # a uint8 batch becomes the float input here
         if self.multi_scale is not None:
             self.multi_scale(data, epoch, self.state.global_step)
         heartbeat.beat("forward", self.state.global_step)
