@@ -151,8 +151,15 @@ def test_stop_checkpoints_and_leaves_no_process(tmp_path, home, tiny_yolo):
                 home, tmp_path)
     assert proc.returncode == 0, proc.stderr
     token = json.loads((home / "runs" / "1" / "run.json").read_text())["token"]
-    _wait(lambda: (run / "results.csv").is_file() and len((run / "results.csv").read_text().splitlines()) >= 2,
-          300, "the first epoch")
+
+    def first_epoch_or_end():
+        if (run / "results.csv").is_file() and len((run / "results.csv").read_text().splitlines()) >= 2:
+            return "epoch"
+        return None if _ps(home, tmp_path)["1"]["state"] == "running" else "ended"
+
+    if _wait(first_epoch_or_end, 300, "the first epoch") == "ended":
+        logs = _cli(["logs", "1"], home, tmp_path).stdout
+        raise AssertionError(f"the run ended before its first epoch:\n{logs[-3000:]}")
     assert _ps(home, tmp_path)["1"]["state"] == "running"
     assert len(_processes_tagged(token)) >= 5   # wrapper, ppmulti launch, Paddle's launcher, 2 ranks
 

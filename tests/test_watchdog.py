@@ -140,11 +140,12 @@ def test_across_two_loopback_nodes_the_stalled_node_names_it_and_the_other_repor
     env = launch_env(PPMULTI_STALL="1:forward:5:600")
     nodes = [launches.start(*common, "--host", f"127.0.0.{2 + i}", "--log_dir", str(tmp_path / f"log{i}"),
                             WATCH, str(tmp_path / f"out{i}"), "plain", "100000", env=env) for i in range(2)]
-    for proc in nodes:
-        assert launches.wait(proc, 240) != 0
+    codes = [launches.wait(proc, 240) for proc in nodes]
     text0, text1 = (launches.output(p) for p in nodes)
+    assert 0 not in codes, (codes, text0[-2000:], text1[-2000:])
     assert "hang: rank 1 on node 1 made no progress for" in text1 and "in forward at step 5" in text1, text1[-3000:]
-    assert "_stall_here" in (tmp_path / "log1" / "stacks.rank1.txt").read_text()
+    stacks = (tmp_path / "log1" / "stacks.rank1.txt").read_text()
+    assert "_stall_here" in stacks, stacks[-3000:]
     assert "rank 0 on node 0 lost its peer" in text0 and "the cause is on another node" in text0, text0[-3000:]
     assert "hang: rank 0" not in text0
 

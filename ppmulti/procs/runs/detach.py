@@ -387,6 +387,11 @@ def stop(run: Run, timeout: float = STOP_TIMEOUT, out=None) -> int:
         print(f"run {run.id} is not running ({run.state()}); nothing to stop", file=out)
         return 0
     _write_json(run.record / "stop.json", {"requested": time.time(), "by": os.getpid()})
+    if run.run_dir is None and run.info.get("kind") == "launch" and run.alive():
+        # the wrapper looks for it every 2 s, which a loaded machine can delay: look now, while the ranks live
+        found = _discover_run_dir(token)
+        if found:
+            _record_run_dir(run.record, found)
     print(f"stopping run {run.id}: SIGTERM, waiting up to {timeout:g}s for the checkpoint and exit", file=out,
           flush=True)
     # SIGTERM to the wrapper, which forwards it: the ranks agree on a step and save. With the wrapper gone but
