@@ -8,14 +8,12 @@ from ppmulti.common.errors import UserError, first_line
 
 
 # YOLOv5 hyp keys, grouped by what happens to them here.
-HYP_MAPPED = ("lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "box", "cls", "obj", "cls_pw",
-              "obj_pw", "anchor_t", "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
-              "fliplr", "mosaic", "mixup")
+HYP_MAPPED = ("lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "box",
+              "cls", "obj", "cls_pw", "obj_pw", "anchor_t", "hsv_h", "hsv_s", "hsv_v", "degrees", "translate",
+              "scale", "shear", "fliplr", "mosaic", "mixup")
 
 
 HYP_NO_EQUIVALENT = {
-    "warmup_momentum": "ppdet's LinearWarmup ramps the lr only",
-    "warmup_bias_lr": "ppdet's LinearWarmup ramps every parameter alike",
     "iou_t": "unused by YOLOv5's own training too",
     "fl_gamma": "focal loss is not implemented in YOLOv5Loss here",
     "perspective": "ppdet's Mosaic affine has no perspective term",
@@ -26,8 +24,7 @@ HYP_NO_EQUIVALENT = {
 
 
 # the value at which a key without an equivalent changes nothing in YOLOv5 either (None: always matters)
-HYP_NEUTRAL = {"warmup_momentum": None, "warmup_bias_lr": None, "iou_t": None, "fl_gamma": 0.0,
-               "perspective": 0.0, "flipud": 0.0, "copy_paste": 0.0, "anchors": None}
+HYP_NEUTRAL = {"iou_t": None, "fl_gamma": 0.0, "perspective": 0.0, "flipud": 0.0, "copy_paste": 0.0, "anchors": None}
 
 
 def load_hyp(path: str) -> dict[str, float]:

@@ -495,6 +495,33 @@ def custom_op_runner(op_name: str) -> Callable[..., list]:
 
 # ppdet: what its Trainer and LearningRate read that ppdet offers no registry for.
 
+def _momentum_optimizer(optimizer: Any) -> Any:
+    """The ``paddle.optimizer.Momentum`` inside ``optimizer``, None for another kind: fleet's wrappers keep the
+    optimizer they wrap as ``_inner_opt`` (Paddle 2.6 and 3.x)."""
+    import paddle
+
+    for _ in range(8):
+        if optimizer is None or isinstance(optimizer, paddle.optimizer.Momentum):
+            return optimizer
+        optimizer = getattr(optimizer, "_inner_opt", None)
+    return None
+
+
+def optimizer_momentum(optimizer: Any) -> float | None:
+    """The momentum of a Momentum optimizer (possibly wrapped by fleet), None for another kind. Paddle's
+    Momentum keeps it in ``_momentum`` and reads it at every step (Paddle 2.6 and 3.x), so
+    ``set_optimizer_momentum`` takes effect from the next step: YOLOv5's warmup sets it per batch
+    (engine.hooks.warmup; tests/test_warmup.py shows the effect on both Paddles)."""
+    inner = _momentum_optimizer(optimizer)
+    return None if inner is None else float(inner._momentum)
+
+
+def set_optimizer_momentum(optimizer: Any, momentum: float) -> None:
+    inner = _momentum_optimizer(optimizer)
+    if inner is not None:
+        inner._momentum = float(momentum)
+
+
 def add_trainer_callbacks(trainer: Any, *callbacks: Any) -> None:
     """Add ``ppdet.engine.callbacks.Callback`` objects to a built ppdet Trainer, after its own. ppdet 2.6.0
     builds the Trainer's list (``_callbacks``, called through one ``_compose_callback``) in its constructor

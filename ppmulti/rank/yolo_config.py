@@ -138,6 +138,9 @@ def apply_hyp(cfg, hyp: dict, is_yolov5: bool) -> list[str]:
             cfg["OptimizerBuilder"]["regularizer"] = {"type": "L2", "factor": float(hyp["weight_decay"])}
     if "warmup_epochs" in hyp:
         _set_warmup(cfg, float(hyp["warmup_epochs"]))
+    for key in ("warmup_bias_lr", "warmup_momentum"):   # YOLOv5's warmup on a YOLOv5 line (hooks.warmup)
+        if key in hyp:
+            cfg[key] = float(hyp[key])
     loss_keys = ("box", "cls", "obj", "cls_pw", "obj_pw", "anchor_t")
     if is_yolov5:
         loss = cfg["YOLOv5Loss"]

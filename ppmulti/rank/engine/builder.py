@@ -22,7 +22,8 @@ from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, E
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
-from ppmulti.rank.engine.lr import BatchPlan, LRPlan, optimizer_steps, plan_batch, scale_lr, yolov5_weight_decay
+from ppmulti.rank.engine.lr import (Accumulation, BatchPlan, LRPlan, optimizer_steps, plan_batch, scale_lr,
+                                    yolov5_warmup_batches, yolov5_weight_decay)
 from ppmulti.rank.engine.trainer import Trainer, TrainOptions, freeze_backbone
 
 log = logging.getLogger("ppmulti")
@@ -93,6 +94,18 @@ class _Build:
             from ppmulti.rank.engine.hooks.image_weights import ImageWeightsHook
 
             hooks.append(ImageWeightsHook(self.image_weights))
+        if self.warmup_batches:
+            from ppmulti.rank.engine.hooks.warmup import YOLOv5WarmupHook
+
+            bias_lr, momentum = float(self.cfg.get("warmup_bias_lr", 0.1)), float(self.cfg.get("warmup_momentum", 0.8))
+            hooks.append(YOLOv5WarmupHook(self.warmup_batches, bias_lr, momentum))
+            ramp = (f"batches per optimizer step from 1 to {self.batch.accumulate}, "
+                    if self._accumulation_ramps() and self.batch.accumulate > 1 else "")
+            self.plan_notes.append(
+                f"YOLOv5's warmup, first {self.warmup_batches} batches: {ramp}lr from 0, biases' lr from "
+                f"{bias_lr:g} (warmup_bias_lr)"
+                + (f", momentum from {momentum:g} (warmup_momentum)"
+                   if self.cfg["OptimizerBuilder"]["optimizer"].get("type") == "Momentum" else ""))
         trainer = trainer_class(self.model, self.loader, self.optimizer, lr=self.lr, cfg=self.cfg, opts=opts,
                                 run_dir=self.run_dir, state=state, batch=self.batch, world=self.world, rank=self.rank,
                                 train_model=self.train_model, amp=self.amp, dataset=self.dataset,
@@ -100,6 +113,10 @@ class _Build:
                                 multi_scale=self._multi_scale())
         trainer.device, trainer.threads, trainer.conv_kernel = self.device, self.threads, self.conv_kernel
         trainer.plan_notes = self.plan_notes
+        if self.warmup_batches:
+            trainer.accumulation = Accumulation(self.batch.accumulate, len(self.loader),
+                                                self.warmup_batches if self._accumulation_ramps() else 0)
+            trainer.lr_per_batch = True
         return trainer
 
     def _seed(self, seed: int) -> None:
@@ -192,7 +209,10 @@ class _Build:
         prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
         if len(self.loader) < 1:
             self._small_set()
-        steps_per_epoch = optimizer_steps(len(self.loader), self.batch.accumulate)   # the lr schedule counts these
+        # a YOLOv5 command line warms up as YOLOv5 does, batch by batch (hooks.warmup): its lr counts batches
+        self.warmup_batches = self._yolov5_warmup() if self.opts.nominal_batch else 0
+        steps_per_epoch = (len(self.loader) if self.warmup_batches else
+                           optimizer_steps(len(self.loader), self.batch.accumulate))   # what the lr counts
         self.lr_plan = self._scale_lr(len(self.dataset.roidbs), steps_per_epoch)
         if self.opts.nominal_batch:
             self._yolov5_weight_decay(int(self.opts.nominal_batch))
@@ -258,11 +278,38 @@ class _Build:
                         warmup_steps=None if warmup is None else warmup.get("steps", 500),
                         warmup_epochs=None if warmup is None else warmup.get("epochs"),
                         total_steps=steps_per_epoch * int(self.cfg["epoch"]))
+        if self.warmup_batches:
+            from ppmulti.rank.engine.hooks.warmup import START_FACTOR
+
+            plan = dataclasses.replace(plan, warmup_steps=self.warmup_batches, yolov5_warmup=True)
+            warmup["start_factor"] = START_FACTOR
         lr_cfg["base_lr"] = plan.lr
         if warmup is not None:
             warmup["steps"] = plan.warmup_steps
             warmup["epochs"] = None
         return plan
+
+    def _accumulation_ramps(self) -> bool:
+        """YOLOv5's warmup grows the accumulation of its nominal batch from 1; an --accumulate N given holds."""
+        return self.opts.accumulate is None
+
+    def _yolov5_warmup(self) -> int:
+        """YOLOv5's warmup length in batches (lr.yolov5_warmup_batches), from the config's LinearWarmup epochs
+        (hyp warmup_epochs); YOLOv5 warms up 100 batches even with none, so a missing LinearWarmup is added."""
+        scheds = self.cfg["LearningRate"].setdefault("schedulers", [])
+        warmup = next((s for s in scheds if isinstance(s, dict) and s.get("name") == "LinearWarmup"), None)
+        if warmup is None:
+            warmup = {"name": "LinearWarmup", "start_factor": 0.0, "epochs": 0.0}
+            scheds.append(warmup)
+            for sched in scheds:
+                if isinstance(sched, dict) and "use_warmup" in sched:
+                    sched["use_warmup"] = True
+        batches = len(self.loader)
+        epochs = warmup.get("epochs")
+        if epochs is None:   # a warmup given in optimizer steps at the reference batch
+            epochs = float(warmup.get("steps") or 0) * int(self.cfg.get("ref_batch") or 1) / max(1, len(
+                self.dataset.roidbs))
+        return yolov5_warmup_batches(float(epochs), batches)
 
     def _yolov5_weight_decay(self, nominal: int) -> None:
         """YOLOv5's weight decay per optimizer step (``wd x effective batch / nbs`` at lr0): see

@@ -1,5 +1,5 @@
-"""The batch plan (global batch per rank, gradient accumulation, effective batch) and linear learning-rate
-scaling from the effective batch with a matching warmup."""
+"""The batch plan (global batch per rank, gradient accumulation and YOLOv5's warmup ramp of it, effective batch)
+and linear learning-rate scaling from the effective batch with a matching warmup."""
 
 from __future__ import annotations
 
@@ -116,6 +116,53 @@ def optimizer_steps(batches: int, accumulate: int) -> int:
     return -(-batches // max(1, accumulate))
 
 
+YOLOV5_WARMUP_FLOOR = 100   # batches: YOLOv5's warmup lasts max(round(warmup_epochs x batches per epoch), 100)
+
+
+def yolov5_warmup_batches(warmup_epochs: float, batches_per_epoch: int) -> int:
+    """The length of YOLOv5's warmup in batches (train.py's ``nw``): never under 100, even with 0 epochs."""
+    return max(round(float(warmup_epochs) * int(batches_per_epoch)), YOLOV5_WARMUP_FLOOR)
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """Which batches end an optimizer step: groups of ``accumulate`` counted from each epoch's start, the last
+    one possibly short (an epoch never ends with gradients pending, so a checkpoint at its end holds none).
+
+    ``ramp`` > 0 is YOLOv5's warmup: at the run's batch ``ni <= ramp`` a group ends once it holds
+    ``round(interp(ni, [0, ramp], [1, accumulate]))`` batches, so the first steps take one batch each and the
+    groups grow to ``accumulate`` by the warmup's end, as YOLOv5's ``ni - last_opt_step >= accumulate``.
+    The batches are global (the same index on every rank), so every rank steps on the same batch."""
+
+    accumulate: int = 1
+    batches_per_epoch: int = 1
+    ramp: int = 0
+
+    def group_at(self, ni: int) -> int:
+        """Batches a group needs when it would end at the run's batch ``ni``."""
+        if ni > self.ramp or self.ramp <= 0:
+            return self.accumulate
+        # np.interp's arithmetic, and round() halves to even as numpy's .round() does
+        return max(1, round((self.accumulate - 1) / self.ramp * ni + 1))
+
+    def step_flags(self, epoch: int) -> list[bool]:
+        """For each batch of ``epoch``, whether the optimizer steps after it (pure; resume-safe)."""
+        nb = max(1, int(self.batches_per_epoch))
+        first = epoch * nb
+        last_step = first - 1
+        flags = []
+        for step in range(nb):
+            ni = first + step
+            ends = ni - last_step >= self.group_at(ni) or step == nb - 1
+            flags.append(ends)
+            if ends:
+                last_step = ni
+        return flags
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        return sum(self.step_flags(epoch))
+
+
 def yolov5_weight_decay(weight_decay: float, ref_batch: int, nominal: int = NOMINAL_BATCH) -> float:
     """The decay coefficient that gives YOLOv5's weight decay per optimizer step.
 
@@ -133,11 +180,16 @@ class LRPlan:
     ref_batch: int
     effective_batch: int    # images per optimizer step (global batch x accumulate)
     warmup_steps_ref: int   # warmup the config asks for, in optimizer steps at ref_batch
-    warmup_steps: int       # warmup used, in optimizer steps at effective_batch
+    warmup_steps: int       # warmup used, in optimizer steps at effective_batch (or batches, below)
+    yolov5_warmup: bool = False   # warmup_steps counts batches: YOLOv5's warmup (yolov5_warmup_batches)
 
     def describe(self) -> str:
-        return (f"lr {self.lr:.6g} = base_lr {self.base_lr:g} x effective batch {self.effective_batch} / "
-                f"ref_batch {self.ref_batch}; warmup {self.warmup_steps} optimizer steps "
+        scaled = (f"lr {self.lr:.6g} = base_lr {self.base_lr:g} x effective batch {self.effective_batch} / "
+                  f"ref_batch {self.ref_batch}")
+        if self.yolov5_warmup:
+            return (f"{scaled}; YOLOv5's warmup over the first {self.warmup_steps} batches "
+                    f"(max(round(warmup epochs x batches per epoch), 100))")
+        return (f"{scaled}; warmup {self.warmup_steps} optimizer steps "
                 f"(config: {self.warmup_steps_ref} steps at batch {self.ref_batch})")
 
 

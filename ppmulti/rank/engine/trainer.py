@@ -19,7 +19,7 @@ from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHo
                                        StepOutputs, VisualDLHook)
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
-from ppmulti.rank.engine.lr import BatchPlan, LRPlan, optimizer_steps, split_batch
+from ppmulti.rank.engine.lr import Accumulation, BatchPlan, LRPlan, optimizer_steps, split_batch
 
 log = logging.getLogger("ppmulti")
 
@@ -146,6 +146,9 @@ class Trainer:
             epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
             accumulate=self.batch.accumulate)
         self.multi_scale = multi_scale
+        # which batches end an optimizer step; the builder sets YOLOv5's warmup ramp on a YOLOv5 command line
+        self.accumulation = Accumulation(self.batch.accumulate, self.steps_per_epoch)
+        self.lr_per_batch = False   # True: ``lr`` counts batches (YOLOv5's warmup), else optimizer steps
         self.optimizer_stepped = True   # False after a micro-step of an accumulation (EMA waits for the step)
         self.optimizer_steps = 0        # optimizer steps this process has taken (not restored on resume)
         self.run_dir = None if run_dir is None else Path(run_dir)
@@ -208,18 +211,18 @@ class Trainer:
     def run_epoch(self, epoch: int) -> EpochStats | None:
         """The epoch's steps (a resumed epoch skips those done); None if a hook stopped it part-way."""
         meter = EpochMeter()
-        accumulate, last = self.batch.accumulate, self.steps_per_epoch - 1
+        # groups from the epoch's start (lr.Accumulation); the last may be short, so an epoch never ends with
+        # gradients pending (a resumed epoch starts at a group boundary, see _drop_pending)
+        flags = self.accumulation.step_flags(epoch)
         for step, data in self._batches(epoch, meter):
             self.call("before_step", epoch, step)
-            # groups of `accumulate` batches from the epoch's start; the last group may be short, so an epoch
-            # never ends with gradients pending (a resumed epoch starts at a group boundary, see below)
-            outputs, lr = self.run_step(data, epoch, step_optimizer=(step + 1) % accumulate == 0 or step == last)
+            outputs, lr = self.run_step(data, epoch, step_optimizer=flags[step])
             meter.add(outputs)
             self.state.global_step += 1
             self.state.step_in_epoch = step + 1
             self.call("after_step", epoch, step, StepOutputs(outputs), lr, meter.data_time)
             if self.stop_training:
-                self._drop_pending(step)
+                self._drop_pending(flags, step)
                 return None
         self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
         return self._epoch_stats(epoch, meter)
@@ -239,25 +242,31 @@ class Trainer:
                 outputs = self.train_model(data)
             heartbeat.beat("backward")   # the gradient all-reduce runs inside (Paddle's DataParallel)
             # the mean over the accumulated batches: gradients of one optimizer step keep the scale of one batch
+            # (a shorter group, as in YOLOv5's warmup ramp, sums fewer: YOLOv5's loss sums its images too)
             self.amp.backward(outputs["loss"] / accumulate if accumulate > 1 else outputs["loss"])
         lr = self.optimizer.get_lr()
         self.optimizer_stepped = step_optimizer
         if step_optimizer:
             self.amp.step(self.optimizer)
-            self.lr.step()
             self.optimizer.clear_grad()
             self.optimizer_steps += 1
+        if step_optimizer or self.lr_per_batch:
+            self.lr.step()
         return outputs, lr
 
-    def _drop_pending(self, step: int) -> None:
+    def _drop_pending(self, flags: list[bool], step: int) -> None:
         """Stopped in the middle of an accumulation: forget its batches (their gradients are not in the
-        weights), so a checkpoint's ``step_in_epoch`` is a group boundary and a resume redoes them."""
+        weights), so a checkpoint's ``step_in_epoch`` is a group boundary and a resume redoes them (and an lr
+        that counts batches goes back with them)."""
         if self.optimizer_stepped:
             return
-        pending = (step + 1) % self.batch.accumulate
+        group_start = max((i + 1 for i in range(step) if flags[i]), default=0)
+        pending = step + 1 - group_start
         self.state.step_in_epoch -= pending
         self.state.global_step -= pending
         self.optimizer.clear_grad()
+        if self.lr_per_batch:
+            self.lr.step(self.lr.last_epoch - pending)
         self.optimizer_stepped = True
 
     def _batches(self, epoch: int, meter: EpochMeter) -> Iterator[tuple[int, dict]]:
@@ -291,10 +300,11 @@ class Trainer:
     def _log_plan(self) -> None:
         """The log's first line: world, effective batch and accumulation, steps, the lr scaled from the
         effective batch."""
-        acc = self.batch.accumulate
+        acc, ramp = self.batch.accumulate, self.accumulation.ramp
         n = optimizer_steps(self.steps_per_epoch, acc)
+        after = " after the warmup" if ramp and acc > 1 else ""
         steps = (f"{self.steps_per_epoch} steps per epoch" if acc == 1 else
-                 f"{self.steps_per_epoch} batches ({n} optimizer step{'s' if n != 1 else ''}) per epoch")
+                 f"{self.steps_per_epoch} batches ({n} optimizer step{'s' if n != 1 else ''}{after}) per epoch")
         log.info("world size %d, %s, %s; %s", self.world, self.batch.describe(), steps,
                  self.lr_plan.describe() if self.lr_plan is not None else f"lr {self.optimizer.get_lr():.6g}")
         for note in self.plan_notes:

@@ -5,6 +5,8 @@ Trainer built from options (engine.builder), the reporting ones with ``Trainer.d
 built run, when no hook was chosen). A Trainer built from parts runs the hooks it is given, no others:
 
 prio hook              module       does                                                    state in a checkpoint
+5    YOLOv5WarmupHook  warmup       YOLOv5's warmup per batch: biases' lr from warmup_bias_lr, -
+                                    momentum from warmup_momentum (YOLOv5 command lines)
 10   EMAHook           ema          builds ModelEMA; updates it right after each optimizer  ema: averaged weights,
                                     step; not after an accumulation's micro-steps (core)    update count
 12   MixedPrecisionHook amp         the step's precision (--amp): float16 autocast + loss   amp: GradScaler scale
