@@ -285,7 +285,7 @@ def test_yolov5_launch_line_two_ranks(small_demo, tmp_path):
     log = (run / "train.log").read_text()
     # a YOLOv5 command line accumulates to YOLOv5's nominal batch: 64 / 8 = 8 batches per optimizer step
     assert ("world size 2, global batch 8 (4 per rank) x accumulate 8 = effective batch 64 (YOLOv5's nominal batch "
-            "64; --accumulate N overrides), 6 batches (1 optimizer step) per epoch") in log
+            "64; --accumulate N overrides), 6 batches (1 optimizer step after the warmup) per epoch") in log
     resolved = (run / "config.yml").read_text()
     assert "YOLOv5Head" in resolved and "YOLODataSet" in resolved
     assert "depth_mult: 0.33" in resolved and "width_mult: 0.5" in resolved     # yolov5s.yaml -> the s config

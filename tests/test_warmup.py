@@ -57,6 +57,13 @@ def test_the_ramp_starts_at_one_batch_per_step_and_grows():
 def test_warmup_length_is_yolov5s(epochs, batches, expected):
     # train.py: nw = max(round(hyp["warmup_epochs"] * nb), 100)
     assert yolov5_warmup_batches(epochs, batches) == expected
+    assert yolov5_warmup_batches(epochs, batches, total_batches=30 * batches) == expected   # 30 epochs: no cap
+
+
+def test_a_short_run_warms_up_a_third_of_itself():
+    """ppmulti's rule for every warmup, where YOLOv5 would spend a 24-batch run in its 100-batch warmup."""
+    assert yolov5_warmup_batches(3.0, 6, total_batches=24) == 8
+    assert yolov5_warmup_batches(3.0, 16, total_batches=300) == 100 and yolov5_warmup_batches(3.0, 16, 299) == 99
 
 
 # ----------------------------------------------------------------------------- in the loop

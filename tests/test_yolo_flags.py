@@ -184,7 +184,7 @@ def test_short_yolov5_training_from_flags(yolov5_run):
     assert not (run / "results.png").exists() and not (run / "PR_curve.png").exists()   # --noplots
     log = (run / "train.log").read_text()
     assert "train: 48 images" in log and "has no effect here" not in log   # hyp.scratch-low: every key acts
-    assert "YOLOv5's warmup, first 100 batches: batches per optimizer step from 1 to" in log
+    assert "YOLOv5's warmup, first 8 batches: batches per optimizer step from 1 to" in log   # a third of 4 x 6
     resolved = (run / "config.yml").read_text()
     assert "YOLODataSet" in resolved and "num_classes: 3" in resolved
 

@@ -294,8 +294,9 @@ class _Build:
         return self.opts.accumulate is None
 
     def _yolov5_warmup(self) -> int:
-        """YOLOv5's warmup length in batches (lr.yolov5_warmup_batches), from the config's LinearWarmup epochs
-        (hyp warmup_epochs); YOLOv5 warms up 100 batches even with none, so a missing LinearWarmup is added."""
+        """YOLOv5's warmup length in batches (lr.yolov5_warmup_batches: at least 100, at most a third of the run),
+        from the config's LinearWarmup epochs (hyp warmup_epochs); YOLOv5 warms up even with none, so a missing
+        LinearWarmup is added."""
         scheds = self.cfg["LearningRate"].setdefault("schedulers", [])
         warmup = next((s for s in scheds if isinstance(s, dict) and s.get("name") == "LinearWarmup"), None)
         if warmup is None:
@@ -309,7 +310,7 @@ class _Build:
         if epochs is None:   # a warmup given in optimizer steps at the reference batch
             epochs = float(warmup.get("steps") or 0) * int(self.cfg.get("ref_batch") or 1) / max(1, len(
                 self.dataset.roidbs))
-        return yolov5_warmup_batches(float(epochs), batches)
+        return yolov5_warmup_batches(float(epochs), batches, batches * int(self.cfg["epoch"]))
 
     def _yolov5_weight_decay(self, nominal: int) -> None:
         """YOLOv5's weight decay per optimizer step (``wd x effective batch / nbs`` at lr0): see

@@ -119,9 +119,14 @@ def optimizer_steps(batches: int, accumulate: int) -> int:
 YOLOV5_WARMUP_FLOOR = 100   # batches: YOLOv5's warmup lasts max(round(warmup_epochs x batches per epoch), 100)
 
 
-def yolov5_warmup_batches(warmup_epochs: float, batches_per_epoch: int) -> int:
-    """The length of YOLOv5's warmup in batches (train.py's ``nw``): never under 100, even with 0 epochs."""
-    return max(round(float(warmup_epochs) * int(batches_per_epoch)), YOLOV5_WARMUP_FLOOR)
+def yolov5_warmup_batches(warmup_epochs: float, batches_per_epoch: int, total_batches: int | None = None) -> int:
+    """The length of YOLOv5's warmup in batches (train.py's ``nw``): never under 100, even with 0 epochs; and, as
+    every warmup here (scale_lr), never more than a third of the run's ``total_batches``, where YOLOv5 would warm
+    up a short run from its first batch to its last (its cap at half the run is commented out)."""
+    batches = max(round(float(warmup_epochs) * int(batches_per_epoch)), YOLOV5_WARMUP_FLOOR)
+    if total_batches is not None:
+        batches = min(batches, max(1, int(total_batches) // 3))
+    return batches
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,7 @@ class LRPlan:
                   f"ref_batch {self.ref_batch}")
         if self.yolov5_warmup:
             return (f"{scaled}; YOLOv5's warmup over the first {self.warmup_steps} batches "
-                    f"(max(round(warmup epochs x batches per epoch), 100))")
+                    f"(max(round(warmup epochs x batches per epoch), 100), at most a third of the run)")
         return (f"{scaled}; warmup {self.warmup_steps} optimizer steps "
                 f"(config: {self.warmup_steps_ref} steps at batch {self.ref_batch})")
 
