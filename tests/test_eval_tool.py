@@ -16,9 +16,11 @@ from conftest import REPO, one_line_error, run_tool
 from ppmulti.common.errors import UserError
 from ppmulti.rank import eval_setup
 
-# results.csv keeps 5 decimals; metrics.json and tools/eval.py print full floats.
+# results.csv keeps 5 decimals; metrics.json and tools/eval.py print full floats. Those agree within 1e-5, not
+# exactly: the 4-epoch model's scores sit near 0.005, many nearly tied, and float rounding that differs between
+# the training process and a fresh one reorders ties (CI, Paddle 2.6.2: mAP50-95 0.00082359 against 0.00082467).
 CSV_TOLERANCE = 1e-5
-JSON_TOLERANCE = 1e-6
+JSON_TOLERANCE = 1e-5
 
 
 def _eval_tool():
