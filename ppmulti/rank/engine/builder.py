@@ -95,17 +95,7 @@ class _Build:
 
             hooks.append(ImageWeightsHook(self.image_weights))
         if self.warmup_batches:
-            from ppmulti.rank.engine.hooks.warmup import YOLOv5WarmupHook
-
-            bias_lr, momentum = float(self.cfg.get("warmup_bias_lr", 0.1)), float(self.cfg.get("warmup_momentum", 0.8))
-            hooks.append(YOLOv5WarmupHook(self.warmup_batches, bias_lr, momentum))
-            ramp = (f"batches per optimizer step from 1 to {self.batch.accumulate}, "
-                    if self._accumulation_ramps() and self.batch.accumulate > 1 else "")
-            self.plan_notes.append(
-                f"YOLOv5's warmup, first {self.warmup_batches} batches: {ramp}lr from 0, biases' lr from "
-                f"{bias_lr:g} (warmup_bias_lr)"
-                + (f", momentum from {momentum:g} (warmup_momentum)"
-                   if self.cfg["OptimizerBuilder"]["optimizer"].get("type") == "Momentum" else ""))
+            hooks.append(self._yolov5_warmup_hook())
         trainer = trainer_class(self.model, self.loader, self.optimizer, lr=self.lr, cfg=self.cfg, opts=opts,
                                 run_dir=self.run_dir, state=state, batch=self.batch, world=self.world, rank=self.rank,
                                 train_model=self.train_model, amp=self.amp, dataset=self.dataset,
@@ -113,9 +103,9 @@ class _Build:
                                 multi_scale=self._multi_scale())
         trainer.device, trainer.threads, trainer.conv_kernel = self.device, self.threads, self.conv_kernel
         trainer.plan_notes = self.plan_notes
-        if self.warmup_batches:
-            trainer.accumulation = Accumulation(self.batch.accumulate, len(self.loader),
-                                                self.warmup_batches if self._accumulation_ramps() else 0)
+        if self.warmup_batches:   # groups ramp from 1 batch unless --accumulate N was given; the lr counts batches
+            ramp = self.warmup_batches if self.opts.accumulate is None else 0
+            trainer.accumulation = Accumulation(self.batch.accumulate, len(self.loader), ramp)
             trainer.lr_per_batch = True
         return trainer
 
@@ -289,9 +279,18 @@ class _Build:
             warmup["epochs"] = None
         return plan
 
-    def _accumulation_ramps(self) -> bool:
-        """YOLOv5's warmup grows the accumulation of its nominal batch from 1; an --accumulate N given holds."""
-        return self.opts.accumulate is None
+    def _yolov5_warmup_hook(self):
+        """YOLOv5's warmup of the biases' lr and the momentum (hooks.warmup), and its line in the log."""
+        from ppmulti.rank.engine.hooks.warmup import YOLOv5WarmupHook
+
+        bias_lr, momentum = float(self.cfg.get("warmup_bias_lr", 0.1)), float(self.cfg.get("warmup_momentum", 0.8))
+        ramp = (f"batches per optimizer step from 1 to {self.batch.accumulate}, "
+                if self.opts.accumulate is None and self.batch.accumulate > 1 else "")
+        sgd = self.cfg["OptimizerBuilder"]["optimizer"].get("type") == "Momentum"
+        self.plan_notes.append(f"YOLOv5's warmup, first {self.warmup_batches} batches: {ramp}lr from 0, biases' lr "
+                               f"from {bias_lr:g} (warmup_bias_lr)"
+                               + (f", momentum from {momentum:g} (warmup_momentum)" if sgd else ""))
+        return YOLOv5WarmupHook(self.warmup_batches, bias_lr, momentum)
 
     def _yolov5_warmup(self) -> int:
         """YOLOv5's warmup length in batches (lr.yolov5_warmup_batches: at least 100, at most a third of the run),
