@@ -351,12 +351,46 @@ def epoch_batches(loader: Any) -> Any:
     workers, in a thread without, on Paddle 2.6 and 3.x alike): a ``set_epoch`` after that reaches the
     following epoch, or, without workers, whichever epoch a race picks, so ranks could shuffle (or draw
     --image-weights) by different epochs. So each epoch iterates the reader's DataLoader through a new
-    iterator; the one ppdet made ahead is dropped (its workers stop). Other loaders are iterated as they are."""
+    iterator; the one ppdet made ahead is stopped. Other loaders are iterated as they are."""
     dataloader = getattr(loader, "dataloader", None)
     if dataloader is None or not hasattr(loader, "loader"):
         return iter(loader)
-    loader.loader = iter(())   # ppdet's iterator made ahead; were it read, ppdet would make a new one
+    _drop_made_ahead(loader)
     return iter(dataloader)
+
+
+def _drop_made_ahead(reader: Any) -> None:
+    """Stop the iterator ppdet's reader made ahead (in ``loader``) and leave an empty one: dropping it alone
+    does not stop its workers, as its prefetching thread keeps it alive. Were the empty one read, ppdet would
+    make a new one."""
+    made = getattr(reader, "loader", None)
+    if made is not None:
+        close_batches(made)
+        reader.loader = iter(())
+
+
+def loader_like(reader: Any, dataset: Any, batch_sampler: Any) -> Any:
+    """A ``paddle.io.DataLoader`` built as a ppdet reader's (its collate function, workers, shared memory,
+    prefetch) over another dataset and batch sampler (data.feed's run-long iterator). ppdet's reader keeps
+    its DataLoader in ``dataloader`` and made an iterator ahead, which is stopped here.
+    The DataLoader's public attributes are the same on Paddle 2.6 and 3.x."""
+    import paddle
+
+    made = reader.dataloader
+    _drop_made_ahead(reader)
+    return paddle.io.DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=made.collate_fn,
+                                num_workers=made.num_workers, return_list=made.return_list,
+                                use_shared_memory=made.use_shared_memory, prefetch_factor=made.prefetch_factor,
+                                timeout=made.timeout, worker_init_fn=made.worker_init_fn)
+
+
+def close_batches(batches: Any) -> None:
+    """Stop a DataLoader iterator's workers and prefetching thread now, not when it is collected. Paddle 2.6's
+    and 3.x's iterators (single- and multi-process) both shut down in ``_try_shutdown_all``, which their
+    ``__del__`` calls."""
+    shutdown = getattr(batches, "_try_shutdown_all", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def no_grad_sync(model: Any) -> Any:

@@ -62,6 +62,8 @@ class ImageWeightsBatchSampler:
     as the reader has it). The labels are read from the dataset when first needed (ppdet's reader parses
     it after the sampler is built). ``maps`` is set by ImageWeightsHook before each epoch."""
 
+    drawn_at_epoch_start = True   # the draw reads the last evaluation's maps: data.feed iterates it per epoch
+
     def __init__(self, dataset: Any, batch_size: int, num_classes: int, rank: int, world: int,
                  drop_last: bool = True, seed: int = 0):
         self.dataset, self.batch_size, self.nc = dataset, int(batch_size), int(num_classes)

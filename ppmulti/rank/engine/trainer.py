@@ -14,6 +14,7 @@ from ppmulti.common.gpu_switches import Switches
 from ppmulti.rank import compat
 from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.data.device import input_norm, to_model_input
+from ppmulti.rank.data.feed import Feed
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook,
                                        StepOutputs, VisualDLHook)
@@ -135,6 +136,7 @@ class Trainer:
         self.model = model
         self.train_model = model if train_model is None else train_model   # the model wrapped for several ranks
         self.loader = loader
+        self.feed = Feed(loader)   # the epochs' batches: loader workers start once per run
         self.dataset = dataset   # its set_epoch(epoch), if it has one, is called before each epoch
         self.optimizer = optimizer
         self.lr = _FixedLR() if lr is None else lr
@@ -205,6 +207,7 @@ class Trainer:
                     break
             self.call("after_train")
         finally:
+            self.feed.close()
             self.call("close")
         return self.final_metrics
 
@@ -272,19 +275,15 @@ class Trainer:
     def _batches(self, epoch: int, meter: EpochMeter) -> Iterator[tuple[int, dict]]:
         """(step, batch) of this epoch's shuffle after the steps already done; the wait counts as data time."""
         if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-        sampler = compat.batch_sampler(self.loader)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)   # a new shuffle every epoch, identical across ranks
+            self.dataset.set_epoch(epoch)   # this process's copy; the feed tells the loader workers'
         self.train_model.train()
         skip = self.state.step_in_epoch   # resuming an interrupted epoch: the same shuffle, minus its done steps
         t_data = time.time()
         heartbeat.beat("data", self.state.global_step)
-        for step, data in enumerate(compat.epoch_batches(self.loader)):   # drawn after set_epoch
-            if step >= skip:
-                meter.data_time += time.time() - t_data
-                yield step, data
-                heartbeat.beat("data", self.state.global_step)
+        for step, data in self.feed.epoch(epoch, skip, int(self.cfg["epoch"])):   # drawn by its own set_epoch
+            meter.data_time += time.time() - t_data
+            yield step, data
+            heartbeat.beat("data", self.state.global_step)
             t_data = time.time()
 
     def _epoch_stats(self, epoch: int, meter: EpochMeter) -> EpochStats:
