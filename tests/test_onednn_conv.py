@@ -9,6 +9,7 @@ import paddle
 import pytest
 
 from ppmulti.rank.ops import conv as ops_conv
+from ppmulti.rank.ops import cpu as ops_cpu
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def test_training_steps_follow_paddle_kernel(op):
 def test_choice_paddle_keeps_paddle_kernel(monkeypatch):
     monkeypatch.setenv("PPMULTI_CPU_CONV", "paddle")
     model = _mixed_model()
-    assert "PPMULTI_CPU_CONV=paddle" in ops_conv.setup_cpu_convs(model)
+    assert "PPMULTI_CPU_CONV=paddle" in ops_cpu.setup_cpu_ops(model)
     assert not any("forward" in layer.__dict__ for layer in model.sublayers())
 
 
@@ -118,7 +119,7 @@ def test_bad_choice_is_one_clear_error(monkeypatch):
 
     monkeypatch.setenv("PPMULTI_CPU_CONV", "mkl")
     with pytest.raises(UserError, match="PPMULTI_CPU_CONV='mkl' is not one of onednn, paddle"):
-        ops_conv.setup_cpu_convs(_mixed_model())
+        ops_cpu.setup_cpu_ops(_mixed_model())
 
 
 def test_unbuildable_op_falls_back_with_one_warning(monkeypatch, tmp_path):
@@ -139,8 +140,8 @@ def test_unbuildable_op_falls_back_with_one_warning(monkeypatch, tmp_path):
     log = logging.getLogger("ppmulti")   # read here: it may or may not propagate to the root logger
     log.addHandler(handler)
     try:
-        note = ops_conv.setup_cpu_convs(model)
-        ops_conv.setup_cpu_convs(_mixed_model())     # a second model: the failure is remembered
+        note = ops_cpu.setup_cpu_ops(model)
+        ops_cpu.setup_cpu_ops(_mixed_model())     # a second model: the failure is remembered
     finally:
         log.removeHandler(handler)
     assert "unavailable" in note

@@ -127,7 +127,7 @@ PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: t
 # up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
 PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"
 PPMULTI_CPU_THREADS = "PPMULTI_CPU_THREADS"          # CPU threads per rank, overriding cores // local ranks
-PPMULTI_CPU_CONV = "PPMULTI_CPU_CONV"                # CPU convolution: "onednn" (default, ppmulti/rank/ops) or "paddle"
+PPMULTI_CPU_CONV = "PPMULTI_CPU_CONV"                # CPU convs and SiLUs: "onednn" (default, rank/ops) or "paddle"
 # --- CPU threads (ppmulti/rank/dist.py) ---
 OMP_NUM_THREADS = "OMP_NUM_THREADS"    # paddle's import sets it to "1" when unset (paddle/base/__init__.py)
 KMP_BLOCKTIME = "KMP_BLOCKTIME"        # Intel OpenMP: ms an idle thread spins before sleeping (default 200)

@@ -187,9 +187,9 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
     trainer = Trainer(cfg, mode="train")
     # the same convolution kernel as ppmulti's Trainer picks on this CPU (the oneDNN op unless
     # PPMULTI_CPU_CONV=paddle), so that the ratio measures the loop, not the kernel
-    from ppmulti.rank.ops.conv import setup_cpu_convs
+    from ppmulti.rank.ops.cpu import setup_cpu_ops
 
-    conv_kernel = setup_cpu_convs(trainer.model)
+    conv_kernel = setup_cpu_ops(trainer.model)
     # ppdet's own callbacks stay (log printer, checkpointer, VisualDL as configured), as ppmulti's hooks do
     compat.add_trainer_callbacks(trainer, Capture(trainer))
     try:

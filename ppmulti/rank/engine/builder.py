@@ -219,9 +219,9 @@ class _Build:
         self.amp.setup(self)   # may cast the model (O2): before it is wrapped for several ranks
         self.conv_kernel = None
         if self.device == "cpu":
-            from ppmulti.rank.ops.conv import setup_cpu_convs
+            from ppmulti.rank.ops.cpu import setup_cpu_ops
 
-            self.conv_kernel = setup_cpu_convs(self.model, bf16=self.amp.mode == "bfloat16")
+            self.conv_kernel = setup_cpu_ops(self.model, bf16=self.amp.mode == "bfloat16")
         self.train_model = self.model
         if self.world > 1:
             self.train_model = fleet.distributed_model(self.model)

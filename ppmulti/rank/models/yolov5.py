@@ -14,7 +14,7 @@ from ppdet.modeling.necks.yolo_fpn import YOLOCSPPAN
 
 from ppmulti.rank import compat
 
-__all__ = ["register_once", "set_batchnorm", "fuse_silu", "YOLOv5CSPDarkNet", "YOLOv5CSPPAN"]
+__all__ = ["register_once", "set_batchnorm", "fuse_silu", "fused_silu_layers", "YOLOv5CSPDarkNet", "YOLOv5CSPPAN"]
 
 # YOLOv5 builds every BatchNorm with eps 1e-3 and PyTorch momentum 0.03; Paddle's momentum is the
 # weight of the running value, so the same update is 0.97. ppdet's BaseConv keeps Paddle's
@@ -74,6 +74,13 @@ def fuse_silu(layer: nn.Layer) -> int:
             sub.forward = types.MethodType(_conv_bn_silu, sub)
             count += 1
     return count
+
+
+def fused_silu_layers(layer: nn.Layer) -> list[nn.Layer]:
+    """The layers below ``layer`` that ``fuse_silu`` changed and that still compute conv, BN, ``F.silu``
+    (ppmulti/rank/ops/silu.py routes their SiLU through oneDNN on CPU)."""
+    return [sub for sub in layer.sublayers(include_self=True)
+            if getattr(sub.__dict__.get("forward"), "__func__", None) is _conv_bn_silu]
 
 
 @register_once

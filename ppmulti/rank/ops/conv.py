@@ -231,17 +231,3 @@ def use_onednn_convs(model, bf16: bool = False) -> int:
             layer.forward = types.MethodType(forward, layer)
             count += 1
     return count
-
-
-def setup_cpu_convs(model, bf16: bool = False) -> str:
-    """The Trainer's entry: apply the user's choice on CPU (``bf16``: --amp on a CPU the AMP module found
-    able); one line says what was used and, if needed, why."""
-    if choice() == "paddle":
-        return f"Paddle's conv2d ({PPMULTI_CPU_CONV}=paddle)"
-    try:
-        n = use_onednn_convs(model, bf16=bf16)
-    except OpUnavailable as exc:
-        log.warning("CPU convolutions use Paddle's own kernel, about 2x slower to train: %s "
-                    "(set %s=paddle to choose it and silence this)", exc, PPMULTI_CPU_CONV)
-        return f"Paddle's conv2d (oneDNN op unavailable: {exc})"
-    return f"oneDNN {'bfloat16 (float32 accumulation and weights)' if bf16 else 'float32'} for {n} conv layers"

@@ -1,0 +1,161 @@
+"""The oneDNN SiLU op: same values and gradients as F.silu, which layers it takes, PPMULTI_CPU_CONV=paddle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ppmulti.rank.models  # noqa: F401  registers the YOLOv5 modules (and imports ppdet quietly)
+import paddle
+import paddle.nn.functional as F
+
+from ppmulti.rank.models.yolov5 import YOLOv5CSPDarkNet, YOLOv5CSPPAN, fused_silu_layers
+from ppmulti.rank.ops import cpu as ops_cpu
+from ppmulti.rank.ops import silu as ops_silu
+
+
+@pytest.fixture(scope="module")
+def op():
+    return ops_silu.load_op()   # the convolution's library: built once per machine (~/.cache/ppmulti/ops)
+
+
+def _close(a, b, rtol=2e-6):
+    scale = float(b.abs().max()) or 1.0
+    assert float((a - b).abs().max()) / scale < rtol
+
+
+@pytest.mark.parametrize("shape", [
+    (2, 3, 5, 7),        # odd sizes
+    (4, 16, 32, 32),
+    (1, 8, 17, 13),
+    (3, 64, 9, 9),
+    (7,),                # any rank
+    (3, 5),
+    (2, 3, 4, 5, 6),
+])
+def test_values_and_gradients_match_paddle(op, shape):
+    paddle.seed(0)
+    x = paddle.randn(shape) * 4
+    x.stop_gradient = False
+    y = op(x)
+    ref = F.silu(x)
+    assert y.shape == ref.shape and y.dtype == paddle.float32
+    _close(y, ref)
+    g = paddle.randn(shape)
+    (dx,) = paddle.grad(y, [x], g)
+    (rdx,) = paddle.grad(ref, [x], g)
+    _close(dx, rdx)
+
+
+def test_extreme_inputs_stay_finite(op):
+    """Exact values and gradients far out on both sides (float64 reference): oneDNN's gradient stays finite
+    where Paddle 3.3.1's own silu gradient is NaN (x <= -100 gives inf * 0 there)."""
+    values = np.array([-1e4, -100.0, -20.0, -1e-30, 0.0, 1e-30, 20.0, 100.0, 1e4], "float32")
+    x = paddle.to_tensor(values)
+    x.stop_gradient = False
+    y = op(x)
+    (dx,) = paddle.grad(y, [x], paddle.ones_like(x))
+    v = values.astype("float64")
+    sig = np.exp(-np.logaddexp(0.0, -v))   # sigmoid without overflow
+    np.testing.assert_allclose(y.numpy(), v * sig, rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(dx.numpy(), sig * (1 + v * (1 - sig)), rtol=1e-5, atol=1e-6)
+
+
+def test_non_contiguous_input_and_its_gradient(op):
+    full = paddle.randn([2, 6, 8, 8])
+    full.stop_gradient = False
+    view = full[:, 1:5]
+    assert not view.is_contiguous()
+    y = ops_silu.silu(view)
+    ref = F.silu(view)
+    _close(y, ref)
+    g = paddle.randn(ref.shape)
+    (dfull,) = paddle.grad(y, [full], g)
+    (rdfull,) = paddle.grad(ref, [full], g)
+    _close(dfull, rdfull)
+    assert float(dfull[:, 0].abs().max()) == 0.0
+
+
+def test_what_the_op_cannot_take_goes_to_paddle(op):
+    x64 = paddle.randn([2, 3, 4, 4], dtype="float64")
+    np.testing.assert_allclose(ops_silu.silu(x64).numpy(), F.silu(x64).numpy())
+    empty = paddle.randn([0, 3])
+    assert ops_silu.silu(empty).shape == [0, 3]
+
+
+def _yolov5_neck():
+    """YOLOv5n's backbone and neck (its conv+BN+SiLU layers), as ppmulti builds them."""
+    paddle.seed(2)
+    backbone = YOLOv5CSPDarkNet(depth_mult=0.33, width_mult=0.25)
+    neck = YOLOv5CSPPAN(depth_mult=0.33, in_channels=[c.channels for c in backbone.out_shape])
+    return paddle.nn.LayerList([backbone, neck])
+
+
+def _forward(model, x):
+    backbone, neck = model
+    return neck(backbone({"image": x}))
+
+
+def _five_sgd_losses(convert) -> list[float]:
+    """Five SGD steps on one fixed batch (``convert(model)`` first, when given): the losses. A small step and
+    4 images: with larger steps or BatchNorm over fewer values, rounding differences alone grow to 1e-3."""
+    model = _yolov5_neck()
+    if convert is not None:
+        convert(model)
+    opt = paddle.optimizer.SGD(learning_rate=0.001, parameters=model.parameters())
+    x = paddle.to_tensor(np.random.default_rng(0).standard_normal((4, 3, 64, 64)).astype("float32"))
+    out = []
+    for _ in range(5):
+        loss = sum(((o - 1) ** 2).mean() for o in _forward(model, x))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        out.append(float(loss))
+    return out
+
+
+def test_yolov5_layers_are_swapped_and_nothing_else(op):
+    model = _yolov5_neck()
+    fused = fused_silu_layers(model)
+    assert len(fused) > 20
+    keys = list(model.state_dict())
+    x = paddle.randn([2, 3, 64, 64])
+    model.eval()   # BN on running statistics: the same output twice
+    before = _forward(model, x)
+    assert ops_silu.use_onednn_silus(model) == len(fused)
+    assert fused_silu_layers(model) == []
+    for out, ref in zip(_forward(model, x), before):
+        _close(out, ref, rtol=1e-5)
+    assert list(model.state_dict()) == keys     # checkpoints are unchanged
+
+
+def test_a_model_without_the_pattern_is_untouched(op):
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3, bias_attr=False), paddle.nn.BatchNorm2D(8),
+                                 paddle.nn.Silu())
+    assert ops_silu.use_onednn_silus(model) == 0
+    assert not any("forward" in layer.__dict__ for layer in model.sublayers())
+
+
+def test_training_steps_follow_paddle_kernels(op, monkeypatch):
+    """Five SGD steps of YOLOv5n's backbone and neck: the same losses with the SiLU op alone, and with
+    the trainer's whole CPU set-up (oneDNN convolutions and SiLU), as with Paddle's kernels."""
+    monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
+    notes = []
+    paddle_losses = _five_sgd_losses(None)
+    silu_losses = _five_sgd_losses(ops_silu.use_onednn_silus)
+    both_losses = _five_sgd_losses(lambda m: notes.append(ops_cpu.setup_cpu_ops(m)))
+    np.testing.assert_allclose(silu_losses, paddle_losses, rtol=1e-4)
+    np.testing.assert_allclose(both_losses, paddle_losses, rtol=1e-4)
+    assert all(b < a for a, b in zip(paddle_losses, paddle_losses[1:]))
+    n = len(fused_silu_layers(_yolov5_neck()))
+    assert notes[0].startswith("oneDNN float32 for ") and notes[0].endswith(f"; oneDNN SiLU in {n} layers")
+
+
+def test_choice_paddle_keeps_paddle_silu(monkeypatch):
+    monkeypatch.setenv("PPMULTI_CPU_CONV", "paddle")
+    model = _yolov5_neck()
+    n = len(fused_silu_layers(model))
+    assert "PPMULTI_CPU_CONV=paddle" in ops_cpu.setup_cpu_ops(model)
+    assert len(fused_silu_layers(model)) == n
+    assert not any(getattr(layer.__dict__.get("forward"), "__func__", None) is ops_silu._conv_bn_onednn_silu
+                   for layer in model.sublayers())
