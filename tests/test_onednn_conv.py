@@ -10,6 +10,7 @@ import pytest
 
 from ppmulti.rank.ops import conv as ops_conv
 from ppmulti.rank.ops import cpu as ops_cpu
+from toys import sgd_losses
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +75,9 @@ def _five_sgd_losses(convert) -> list[float]:
     model = _mixed_model()
     if convert is not None:
         convert(model)
-    opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
     rng = np.random.default_rng(0)
-    out = []
-    for _ in range(5):
-        x = paddle.to_tensor(rng.standard_normal((4, 3, 16, 16)).astype("float32"))
-        loss = (model(x) ** 2).mean()
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        out.append(float(loss))
-    return out
+    inputs = [paddle.to_tensor(rng.standard_normal((4, 3, 16, 16)).astype("float32")) for _ in range(5)]
+    return sgd_losses(model, lambda m, x: (m(x) ** 2).mean(), inputs, lr=0.05)
 
 
 def test_only_layers_it_computes_exactly_are_swapped(op):

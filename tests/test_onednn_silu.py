@@ -11,6 +11,7 @@ import paddle.nn.functional as F
 
 from ppmulti.rank.models.yolov5 import YOLOv5CSPDarkNet, YOLOv5CSPPAN, fused_silu_layers
 from ppmulti.rank.ops import cpu as ops_cpu
+from toys import sgd_losses
 from ppmulti.rank.ops import silu as ops_silu
 
 
@@ -102,16 +103,8 @@ def _five_sgd_losses(convert) -> list[float]:
     model = _yolov5_neck()
     if convert is not None:
         convert(model)
-    opt = paddle.optimizer.SGD(learning_rate=0.001, parameters=model.parameters())
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((4, 3, 64, 64)).astype("float32"))
-    out = []
-    for _ in range(5):
-        loss = sum(((o - 1) ** 2).mean() for o in _forward(model, x))
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        out.append(float(loss))
-    return out
+    return sgd_losses(model, lambda m, x: sum(((o - 1) ** 2).mean() for o in _forward(m, x)), [x] * 5, lr=0.001)
 
 
 def test_yolov5_layers_are_swapped_and_nothing_else(op):

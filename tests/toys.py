@@ -88,3 +88,16 @@ class ScriptedEvaluation(EvaluationHook):
         score = self.maps[len(self.evaluated_epochs)]
         self.evaluated_epochs.append(trainer.state.epoch)
         return SimpleNamespace(as_dict=lambda: {"mAP50": score, "mAP50_95": score})
+
+
+def sgd_losses(model, loss_of, inputs, lr: float) -> list[float]:
+    """One SGD step per input on ``loss_of(model, x)``: the losses, for comparing kernels step by step."""
+    opt = paddle.optimizer.SGD(learning_rate=lr, parameters=model.parameters())
+    out = []
+    for x in inputs:
+        loss = loss_of(model, x)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        out.append(float(loss))
+    return out
