@@ -19,13 +19,17 @@ What is compared
     ppmulti: results.csv epoch_seconds), summed up to the first epoch whose mAP50 reaches the target. Start-up
     and evaluation are excluded on both sides (``bench/startup.py`` measures start-up).
     Threads: torch takes every core in YOLOv5's process; ppmulti's ranks get cores // ranks each.
+    Seeds: ``--seeds 0,1,2`` trains every case once per seed (``--seed`` on both sides). On a set this small one
+    run's mAP50 moves by several hundredths from epoch to epoch and between seeds, so the summary compares the
+    mean curves: each case's mAP50 and seconds averaged over its seeds, epoch by epoch, and the target is the mean
+    of YOLOv5's final mAP50 over its seeds. Every seed's own figures are in the rows as well.
 
 Getting YOLOv5 and its venv: as ``bench/vs_yolov5.py`` (``--yolov5 DIR``, a checkout; the bench's own venv with
 torch made on first use, offline settings, the torchvision shim). Run it with a Python whose torch wheel pip can get
 (torch==2.13.0 lies on this machine's disk for Python 3.11).
 
 Run:  python bench/time_to_accuracy.py --yolov5 DIR [--cfg yolov5n] [--img 256] [--batch 16] [--epochs 30]
-                                       [--nproc 2] [--workers 2]
+                                       [--nproc 2] [--workers 2] [--seeds 0,1,2]
 Writes bench/results/time_to_accuracy.json (--out) and prints a markdown table.
 """
 
@@ -52,7 +56,7 @@ def _worker(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="time_to_accuracy.py yolov5-worker")
     for flag in ("--yolov5", "--data", "--cfg", "--out"):
         p.add_argument(flag, required=True)
-    for flag in ("--img", "--batch", "--epochs", "--workers"):
+    for flag in ("--img", "--batch", "--epochs", "--workers", "--seed"):
         p.add_argument(flag, type=int, required=True)
     a = p.parse_args(argv)
     out, yolov5, config = vs._offline_yolov5(a)
@@ -67,7 +71,8 @@ def _worker(argv: list[str]) -> None:
     sys.path.insert(0, str(yolov5))
     sys.argv = ["train.py", "--data", a.data, "--cfg", a.cfg, "--weights", "", "--hyp",
                 str(yolov5 / "data" / "hyps" / vs.HYP), "--img", str(a.img), "--batch-size", str(a.batch),
-                "--epochs", str(a.epochs), "--device", "cpu", "--workers", str(a.workers), "--noval", "--noplots",
+                "--epochs", str(a.epochs), "--device", "cpu", "--workers", str(a.workers), "--seed", str(a.seed),
+                "--noval", "--noplots",
                 "--save-period", "1", "--exist-ok", "--project", str(out), "--name", "train"]
     import train as yolov5_train
     import val as yolov5_val
@@ -139,11 +144,13 @@ def _map50(gt_path: str, predictions: str, ids: dict[str, int]) -> float:
     return float(ev.stats[1])
 
 
-def run_yolov5(python: Path, yolov5: Path, data: Path, a: argparse.Namespace, out: Path, gt: tuple) -> dict:
+def run_yolov5(python: Path, yolov5: Path, data: Path, a: argparse.Namespace, seed: int, out: Path,
+               gt: tuple) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     vs._run([str(python), str(Path(__file__).resolve()), "yolov5-worker", "--yolov5", str(yolov5),
              "--data", str(data / "data.yaml"), "--cfg", f"{a.cfg}.yaml", "--img", str(a.img),
-             "--batch", str(a.batch), "--epochs", str(a.epochs), "--workers", str(a.workers), "--out", str(out)],
+             "--batch", str(a.batch), "--epochs", str(a.epochs), "--workers", str(a.workers), "--seed", str(seed),
+             "--out", str(out)],
             out / "log.txt", env=vs._run_env(), cwd=yolov5)
     info = json.loads((out / "epochs.json").read_text())
     epochs = [{"epoch": e["epoch"], "seconds": e["seconds"], "mAP50": round(_map50(gt[0], e["predictions"], gt[1]), 4)}
@@ -151,14 +158,14 @@ def run_yolov5(python: Path, yolov5: Path, data: Path, a: argparse.Namespace, ou
     return {"epochs": epochs, "torchvision_shim": info["torchvision_shim"]}
 
 
-def run_ppmulti(nproc: int, data: Path, a: argparse.Namespace, out: Path) -> dict:
+def run_ppmulti(nproc: int, data: Path, a: argparse.Namespace, seed: int, out: Path) -> dict:
     from ppmulti.common.metrics import read_results
 
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(REPO / "tools" / "train.py"), "--data", str(data / "data.yaml"), "--cfg", a.cfg,
            "--weights", "", "--hyp", str(REPO / "configs" / "hyps" / vs.HYP), "--img", str(a.img), "--epochs",
            str(a.epochs), "--batch", str(a.batch), "--device", "cpu", "--workers", str(a.workers),
-           "--output", str(out / "run")]
+           "--seed", str(seed), "--output", str(out / "run")]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     threads, env = vs.ppmulti_threads(nproc, auto=False)
@@ -179,6 +186,43 @@ def seconds_to(epochs: list[dict], target: float) -> tuple[float, int] | None:
     return None
 
 
+def mean_curve(runs: list[list[dict]]) -> list[dict]:
+    """One case's seeds averaged epoch by epoch: mean seconds and mean mAP50 (None where a seed has none)."""
+    curve = []
+    for epoch_runs in zip(*runs):
+        maps = [e["mAP50"] for e in epoch_runs]
+        curve.append({"epoch": epoch_runs[0]["epoch"],
+                      "seconds": round(sum(e["seconds"] for e in epoch_runs) / len(epoch_runs), 4),
+                      "mAP50": None if None in maps else round(sum(maps) / len(maps), 4)})
+    return curve
+
+
+def final_map(epochs: list[dict]) -> float:
+    """The last epoch's mAP50 that was measured (0 if none was)."""
+    return next((e["mAP50"] for e in reversed(epochs) if e["mAP50"] is not None), 0.0)
+
+
+def compare(epochs: list[dict], yolov5: list[dict], y_final: float, y_own: tuple | None) -> dict:
+    """One curve against YOLOv5's: its final mAP50, its training seconds, its seconds to YOLOv5's final (and the
+    ratio to YOLOv5's own), and YOLOv5's seconds to its final."""
+    final = final_map(epochs)
+    reach = seconds_to(epochs, y_final)
+    return {"final_mAP50": final, "train_seconds": round(sum(e["seconds"] for e in epochs), 2),
+            "to_yolov5_final": reach,
+            "ratio_vs_yolov5": round(reach[0] / y_own[0], 3) if reach and y_own else None,
+            "yolov5_to_this_final": seconds_to(yolov5, final)}
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct integer seeds, comma-separated, e.g. 0,1,2")
+    return seeds
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--yolov5", required=True, help="a YOLOv5 checkout (git clone https://github.com/ultralytics/yolov5)")
@@ -193,6 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, default=30, help="epochs per run")
     ap.add_argument("--workers", type=int, default=2, help="loader workers per process, both sides")
     ap.add_argument("--nproc", type=int, default=2, help="ranks of the multi-process ppmulti case (0: skip)")
+    ap.add_argument("--seeds", type=_seeds, default=[0], help="training seeds, every case once per seed: 0,1,2")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "time_to_accuracy.json"))
     return ap.parse_args(argv)
 
@@ -226,42 +271,48 @@ def main(argv: list[str] | None = None) -> None:
             generate(data, fmt="yolo", n_train=256, n_val=64, size=256)
         gt = _ground_truth(data, tmp)
         cases = [("yolov5", 1), ("ppmulti", 1)] + ([("ppmulti", a.nproc)] if a.nproc > 1 else [])
-        runs = {}
-        for side, n in cases:
-            t = time.time()
-            out = tmp / f"{side}{n}"
-            runs[f"{side}/{n}"] = (run_yolov5(python, yolov5, data, a, out, gt) if side == "yolov5"
-                                   else run_ppmulti(n, data, a, out))
-            print(f"{side} x{n}: {time.time() - t:.0f}s wall", flush=True)
-    y = runs["yolov5/1"]["epochs"]
-    y_final = y[-1]["mAP50"]
+        runs: dict[str, dict[int, dict]] = {}
+        for seed in a.seeds:   # the cases interleaved seed by seed: a drift in the machine's speed touches each alike
+            for side, n in cases:
+                t = time.time()
+                out = tmp / f"{side}{n}_seed{seed}"
+                runs.setdefault(f"{side}/{n}", {})[seed] = (
+                    run_yolov5(python, yolov5, data, a, seed, out, gt) if side == "yolov5"
+                    else run_ppmulti(n, data, a, seed, out))
+                print(f"{side} x{n} seed {seed}: {time.time() - t:.0f}s wall", flush=True)
+    curves = {key: mean_curve([r["epochs"] for r in by_seed.values()]) for key, by_seed in runs.items()}
+    y = curves["yolov5/1"]
+    y_final = final_map(y)
     y_own = seconds_to(y, y_final)
+    summary = [{"case": key, "seeds": a.seeds, **compare(curve, y, y_final, y_own), "mean_epochs": curve}
+               for key, curve in curves.items()]
     rows = []
-    for key, run in runs.items():
-        final = next((e["mAP50"] for e in reversed(run["epochs"]) if e["mAP50"] is not None), 0.0)
-        reach = seconds_to(run["epochs"], y_final)
-        back = seconds_to(y, final)
-        train_seconds = round(sum(e["seconds"] for e in run["epochs"]), 2)
-        rows.append({"case": key, "final_mAP50": final, "train_seconds": train_seconds,
-                     "to_yolov5_final": reach, "ratio_vs_yolov5": round(reach[0] / y_own[0], 3) if reach else None,
-                     "yolov5_to_this_final": back, "epochs": run["epochs"]})
+    for key, by_seed in runs.items():
+        for seed, run in by_seed.items():   # each seed against the same target: YOLOv5's mean curve
+            rows.append({"case": key, "seed": seed, **compare(run["epochs"], y, y_final, y_own),
+                         "epochs": run["epochs"]})
     result = {"what": "training seconds to reach the other tool's final mAP50 (pycocotools), evaluation and "
                       "start-up excluded",
               "conditions": {"cfg": a.cfg, "img": a.img, "global_batch": a.batch, "epochs": a.epochs,
                              "workers": a.workers, "hyp": vs.HYP,
                              "data": "ppmulti demo set, 256 train / 64 val, 256 px",
                              "yolov5_commit": vs._yolov5_commit(yolov5), "date": time.strftime("%Y-%m-%d")},
-              "yolov5_final_mAP50": y_final, "yolov5_seconds_to_own_final": y_own, "rows": rows,
+              "seeds": a.seeds, "yolov5_final_mAP50": y_final, "yolov5_seconds_to_own_final": y_own,
+              "summary": summary, "rows": rows,
               "rerun": "python bench/time_to_accuracy.py " + " ".join(_portable(argv))}
     atomic_write_text(a.out, json.dumps(result, indent=1) + "\n")
-    print(f"\nYOLOv5's final mAP50 {y_final:.3f}, reached in {y_own[0]:.0f} s (epoch {y_own[1]})\n")
-    print("| case | final mAP50 | train s | s to YOLOv5's final (epoch) | ratio | YOLOv5 s to this final |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in rows:
+    seeds = ",".join(map(str, a.seeds))
+    print(f"\nYOLOv5's final mAP50 {y_final:.3f} (mean over seeds {seeds}), "
+          + (f"reached by its mean curve in {y_own[0]:.0f} s (epoch {y_own[1]})\n" if y_own else "\n"))
+    print("| case | seed | final mAP50 | train s | s to YOLOv5's final (epoch) | ratio | YOLOv5 s to this final |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in summary + rows:
         reach = f"{r['to_yolov5_final'][0]:.0f} ({r['to_yolov5_final'][1]})" if r["to_yolov5_final"] else "not reached"
         back = f"{r['yolov5_to_this_final'][0]:.0f}" if r["yolov5_to_this_final"] else "not reached"
         ratio = f"{r['ratio_vs_yolov5']:.2f}" if r["ratio_vs_yolov5"] is not None else "-"
-        print(f"| {r['case']} | {r['final_mAP50']:.3f} | {r['train_seconds']:.0f} | {reach} | {ratio} | {back} |")
+        seed = r.get("seed", f"mean of {seeds}")
+        print(f"| {r['case']} | {seed} | {r['final_mAP50']:.3f} | {r['train_seconds']:.0f} | {reach} | {ratio} "
+              f"| {back} |")
     print(f"written {a.out}")
 
 

@@ -80,7 +80,7 @@ MEASURED = {
     "python bench/vs_yolov5.py --yolov5 DIR --img 160 --epochs 4 --rounds 3 --nproc 2 --amp": "bench/vs_yolov5.py",
     "python bench/fastpath.py --rounds 2": "bench/fastpath.py",
     "python bench/loader_vs_yolov5.py --yolov5 DIR --rounds 3": "bench/loader_vs_yolov5.py",
-    "python bench/time_to_accuracy.py --yolov5 DIR": "bench/time_to_accuracy.py",
+    "python bench/time_to_accuracy.py --yolov5 DIR --seeds 0,1,2": "bench/time_to_accuracy.py",
     "python tools/train.py --data DATA/data.yaml --cfg yolov5n --weights '' --hyp configs/hyps/hyp.scratch-low.yaml "
     "--img 256 --epochs 30 --batch 16 --device cpu --workers 2 --nproc 2 --accumulate 1": "tools/train.py",
     "python bench/amp.py --rounds 2 --demo-epochs 30 --yolo-epochs 15": "bench/amp.py",
