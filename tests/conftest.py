@@ -1,5 +1,6 @@
 """Shared fixtures: the repo paths, a small demo dataset, the trained runs several modules read, launches killed at
-teardown, a runner for the CLI tools, and the `slow` lane's rules (multiproc implies slow; the op built first)."""
+teardown, a runner for the CLI tools, the `slow` lane's rules (multiproc implies slow; the op built first), and
+a watch on Paddle's loader shared memory that dead processes leave in /dev/shm."""
 
 from __future__ import annotations
 
@@ -43,6 +44,56 @@ def pytest_collection_finish(session):
         build_op()   # when it is built already: a file check, no paddle import
     except OpUnavailable as exc:
         print(f"warning: the oneDNN conv op is unavailable: {exc}", file=sys.stderr)
+
+
+SHM = Path("/dev/shm")
+_shm_before: set[str] = set()
+_shm_first_seen: dict[str, str] = {}   # a Paddle shared-memory file -> the test after which it was first seen
+
+
+def _paddle_shm() -> set[str]:
+    """Paddle's data-loader shared memory: ``paddle_<pid of the writing worker>_...`` files."""
+    try:
+        return {n for n in os.listdir(SHM) if n.startswith("paddle_") and n.split("_")[1].isdigit()}
+    except OSError:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pytest_sessionstart(session):
+    _shm_before.update(_paddle_shm())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    for name in _paddle_shm() - _shm_before - _shm_first_seen.keys():
+        _shm_first_seen[name] = item.nodeid
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Files a dead loader worker wrote after its reader was gone (nobody left to unlink them) are removed and
+    named with the test after which they appeared: a leak to find, not to leave in RAM."""
+    left = {n: t for n, t in _shm_first_seen.items()
+            if (SHM / n).exists() and not _alive(int(n.split("_")[1]))}
+    for name in left:
+        (SHM / name).unlink(missing_ok=True)
+    if left:
+        by_test: dict[str, list[str]] = {}
+        for name, test in left.items():
+            by_test.setdefault(test, []).append(name)
+        terminalreporter.write_sep("=", "Paddle shared memory left by dead processes (removed)")
+        for test, names in by_test.items():
+            terminalreporter.write_line(f"{len(names)} file(s), first seen after {test}: {', '.join(sorted(names))}")
 
 
 @pytest.fixture(scope="session")
