@@ -16,8 +16,8 @@ What is compared
     Threads: torch takes every core in YOLOv5's one process (reported from torch.get_num_threads() inside the
     run); ppmulti's ranks are pinned to cores // ranks through PPMULTI_CPU_THREADS (--threads-auto: ppmulti's
     own rule, the same share unless PPMULTI_CPU_THREADS is set in the environment).
-    Known difference: YOLOv5 accumulates gradients to a nominal batch of 64 (one optimizer step per 4 batches
-    of 16 once its 100-iteration warm-up is over); ppmulti steps every batch.
+    Both accumulate gradients to YOLOv5's nominal batch of 64 (one optimizer step per 4 batches of 16 once the
+    100-iteration warm-up is over): ppmulti does so for a YOLOv5 command line, as here.
 
 Getting YOLOv5 (never a ppmulti dependency)
     git clone https://github.com/ultralytics/yolov5 /path/to/yolov5
@@ -510,8 +510,8 @@ def main(argv: list[str] | None = None) -> None:
                        "torch": first_y["torch"], "torchvision": first_y["torchvision"],
                        "torchvision_shim": shim, "yolov5_timing": "train.main with on_train_epoch_start/end hooks",
                        "yolov5_env": OFFLINE_ENV,
-                       "note": "YOLOv5 accumulates gradients to nbs=64 (1 optimizer step per 64/batch batches after "
-                               "its warm-up); ppmulti steps every batch"},
+                       "note": "both accumulate gradients to nbs=64 (1 optimizer step per 64/batch batches after "
+                               "the warm-up)"},
         "rows": rows,
         "rerun": "python bench/vs_yolov5.py " + " ".join(argv),
     }
