@@ -111,7 +111,7 @@ def _torchvision_nms_shim() -> str | None:
         torch.ops.load_library(str(lib_path))
         return None                     # a working torchvision: nothing to do
     except (OSError, RuntimeError) as exc:
-        reason = str(exc).splitlines()[0]
+        reason = str(exc).splitlines()[0].replace(str(lib_path), "torchvision/_C.so")   # no machine paths in results
     _SHIM_LIB = torch.library.Library("torchvision", "DEF")
     _SHIM_LIB.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _SHIM_LIB.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
