@@ -242,14 +242,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _portable(argv: list[str]) -> list[str]:
-    """The command line as the results record it: this machine's paths (checkout, venv, data, output) as DIR."""
-    out, paths = [], ("--yolov5", "--venv", "--data", "--out")
-    for i, arg in enumerate(argv):
-        out.append("DIR" if i and argv[i - 1] in paths else arg)
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["yolov5-worker"]:
@@ -299,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
                              "yolov5_commit": vs._yolov5_commit(yolov5), "date": time.strftime("%Y-%m-%d")},
               "seeds": a.seeds, "yolov5_final_mAP50": y_final, "yolov5_seconds_to_own_final": y_own,
               "summary": summary, "rows": rows,
-              "rerun": "python bench/time_to_accuracy.py " + " ".join(_portable(argv))}
+              "rerun": "python bench/time_to_accuracy.py " + " ".join(vs.portable(argv))}
     atomic_write_text(a.out, json.dumps(result, indent=1) + "\n")
     seeds = ",".join(map(str, a.seeds))
     print(f"\nYOLOv5's final mAP50 {y_final:.3f} (mean over seeds {seeds}), "

@@ -280,6 +280,15 @@ def _run(cmd: list[str], log: Path, env: dict | None = None, cwd: Path = REPO) -
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n--- last lines of {log}:\n{tail}")
 
 
+def portable(argv: list[str]) -> list[str]:
+    """A bench's command line as its results record it: this machine's paths (checkout, venvs, data, output)
+    as DIR."""
+    out, paths = [], ("--yolov5", "--venv", "--convert-venv", "--data", "--out")
+    for i, arg in enumerate(argv):
+        out.append("DIR" if i and argv[i - 1] in paths else arg)
+    return out
+
+
 def _run_env() -> dict:
     """The environment of a timed run's process (the YOLOv5 worker, ppmulti's train.py): this one's, without
     PYTHONPATH."""
@@ -513,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
                        "note": "both accumulate gradients to nbs=64 (1 optimizer step per 64/batch batches after "
                                "the warm-up)"},
         "rows": rows,
-        "rerun": "python bench/vs_yolov5.py " + " ".join(argv),
+        "rerun": "python bench/vs_yolov5.py " + " ".join(portable(argv)),
     }
     previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     if "convert_check" in previous:   # written by --check-convert; a timing run keeps it

@@ -1,5 +1,5 @@
 """bench/time_to_accuracy.py's arithmetic: seeds averaged epoch by epoch, the seconds to a target, the comparison
-against YOLOv5's mean curve, and the --seeds flag."""
+against YOLOv5's mean curve, the --seeds flag, and the command line the results record."""
 
 import importlib.util
 import sys
@@ -65,3 +65,9 @@ def test_seeds_flag(tta):
     for bad in ("0,0", "a,1", ","):
         with pytest.raises(SystemExit):
             tta.parse_args(["--yolov5", "DIR", "--seeds", bad])
+
+
+def test_the_recorded_command_line_holds_no_machine_path(tta):
+    argv = ["--yolov5", "/home/me/yolov5", "--venv", "/tmp/v", "--seeds", "0,1", "--data", "/d", "--out", "/o.json"]
+    assert tta.vs.portable(argv) == ["--yolov5", "DIR", "--venv", "DIR", "--seeds", "0,1", "--data", "DIR",
+                                     "--out", "DIR"]
