@@ -89,6 +89,7 @@ def test_each_epoch_is_drawn_by_its_epoch_in_sampler_and_workers(workers):
     feed = Feed(_Reader(_Shuffle(), workers))
     assert feed.run_long()
     seen = [_epoch(feed, e) for e in range(3)]
+    forked = _children() - before
     feed.close()
     for e, rows in enumerate(seen):
         assert [r[0] for r in rows] == [0, 1, 2, 3]
@@ -99,6 +100,8 @@ def test_each_epoch_is_drawn_by_its_epoch_in_sampler_and_workers(workers):
         # the same worker processes served every epoch, and none is left after close()
         assert os.getpid() not in pids and len(pids) <= workers
         assert _children() - before == set()
+        # the batches they had made ahead for an epoch never drawn are not left in /dev/shm
+        assert [n for n in os.listdir("/dev/shm") if n.split("_")[:2] in (["paddle", str(p)] for p in forked)] == []
     else:
         assert pids == {os.getpid()}
 

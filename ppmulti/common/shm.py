@@ -80,6 +80,26 @@ def dead_lone_leftovers(directory: str | None = None) -> list[str]:
     return left
 
 
+def remove_paddle_shm_of(pids: set[int], directory: str | None = None) -> list[str]:
+    """Remove Paddle's data-loader shared memory (``paddle_<pid of the writing worker>_...``) written by ``pids``,
+    workers that have ended: batches they made that no reader took. Returns the names removed."""
+    directory = directory or shm_dir()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        parts = name.split("_")
+        if len(parts) >= 3 and parts[0] == "paddle" and parts[1].isdigit() and int(parts[1]) in pids:
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def user_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """$XDG_CACHE_HOME/ppmulti, else ~/.cache/ppmulti: caches of datasets whose folders are read-only."""
     env = os.environ if environ is None else environ

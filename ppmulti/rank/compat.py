@@ -387,10 +387,17 @@ def loader_like(reader: Any, dataset: Any, batch_sampler: Any) -> Any:
 def close_batches(batches: Any) -> None:
     """Stop a DataLoader iterator's workers and prefetching thread now, not when it is collected. Paddle 2.6's
     and 3.x's iterators (single- and multi-process) both shut down in ``_try_shutdown_all``, which their
-    ``__del__`` calls."""
+    ``__del__`` calls. Batches the workers had made ahead and nobody took stay in /dev/shm as
+    ``paddle_<worker pid>_*`` files; once the workers (``_workers``, both versions) have ended, they are removed."""
+    from ppmulti.common.shm import remove_paddle_shm_of
+
     shutdown = getattr(batches, "_try_shutdown_all", None)
+    workers = list(getattr(batches, "_workers", None) or [])
     if callable(shutdown):
         shutdown()
+    ended = {w.pid for w in workers if w.pid is not None and not w.is_alive()}
+    if ended:
+        remove_paddle_shm_of(ended)
 
 
 def no_grad_sync(model: Any) -> Any:
