@@ -314,11 +314,13 @@ def test_a_node_that_comes_back_is_taken_in_at_the_next_restart(etcd, small_demo
             time.sleep(0.2)
         return proc
 
-    def until(text: str, seconds: float = 300) -> None:
+    def until(text: str, seconds: float = 300, after: int = 0) -> int:
+        """Wait for ``text`` in the log past its first ``after`` characters; return the log's length then."""
         deadline = time.time() + seconds
         while time.time() < deadline and nodes[0].poll() is None:
-            if log.is_file() and text in log.read_text():
-                return
+            seen = log.read_text() if log.is_file() else ""
+            if text in seen[after:]:
+                return len(seen)
             time.sleep(0.2)
         raise AssertionError(f"{text!r} never came:\n{launches.output(nodes[0])[-3000:]}")
 
@@ -332,10 +334,11 @@ def test_a_node_that_comes_back_is_taken_in_at_the_next_restart(etcd, small_demo
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        until("resuming a run of 2 ranks on 1 ranks")
+        resumed = until("resuming a run of 2 ranks on 1 ranks")
         back = node(1)                                      # node 1 returns while round 1 runs
         time.sleep(3)
         assert "elastic round 2" not in launches.output(back)    # not taken in mid-round
+        until("epoch 3/4 step", after=resumed)              # round 1 has saved epoch 2: round 2 resumes from it
         pid = _rank_pid(0, str(out))
         assert pid is not None
         os.kill(pid, signal.SIGKILL)                        # the next restart

@@ -442,3 +442,35 @@ def test_rank_watch_survives_its_launch_directory_going(tmp_path):
     watch.poll()
     watch.reset()
     assert watch.first_gone is None
+
+
+def test_rank_watch_names_the_killed_rank_before_the_peer_it_took_down(tmp_path):
+    """Rank 1 is killed by SIGKILL (no mark) and rank 0's allreduce fails for want of it; on a loaded machine
+    both are gone by the next poll. The launch names rank 1, not rank 0 (the lower rank but a victim); a rank
+    with an error of its own is still named before a victim."""
+    import subprocess
+    import sys
+
+    from ppmulti.procs.launch.runner import _RankWatch
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    directory = tmp_path / "ppmulti-launch-x"
+    directory.mkdir()
+    for rank in (0, 1, 2):
+        (directory / f"rank{rank}.started").write_text(str(dead.pid))
+    (directory / "rank0.failed").write_text("OSError: [enforce fail at gloo/transport/tcp/pair.cc:598] "
+                                            "Connection reset by peer")
+    (directory / "rank2.stopped").write_text("stopped by SIGTERM")
+    watch = _RankWatch(str(directory))
+    watch.poll()
+    assert watch.first_gone == 1
+    assert watch.cause().startswith("rank 1 died without a Python error")
+
+    watch.reset()
+    for rank in (0, 1):
+        (directory / f"rank{rank}.started").write_text(str(dead.pid))
+    (directory / "rank0.failed").write_text("RuntimeError: peer went away (gloo)")
+    (directory / "rank1.failed").write_text("ValueError: a bad box")
+    watch.poll()
+    assert watch.cause() == "rank 1 failed: ValueError: a bad box"

@@ -49,7 +49,7 @@ from ppmulti.procs.launch import netcheck
 from ppmulti.procs.launch.netcheck import ifname_env, route_interface
 from ppmulti.procs.launch.plan import LaunchPlan
 from ppmulti.procs.launch.rendezvous import RendezvousError, join_rendezvous, serve_rendezvous  # noqa: F401
-from ppmulti.procs.launch.watchdog import Watchdog
+from ppmulti.procs.launch.watchdog import Watchdog, peer_error
 
 def _log(msg: str, out: TextIO | None = None) -> None:
     print(f"ppmulti launch: {msg}", file=out or sys.stderr, flush=True)
@@ -205,13 +205,17 @@ class _RankWatch:
         return ranks
 
     def poll(self) -> None:
+        """Note the first rank gone. Several can vanish between two polls (a rank killed by a signal takes its
+        peers' collectives down within milliseconds): one whose Python error says it lost a peer is a victim,
+        so any other rank gone with it is named first."""
         if self.first_gone is None:
             mark = os.path.join(self.directory, "rank{}.{}")
-            gone = sorted(r for r, pid in self.started().items()
-                          if not alive(pid) and not os.path.exists(mark.format(r, "done"))
-                          and not os.path.exists(mark.format(r, "stopped")))
+            gone = [r for r, pid in self.started().items()
+                    if not alive(pid) and not os.path.exists(mark.format(r, "done"))
+                    and not os.path.exists(mark.format(r, "stopped"))]
             if gone:
-                self.first_gone = gone[0]
+                failed = self.failed()
+                self.first_gone = min(gone, key=lambda r: (peer_error(failed.get(r, "")), r))
 
     def failed(self) -> dict[int, str]:
         """The cause each ``rankN.failed`` mark gives, by rank."""
