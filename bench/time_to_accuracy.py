@@ -11,6 +11,9 @@ What is compared
       * ppmulti/1 -- ``tools/train.py`` with the same YOLOv5 flags, one process; it evaluates its EMA weights after
                      every epoch (conf 0.001, IoU 0.6, 300 boxes: the YOLOv5 config's NMS) and writes results.csv.
       * ppmulti/N -- the same with ``--nproc N`` gloo ranks.
+      * ppmulti/N+amp -- the same with ``--amp`` (bf16 convolutions on a CPU with AVX512-BF16 or AMX; YOLOv5 trains
+                     in float32 on a CPU, its AMP is for CUDA only). Not among the default cases.
+    ``--cases`` picks them (default ``yolov5,ppmulti/1,ppmulti/2``); ``yolov5`` is always run: it sets the target.
     Scoring: both with pycocotools' COCOeval (bbox, stats[1] = mAP50) against ground truth converted from the same
     YOLO label files (ppmulti's evaluator does this itself; YOLOv5's prediction files are scored here against the
     same conversion, image ids matched by file name). Known difference: YOLOv5's val letterboxes rectangular batches
@@ -29,7 +32,8 @@ torch made on first use, offline settings, the torchvision shim). Run it with a 
 (torch==2.13.0 lies on this machine's disk for Python 3.11).
 
 Run:  python bench/time_to_accuracy.py --yolov5 DIR [--cfg yolov5n] [--img 256] [--batch 16] [--epochs 30]
-                                       [--nproc 2] [--workers 2] [--seeds 0,1,2]
+                                       [--cases yolov5,ppmulti/1,ppmulti/2,ppmulti/2+amp] [--workers 2]
+                                       [--seeds 0,1,2]
 Writes bench/results/time_to_accuracy.json (--out) and prints a markdown table.
 """
 
@@ -158,7 +162,7 @@ def run_yolov5(python: Path, yolov5: Path, data: Path, a: argparse.Namespace, se
     return {"epochs": epochs, "torchvision_shim": info["torchvision_shim"]}
 
 
-def run_ppmulti(nproc: int, data: Path, a: argparse.Namespace, seed: int, out: Path) -> dict:
+def run_ppmulti(nproc: int, amp: bool, data: Path, a: argparse.Namespace, seed: int, out: Path) -> dict:
     from ppmulti.common.metrics import read_results
 
     out.mkdir(parents=True, exist_ok=True)
@@ -168,12 +172,19 @@ def run_ppmulti(nproc: int, data: Path, a: argparse.Namespace, seed: int, out: P
            "--seed", str(seed), "--output", str(out / "run")]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
+    if amp:
+        cmd += ["--amp"]
     threads, env = vs.ppmulti_threads(nproc, auto=False)
     vs._run(cmd, out / "log.txt", env=env)
     cols = read_results(out / "run" / "results.csv")
     epochs = [{"epoch": int(e), "seconds": s, "mAP50": None if math.isnan(m) else round(m, 4)}
               for e, s, m in zip(cols["epoch"], cols["epoch_seconds"], cols["mAP50"])]
-    return {"epochs": epochs, "threads": threads}
+    run = {"epochs": epochs, "threads": threads}
+    if amp:   # what --amp did on this CPU: bf16 convolutions, or "has no effect here" (then the run is float32)
+        log = (out / "run" / "train.log").read_text()
+        run["amp"] = next((line.split(" ", 2)[-1] for line in log.splitlines()
+                           if "AMP on CPU" in line or "--amp has no effect" in line), "not logged")
+    return run
 
 
 def seconds_to(epochs: list[dict], target: float) -> tuple[float, int] | None:
@@ -223,6 +234,28 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _cases(text: str) -> list[tuple[str, int, bool]]:
+    """``yolov5,ppmulti/1,ppmulti/2+amp`` as (side, processes, amp), YOLOv5 first whether named or not."""
+    cases = [("yolov5", 1, False)]
+    for name in (c.strip() for c in text.split(",")):
+        if name in ("", "yolov5"):
+            continue
+        side, _, rest = name.partition("/")
+        n, plus, amp = rest.partition("+")
+        if side != "ppmulti" or not n.isdigit() or int(n) < 1 or (plus and amp != "amp"):
+            raise argparse.ArgumentTypeError(f"{name!r} is not a case: give yolov5, ppmulti/N or ppmulti/N+amp, "
+                                             f"e.g. yolov5,ppmulti/1,ppmulti/2,ppmulti/2+amp")
+        case = ("ppmulti", int(n), bool(plus))
+        if case in cases:
+            raise argparse.ArgumentTypeError(f"{name!r} is named twice in --cases")
+        cases.append(case)
+    return cases
+
+
+def case_key(side: str, n: int, amp: bool) -> str:
+    return f"{side}/{n}" + ("+amp" if amp else "")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--yolov5", required=True, help="a YOLOv5 checkout (git clone https://github.com/ultralytics/yolov5)")
@@ -236,7 +269,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=16, help="global batch, both sides")
     ap.add_argument("--epochs", type=int, default=30, help="epochs per run")
     ap.add_argument("--workers", type=int, default=2, help="loader workers per process, both sides")
-    ap.add_argument("--nproc", type=int, default=2, help="ranks of the multi-process ppmulti case (0: skip)")
+    ap.add_argument("--cases", type=_cases, default=_cases("yolov5,ppmulti/1,ppmulti/2"),
+                    help="the runs, comma-separated: yolov5 (always run), ppmulti/N (N ranks), ppmulti/N+amp "
+                         "(with --amp); default yolov5,ppmulti/1,ppmulti/2")
     ap.add_argument("--seeds", type=_seeds, default=[0], help="training seeds, every case once per seed: 0,1,2")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "time_to_accuracy.json"))
     return ap.parse_args(argv)
@@ -262,16 +297,16 @@ def main(argv: list[str] | None = None) -> None:
         if not exists(data, "yolo"):
             generate(data, fmt="yolo", n_train=256, n_val=64, size=256)
         gt = _ground_truth(data, tmp)
-        cases = [("yolov5", 1), ("ppmulti", 1)] + ([("ppmulti", a.nproc)] if a.nproc > 1 else [])
         runs: dict[str, dict[int, dict]] = {}
         for seed in a.seeds:   # the cases interleaved seed by seed: a drift in the machine's speed touches each alike
-            for side, n in cases:
+            for side, n, amp in a.cases:
                 t = time.time()
-                out = tmp / f"{side}{n}_seed{seed}"
-                runs.setdefault(f"{side}/{n}", {})[seed] = (
+                key = case_key(side, n, amp)
+                out = tmp / f"{key.replace('/', '').replace('+', '_')}_seed{seed}"
+                runs.setdefault(key, {})[seed] = (
                     run_yolov5(python, yolov5, data, a, seed, out, gt) if side == "yolov5"
-                    else run_ppmulti(n, data, a, seed, out))
-                print(f"{side} x{n} seed {seed}: {time.time() - t:.0f}s wall", flush=True)
+                    else run_ppmulti(n, amp, data, a, seed, out))
+                print(f"{key} seed {seed}: {time.time() - t:.0f}s wall", flush=True)
     curves = {key: mean_curve([r["epochs"] for r in by_seed.values()]) for key, by_seed in runs.items()}
     y = curves["yolov5/1"]
     y_final = final_map(y)

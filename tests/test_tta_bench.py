@@ -71,3 +71,14 @@ def test_the_recorded_command_line_holds_no_machine_path(tta):
     argv = ["--yolov5", "/home/me/yolov5", "--venv", "/tmp/v", "--seeds", "0,1", "--data", "/d", "--out", "/o.json"]
     assert tta.vs.portable(argv) == ["--yolov5", "DIR", "--venv", "DIR", "--seeds", "0,1", "--data", "DIR",
                                      "--out", "DIR"]
+
+
+def test_cases_flag(tta):
+    default = tta.parse_args(["--yolov5", "DIR"]).cases
+    assert default == [("yolov5", 1, False), ("ppmulti", 1, False), ("ppmulti", 2, False)]
+    cases = tta.parse_args(["--yolov5", "DIR", "--cases", "ppmulti/2,ppmulti/2+amp"]).cases
+    assert cases == [("yolov5", 1, False), ("ppmulti", 2, False), ("ppmulti", 2, True)]   # YOLOv5 sets the target
+    assert [tta.case_key(*c) for c in cases] == ["yolov5/1", "ppmulti/2", "ppmulti/2+amp"]
+    for bad in ("ppmulti/0", "ppmulti/x", "torch/1", "ppmulti/2+fp16", "ppmulti/1,ppmulti/1"):
+        with pytest.raises(SystemExit):
+            tta.parse_args(["--yolov5", "DIR", "--cases", bad])
