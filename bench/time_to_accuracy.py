@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     for key, by_seed in runs.items():
         for seed, run in by_seed.items():   # each seed against the same target: YOLOv5's mean curve
             rows.append({"case": key, "seed": seed, **compare(run["epochs"], y, y_final, y_own),
-                         "epochs": run["epochs"]})
+                         **{k: v for k, v in run.items() if k != "epochs"}, "epochs": run["epochs"]})
     result = {"what": "training seconds to reach the other tool's final mAP50 (pycocotools), evaluation and "
                       "start-up excluded",
               "conditions": {"cfg": a.cfg, "img": a.img, "global_batch": a.batch, "epochs": a.epochs,

@@ -81,10 +81,10 @@ MEASURED = {
     "python bench/fastpath.py --rounds 2": "bench/fastpath.py",
     "python bench/loader_vs_yolov5.py --yolov5 DIR --rounds 3": "bench/loader_vs_yolov5.py",
     "python bench/time_to_accuracy.py --yolov5 DIR --seeds 0,1,2": "bench/time_to_accuracy.py",
+    "python bench/time_to_accuracy.py --yolov5 DIR --seeds 0,1,2 --cases yolov5,ppmulti/2,ppmulti/1+amp,ppmulti/2+amp":
+        "bench/time_to_accuracy.py",
     "python tools/train.py --data DATA/data.yaml --cfg yolov5n --weights '' --hyp configs/hyps/hyp.scratch-low.yaml "
     "--img 256 --epochs 30 --batch 16 --device cpu --workers 2 --nproc 2 --accumulate 1": "tools/train.py",
-    "python tools/train.py --data DATA/data.yaml --cfg yolov5n --weights '' --hyp configs/hyps/hyp.scratch-low.yaml "
-    "--img 256 --epochs 30 --batch 16 --device cpu --workers 2 --nproc 2 --amp --seed 0": "tools/train.py",
     "python bench/amp.py --rounds 2 --demo-epochs 30 --yolo-epochs 15": "bench/amp.py",
     "ppmulti bench --heartbeat --models yolov5s --ranks 1,2 --repeat 3": "ppmulti bench",
     "python tools/train.py --data dataset/demo/data.yaml --cfg yolov5n --weights '' --img 160 --epochs 30 --batch 16 "
