@@ -80,23 +80,31 @@ def dead_lone_leftovers(directory: str | None = None) -> list[str]:
     return left
 
 
-def remove_paddle_shm_of(pids: set[int], directory: str | None = None) -> list[str]:
-    """Remove Paddle's data-loader shared memory (``paddle_<pid of the writing worker>_...``) written by ``pids``,
-    workers that have ended: batches they made that no reader took. Returns the names removed."""
+def paddle_shm_of(pids: set[int], directory: str | None = None) -> list[str]:
+    """Paths of Paddle's data-loader shared memory (``paddle_<pid of the writing worker>_...``) written by ``pids``."""
     directory = directory or shm_dir()
     try:
         names = os.listdir(directory)
     except OSError:
         return []
-    removed = []
+    found = []
     for name in names:
         parts = name.split("_")
         if len(parts) >= 3 and parts[0] == "paddle" and parts[1].isdigit() and int(parts[1]) in pids:
-            try:
-                os.unlink(os.path.join(directory, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
+            found.append(os.path.join(directory, name))
+    return found
+
+
+def remove_paddle_shm_of(pids: set[int], directory: str | None = None) -> list[str]:
+    """Remove Paddle's data-loader shared memory written by ``pids``, workers that have ended: batches they made
+    that no reader took. Returns the names removed."""
+    removed = []
+    for path in paddle_shm_of(pids, directory):
+        try:
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+        except FileNotFoundError:
+            pass
     return removed
 
 

@@ -31,6 +31,7 @@ from typing import Callable
 from ppmulti.common import heartbeat as H
 from ppmulti.common import procfs
 from ppmulti.common.atomic import atomic_write_text
+from ppmulti.common.shm import paddle_shm_of
 from ppmulti.procs import supervisor
 
 SAMPLE = 0.5        # seconds between samples
@@ -239,19 +240,8 @@ class Watchdog:
     def shared_memory_left(self, shm_dir: str = "/dev/shm") -> list[str]:
         """Paddle's data-loader shared memory (``paddle_<pid>_...``, named by the writing worker) of every
         process of these ranks that is gone."""
-        pids = {p for r in self.ranks.values() for p in r.pids}
-        try:
-            names = os.listdir(shm_dir)
-        except OSError:
-            return []
-        left = []
-        for name in names:
-            parts = name.split("_")
-            if len(parts) >= 3 and parts[0] == "paddle" and parts[1].isdigit():
-                pid = int(parts[1])
-                if pid in pids and not procfs.alive(pid):
-                    left.append(os.path.join(shm_dir, name))
-        return left
+        gone = {p for r in self.ranks.values() for p in r.pids if not procfs.alive(p)}
+        return paddle_shm_of(gone, shm_dir)
 
 
 def _size(path: str) -> int:
