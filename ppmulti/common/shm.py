@@ -49,15 +49,20 @@ def segment_path(key: str, environ: Mapping[str, str] | None = None) -> str:
     return os.path.join(shm_dir(), f"{CACHE_PREFIX}{run_tag(environ)}-{key[:16]}")
 
 
+def _names(directory: str) -> list[str]:
+    """The entries of a shared-memory directory; none if it cannot be read."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
 def launch_leftovers(launch_dir: str, directory: str | None = None) -> list[str]:
     """RAM-cache files (segments, their lock and count files) a launch's ranks left behind: a rank killed while
     the cache was being built, before every rank had mapped it (afterwards the file is already unlinked)."""
     directory = directory or shm_dir()
     prefix = f"{CACHE_PREFIX}{launch_tag(launch_dir)}-"
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
+    names = _names(directory)
     return [os.path.join(directory, n) for n in names if n.startswith(prefix)]
 
 
@@ -67,10 +72,7 @@ def dead_lone_leftovers(directory: str | None = None) -> list[str]:
     from ppmulti.common.procfs import alive
 
     directory = directory or shm_dir()
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
+    names = _names(directory)
     left = []
     for name in names:
         if name.startswith(CACHE_PREFIX + "p"):
@@ -83,10 +85,7 @@ def dead_lone_leftovers(directory: str | None = None) -> list[str]:
 def paddle_shm_of(pids: set[int], directory: str | None = None) -> list[str]:
     """Paths of Paddle's data-loader shared memory (``paddle_<pid of the writing worker>_...``) written by ``pids``."""
     directory = directory or shm_dir()
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
+    names = _names(directory)
     found = []
     for name in names:
         parts = name.split("_")
