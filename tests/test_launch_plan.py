@@ -445,9 +445,9 @@ def test_rank_watch_survives_its_launch_directory_going(tmp_path):
 
 
 def test_rank_watch_names_the_killed_rank_before_the_peer_it_took_down(tmp_path):
-    """Rank 1 is killed by SIGKILL (no mark) and rank 0's allreduce fails for want of it; on a loaded machine
-    both are gone by the next poll. The launch names rank 1, not rank 0 (the lower rank but a victim); a rank
-    with an error of its own is still named before a victim."""
+    """Rank 1 is killed by SIGKILL (no mark) and rank 0's allreduce fails for want of it (a Python error on
+    Paddle 3, an abort on 2.6); on a loaded machine both are gone by the next poll. The launch names rank 1, not
+    rank 0 (the lower rank but a victim); a rank with an error of its own is still named before a victim."""
     import subprocess
     import sys
 
@@ -463,6 +463,16 @@ def test_rank_watch_names_the_killed_rank_before_the_peer_it_took_down(tmp_path)
                                             "Connection reset by peer")
     (directory / "rank2.stopped").write_text("stopped by SIGTERM")
     watch = _RankWatch(str(directory))
+    watch.poll()
+    assert watch.first_gone == 1
+    assert watch.cause().startswith("rank 1 died without a Python error")
+
+    # Paddle 2.6: gloo's IoException aborts rank 0 (no Python error, faulthandler's record instead)
+    watch.reset()
+    for rank in (0, 1):
+        (directory / f"rank{rank}.started").write_text(str(dead.pid))
+    (directory / "rank0.fatal").write_text("Fatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n")
+    (directory / "rank1.fatal").write_text("")   # faulthandler's file, empty: SIGKILL writes nothing
     watch.poll()
     assert watch.first_gone == 1
     assert watch.cause().startswith("rank 1 died without a Python error")

@@ -49,7 +49,7 @@ from ppmulti.procs.launch import netcheck
 from ppmulti.procs.launch.netcheck import ifname_env, route_interface
 from ppmulti.procs.launch.plan import LaunchPlan
 from ppmulti.procs.launch.rendezvous import RendezvousError, join_rendezvous, serve_rendezvous  # noqa: F401
-from ppmulti.procs.launch.watchdog import Watchdog, peer_error
+from ppmulti.procs.launch.watchdog import Watchdog, lost_a_peer
 
 def _log(msg: str, out: TextIO | None = None) -> None:
     print(f"ppmulti launch: {msg}", file=out or sys.stderr, flush=True)
@@ -206,8 +206,8 @@ class _RankWatch:
 
     def poll(self) -> None:
         """Note the first rank gone. Several can vanish between two polls (a rank killed by a signal takes its
-        peers' collectives down within milliseconds): one whose Python error says it lost a peer is a victim,
-        so any other rank gone with it is named first."""
+        peers' collectives down within milliseconds): one that lost a peer (its Python error says so, or it
+        aborted in gloo) is a victim, so any other rank gone with it is named first."""
         if self.first_gone is None:
             mark = os.path.join(self.directory, "rank{}.{}")
             gone = [r for r, pid in self.started().items()
@@ -215,7 +215,8 @@ class _RankWatch:
                     and not os.path.exists(mark.format(r, "stopped"))]
             if gone:
                 failed = self.failed()
-                self.first_gone = min(gone, key=lambda r: (peer_error(failed.get(r, "")), r))
+                self.first_gone = min(gone, key=lambda r: (
+                    lost_a_peer(failed.get(r, ""), heartbeat_record.fatal(self.directory, r)), r))
 
     def failed(self) -> dict[int, str]:
         """The cause each ``rankN.failed`` mark gives, by rank."""

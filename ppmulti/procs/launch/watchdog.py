@@ -49,6 +49,12 @@ def peer_error(text: str) -> bool:
     return any(marker in low for marker in PEER_ERRORS)
 
 
+def lost_a_peer(failed: str, fatal: str | None) -> bool:
+    """Whether a rank's end reads as a victim's: its Python error says a collective lost its peer, or it aborted
+    (gloo's IoException on Paddle 2.6 is thrown where Python cannot catch it: the process aborts)."""
+    return peer_error(failed) or (fatal is not None and "Aborted" in fatal)
+
+
 @dataclass
 class _Rank:
     rank: int
@@ -227,13 +233,10 @@ class Watchdog:
         r = self.ranks.get(first_gone) if first_gone is not None else None
         if r is None or self.local_world or r.progress is None or r.progress.phase not in H.WAITING:
             return None
-        abort = H.fatal(self.directory, r.rank)
-        if peer_error(failed.get(r.rank, "")):
-            how = f" ({failed[r.rank]})"
-        elif abort is not None and "Aborted" in abort:
-            how = " (it aborted: gloo gives up on a peer that way)"
-        else:
+        if not lost_a_peer(failed.get(r.rank, ""), H.fatal(self.directory, r.rank)):
             return None
+        text = failed.get(r.rank, "")
+        how = f" ({text})" if peer_error(text) else " (it aborted: gloo gives up on a peer that way)"
         return (f"rank {r.rank} on node {self.node_rank} lost its peer {r.where()}{how}: it is a victim; "
                 f"the cause is on another node (see that node's output)")
 
