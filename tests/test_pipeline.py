@@ -375,6 +375,25 @@ def test_hsv_on_the_device_equals_cv2s_on_the_host():
         assert (grey.max(-1) == grey.min(-1)).all()
 
 
+def test_hsv_on_the_device_builds_the_hosts_tables_in_float64():
+    """A hue gain whose float32 product a hair below an integer rounds up to it: 174 x 0.9827586 is 170.99999 in
+    float64 (cv2's table: 170) and 171.0 in float32. The device takes the host's table, so a saturated pixel of
+    hue 174 ends where cv2 puts it (one hue step off moved it by 3-8 of 255: CI, 2026-11-26)."""
+    import cv2
+
+    from ppmulti.rank.data import augment as A
+
+    gain = np.float32(0.9827586)
+    assert np.floor(np.float32(174) * gain) == 171 and np.floor(174 * np.float64(gain)) == 170
+    hsv = np.array([[[174, 255, 255], [174, 200, 230], [90, 255, 255]]], np.uint8)
+    bgr = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)
+    assert (cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV)[0, :2, 0] == 174).all()
+    gains = np.array([gain, 1.0, 1.0], np.float32)
+    want = A.augment_hsv(bgr.copy(), gains.astype(np.float64), rgb=True).astype(int)
+    got = hsv_on_device(paddle.to_tensor(bgr.transpose(2, 0, 1)[None]), paddle.to_tensor(gains[None])).numpy()
+    assert np.abs(got[0].transpose(1, 2, 0).astype(int) - want).max() <= 1, (got[0].transpose(1, 2, 0), want)
+
+
 def test_hsv_gains_on_the_device_give_the_hosts_batches(demo_yaml):
     """The reader as a GPU run builds it (YOLOv5HSV on_device: BGR uint8 and the drawn gains leave the loader,
     the trainer's to_model_input applies them): each image of its batches equals cv2's augment_hsv with the same

@@ -90,11 +90,11 @@ def hsv_on_device(image, gains):
     floats), ``gains`` N x 3 (H, S, V multipliers, ``augment.hsv_gains``); returns float32 RGB, integral values.
 
     The steps are the ones cv2 takes on the host (``augment.augment_hsv``): OpenCV's 8-bit BGR to HSV (H in
-    0-179) with its integer reciprocal tables (the same H, S and V as cv2's), the gains as its lookup tables
-    apply them (H times gain modulo 180, S and V times gain clipped to 255, truncated), and the conversion back
-    through the six hue sectors in float32. cv2's vectorised conversion back truncates where its scalar one
-    rounds; this truncates, as cv2 does on images wider than a few pixels: about 1 value in 75 ends 1 away from
-    cv2's (tests/test_pipeline.py).
+    0-179) with its integer reciprocal tables (the same H, S and V as cv2's), the gains through per-image lookup
+    tables built in float64 as the host builds them (H times gain modulo 180, S and V times gain clipped to 255,
+    truncated), and the conversion back through the six hue sectors in float32. cv2's vectorised conversion
+    back truncates where its scalar one rounds; this truncates, as cv2 does on images wider than a few pixels:
+    about 1 value in 75 ends 1 away from cv2's (tests/test_pipeline.py).
     """
     import paddle
 
@@ -111,11 +111,17 @@ def hsv_on_device(image, gains):
     hue = paddle.where(v == r, g - b, paddle.where(v == g, b - r + 2 * diff, r - g + 4 * diff))
     # hue is at least -diff: 31 x 4096 keeps the numerator positive, so the division floors as the shift does
     h = paddle.floor_divide(hue * hdiv.astype("int32") + 2048 + 31 * 4096, shift) - 31
-    h = paddle.where(h < 0, h + 180, h).astype("float32")
-    gh, gs, gv = (gains[:, i].reshape([-1, 1, 1]) for i in range(3))
-    h = paddle.floor(paddle.remainder(h * gh, paddle.full([1], 180.0)))
-    s = paddle.floor(paddle.clip(s.astype("float32") * gs, 0.0, 255.0)) * (1.0 / 255.0)
-    v = paddle.floor(paddle.clip(vf * gv, 0.0, 255.0)) * (1.0 / 255.0)
+    h = paddle.where(h < 0, h + 180, h)
+    # each image's lookup tables in float64, as the host builds them (in float32 a product a hair below an
+    # integer can round up to it, and one hue step moves a saturated pixel by up to 8 of 255)
+    level = paddle.arange(256, dtype="float64").reshape([1, 256])
+    g = gains.astype("float64")
+    luts = (paddle.floor(paddle.remainder(level * g[:, 0:1], paddle.full([1], 180.0, "float64"))),
+            paddle.floor(paddle.clip(level * g[:, 1:2], 0.0, 255.0)),
+            paddle.floor(paddle.clip(level * g[:, 2:3], 0.0, 255.0)))
+    h, s, v = (paddle.take_along_axis(lut, c.reshape([c.shape[0], -1]).astype("int64"), axis=1)
+               .reshape(c.shape).astype("float32") for lut, c in zip(luts, (h, s, v)))
+    s, v = s * (1.0 / 255.0), v * (1.0 / 255.0)
     h = h * (6.0 / 180.0)
     sector = paddle.floor(h)
     f = h - sector
