@@ -62,8 +62,7 @@ def launch_leftovers(launch_dir: str, directory: str | None = None) -> list[str]
     the cache was being built, before every rank had mapped it (afterwards the file is already unlinked)."""
     directory = directory or shm_dir()
     prefix = f"{CACHE_PREFIX}{launch_tag(launch_dir)}-"
-    names = _names(directory)
-    return [os.path.join(directory, n) for n in names if n.startswith(prefix)]
+    return [os.path.join(directory, n) for n in _names(directory) if n.startswith(prefix)]
 
 
 def dead_lone_leftovers(directory: str | None = None) -> list[str]:
@@ -72,9 +71,8 @@ def dead_lone_leftovers(directory: str | None = None) -> list[str]:
     from ppmulti.common.procfs import alive
 
     directory = directory or shm_dir()
-    names = _names(directory)
     left = []
-    for name in names:
+    for name in _names(directory):
         if name.startswith(CACHE_PREFIX + "p"):
             pid = name[len(CACHE_PREFIX) + 1:].split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
@@ -85,9 +83,8 @@ def dead_lone_leftovers(directory: str | None = None) -> list[str]:
 def paddle_shm_of(pids: set[int], directory: str | None = None) -> list[str]:
     """Paths of Paddle's data-loader shared memory (``paddle_<pid of the writing worker>_...``) written by ``pids``."""
     directory = directory or shm_dir()
-    names = _names(directory)
     found = []
-    for name in names:
+    for name in _names(directory):
         parts = name.split("_")
         if len(parts) >= 3 and parts[0] == "paddle" and parts[1].isdigit() and int(parts[1]) in pids:
             found.append(os.path.join(directory, name))

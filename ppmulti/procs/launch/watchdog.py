@@ -233,9 +233,9 @@ class Watchdog:
         r = self.ranks.get(first_gone) if first_gone is not None else None
         if r is None or self.local_world or r.progress is None or r.progress.phase not in H.WAITING:
             return None
-        if not lost_a_peer(failed.get(r.rank, ""), H.fatal(self.directory, r.rank)):
-            return None
         text = failed.get(r.rank, "")
+        if not lost_a_peer(text, H.fatal(self.directory, r.rank)):
+            return None
         how = f" ({text})" if peer_error(text) else " (it aborted: gloo gives up on a peer that way)"
         return (f"rank {r.rank} on node {self.node_rank} lost its peer {r.where()}{how}: it is a victim; "
                 f"the cause is on another node (see that node's output)")
