@@ -201,7 +201,7 @@ def build_parser(prog: str = "ppmulti launch") -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         usage=f"{prog} [FLAGS] SCRIPT.py [SCRIPT ARGS ...]",
-        description="Start one process per rank through Paddle 2.6's launcher, with torchrun's or fleetrun's "
+        description="Start one process per rank through Paddle's launcher (paddle.distributed.launch), with torchrun's or fleetrun's "
                     "flags. Everything after SCRIPT.py goes to the script.",
         epilog="examples:\n"
                f"  {prog} --nproc_per_node 2 tools/train.py -c configs/yolo.yml\n"
