@@ -201,8 +201,8 @@ def build_parser(prog: str = "ppmulti launch") -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         usage=f"{prog} [FLAGS] SCRIPT.py [SCRIPT ARGS ...]",
-        description="Start one process per rank through Paddle's launcher (paddle.distributed.launch), with torchrun's or fleetrun's "
-                    "flags. Everything after SCRIPT.py goes to the script.",
+        description="Start one process per rank through Paddle's launcher (paddle.distributed.launch), with "
+                    "torchrun's or fleetrun's flags. Everything after SCRIPT.py goes to the script.",
         epilog="examples:\n"
                f"  {prog} --nproc_per_node 2 tools/train.py -c configs/yolo.yml\n"
                f"  {prog} --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 tools/train.py ...\n"
