@@ -1,6 +1,7 @@
 """Shared fixtures: the repo paths, a small demo dataset, the trained runs several modules read, launches killed at
-teardown, a runner for the CLI tools, the `slow` lane's rules (multiproc implies slow; the op built first), and
-a watch on Paddle's loader shared memory that dead processes leave in /dev/shm."""
+teardown, a runner for the CLI tools, the `slow` lane's rules (multiproc implies slow; the op built first), the
+rule for tests whose system daemon is missing (skip outside CI, fail under CI), and a watch on Paddle's loader
+shared memory that dead processes leave in /dev/shm."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ DEMO_CONFIG = CONFIGS / "demo" / "ppyoloe_demo.yml"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Every ``multiproc`` test is ``slow`` too, marked so in its module: ``-m "not slow"`` must never start one.
-    Checked before ``-m`` deselects anything, so the rule holds whichever lane runs."""
-    unmarked = [item.nodeid for item in items
-                if item.get_closest_marker("multiproc") and not item.get_closest_marker("slow")]
-    if unmarked:
-        raise pytest.UsageError("multiproc tests must also be marked slow: " + ", ".join(unmarked[:10])
-                                + (f" and {len(unmarked) - 10} more" if len(unmarked) > 10 else ""))
+    """Every ``multiproc`` or ``seam`` test is ``slow`` too, marked so in its module: ``-m "not slow"`` must never
+    start one. Checked before ``-m`` deselects anything, so the rule holds whichever lane runs."""
+    for mark in ("multiproc", "seam"):
+        unmarked = [item.nodeid for item in items
+                    if item.get_closest_marker(mark) and not item.get_closest_marker("slow")]
+        if unmarked:
+            raise pytest.UsageError(f"{mark} tests must also be marked slow: " + ", ".join(unmarked[:10])
+                                    + (f" and {len(unmarked) - 10} more" if len(unmarked) > 10 else ""))
 
 
 def pytest_collection_finish(session):
@@ -94,6 +96,31 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("=", "Paddle shared memory left by dead processes (removed)")
         for test, names in by_test.items():
             terminalreporter.write_line(f"{len(names)} file(s), first seen after {test}: {', '.join(sorted(names))}")
+
+
+# ----------------------------------------------------------------------------- system daemons and tools
+def under_ci() -> bool:
+    """True when CI runs the suite (``CI=true``, as .ci/run and the common CI services set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def missing_programs(*names: str) -> list[str]:
+    """Those of ``names`` found neither on PATH nor in /usr/sbin (Debian's daemons live there, off a user's PATH)."""
+    import shutil
+
+    return [n for n in names if not (shutil.which(n) or os.path.exists(f"/usr/sbin/{n}"))]
+
+
+def require_system(why: str | None, install: str) -> None:
+    """A test that needs a system daemon or tool (sshd, SLURM, etcd, iproute2) and cannot have it (``why``; None:
+    it can): outside CI it skips, naming the line that installs it; under ``CI=true`` it fails, so that CI, which
+    installs them all, cannot pass by skipping."""
+    if why is None:
+        return
+    reason = f"{why} ({install}; .ci/run does)"
+    if under_ci():
+        pytest.fail(f"CI must run this for real, but {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

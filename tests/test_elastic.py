@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_system
 from launching import Launches, free_ports, launch_env
 from ppmulti.common.errors import UserError
 from ppmulti.procs.launch.elastic import Elastic, Etcd, Membership, run_elastic
@@ -101,8 +102,7 @@ def test_unreachable_etcd_is_one_line_naming_the_endpoint(tmp_path):
 def etcd():
     """etcd on two free loopback ports with a temporary data directory; stopped and removed however the test ends."""
     binary = shutil.which("etcd")
-    if binary is None:
-        pytest.fail("etcd is not installed: apt-get install etcd-server (.ci/run does it)")
+    require_system(None if binary else "etcd is not installed", "apt-get install etcd-server")
     data = tempfile.mkdtemp(prefix="ppmulti-etcd-")
     client = free_ports(2, ("127.0.0.1",))
     peer = client + 1

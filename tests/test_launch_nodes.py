@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import missing_programs, require_system
 from launching import ALLREDUCE, SLEEPER, free_ports
 
 from ppmulti.common import envvars as E
@@ -248,12 +249,9 @@ class SshHosts:
 
 @pytest.fixture(scope="module")
 def ssh_hosts(tmp_path_factory):
-    sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
-    if sshd is None or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
-        why = "sshd/ssh not installed (apt-get install openssh-server openssh-client; .ci/run does)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must test --nodes for real: {why}")  # never let CI pass by skipping
-        pytest.skip(why)
+    absent = missing_programs("sshd", "ssh", "ssh-keygen")
+    require_system(absent and f"{', '.join(absent)} not installed", "apt-get install openssh-server openssh-client")
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     root = tmp_path_factory.mktemp("sshd")
     for name in ("host_key", "user_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)

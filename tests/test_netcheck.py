@@ -14,13 +14,13 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
+from conftest import missing_programs, require_system
 from launching import REPO, free_ports
 from ppmulti.common.paths import BENCH_PROBE
 from ppmulti.procs.launch.netcheck import (ALLREDUCE_STEPS, Allreduce, Link, RankTiming, Route, allreduce_plan,
@@ -40,8 +40,9 @@ def namespaces():
     node reaches every other, as gloo's full mesh needs); traffic into the second namespace rate-limited. Returns
     (namespace, node 0's interface, the namespace's interface, node 0's address, the namespace's address) per
     namespace. Removed afterwards."""
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        pytest.skip("needs root with iproute2's ip and tc")
+    absent = missing_programs("ip", "tc")
+    require_system(absent and f"{', '.join(absent)} not installed", "apt-get install iproute2")
+    require_system(None if os.geteuid() == 0 else "network namespaces need root", "run the suite as root")
     used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
     net = next(n for n in random.sample(range(100, 250), 150) if f"10.{n}." not in used)
     tag = f"p{os.getpid() % 100000}"

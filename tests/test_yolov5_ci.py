@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 
 import pytest
 import yaml
@@ -67,6 +68,7 @@ def test_val_then_detect_on_best_and_last(ci, w):
     assert len(drawn) == len(list((root / "data" / "images" / "val").iterdir()))
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="paddle2onnx publishes no Python 3.13 wheel")
 def test_export_onnx_then_detect_from_it(ci):
     pytest.importorskip("onnxruntime")
     root, _ = ci
