@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ppmulti import __version__
+from ppmulti import version_line
 from ppmulti.common.errors import exit_on_user_error
 from ppmulti.common.stack import check_stack
 
@@ -28,11 +28,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+class _VersionAction(argparse.Action):
+    """--version: the versions are read from package metadata only when asked (no import of paddle)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.exit(message=version_line() + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ppmulti",
         description="Multi-GPU and multi-machine YOLO training on PaddlePaddle (ppdet inside).")
-    parser.add_argument("--version", action="version", version=f"ppmulti {__version__}")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print ppmulti's version and the Python, Paddle and ppdet it runs with, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="generate the demo data, train the demo config, evaluate, summarise")
