@@ -231,6 +231,118 @@ def test_yolov5_loss_parts_are_0d_so_float_works():
     out["loss"].backward()
 
 
+# ---------------------------------------------------------------- F7, F8: two-stage detectors and 0-D tensors
+
+def _zero_dim_modules() -> list:
+    import importlib
+
+    return [importlib.import_module(name) for name in compat.ZERO_DIM_MODULES]
+
+
+@pytest.fixture
+def unfixed_0d(monkeypatch):
+    """ppdet's modules without F7 (their own ``paddle``) and RPNHead without F8, for one test."""
+    from ppdet.modeling.proposal_generator.rpn_head import RPNHead
+
+    for module in _zero_dim_modules():
+        monkeypatch.setattr(module, "paddle", getattr(module.paddle, "__wrapped__", module.paddle))
+    monkeypatch.setattr(RPNHead, "_gen_proposal", _original(RPNHead._gen_proposal))
+    return RPNHead._gen_proposal
+
+
+def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch):
+    from ppdet.modeling.proposal_generator.rpn_head import RPNHead
+
+    monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (2, 4, 2))   # ppdet 2.6.0's own Paddle
+    assert compat.apply_ppdet_fixes() == []
+    monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (2, 6, 2))
+    assert compat.apply_ppdet_fixes() == [f"{n.rsplit('.', 1)[-1]}.paddle.concat" for n in compat.ZERO_DIM_MODULES]
+    assert RPNHead._gen_proposal is unfixed_0d       # F8 is Paddle 3's
+    assert compat.apply_ppdet_fixes() == []          # idempotent
+    assert compat.fix_concat_of_0d_shapes() == []
+    monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (3, 3, 1))
+    assert compat.apply_ppdet_fixes() == ["TaskAlignedAssigner.forward", "ATSSAssigner.forward", "ops.multiclass_nms",
+                                          "RPNHead._gen_proposal"]
+    assert RPNHead._gen_proposal.__wrapped__ is unfixed_0d
+
+
+def test_concat_takes_0d_tensors_as_one_element():
+    a, b = paddle.to_tensor([3, 4]), paddle.to_tensor([7, 8, 9])[1]   # 1-D and 0-D, as ppdet mixes them
+    assert b.shape == []
+    np.testing.assert_array_equal(compat.concat_0d_as_1d([a, b]).numpy(), [3, 4, 8])
+    np.testing.assert_array_equal(compat.concat_0d_as_1d([b, b]).numpy(), [8, 8])
+    m = paddle.ones([2, 2])
+    assert compat.concat_0d_as_1d([m, m], axis=1).shape == [2, 4]   # anything else is paddle.concat's
+    with pytest.raises(ValueError, match="axis is expected"):
+        paddle.concat([b, b])                        # what Paddle 2.6 and 3 do with it
+
+
+def _rpn_proposals(head):
+    """Two images' proposals from an RPNHead in eval mode on two FPN levels of a 64x96 input."""
+    paddle.seed(0)
+    feats = [paddle.randn([2, 8, 64 // s, 96 // s]) for s in (8, 16)]
+    inputs = {"im_shape": paddle.to_tensor([[64.0, 96.0], [64.0, 80.0]])}
+    head.eval()
+    rois, rois_num, _ = head(feats, inputs)
+    return rois, rois_num
+
+
+def _rpn_head():
+    from ppdet.modeling.proposal_generator.rpn_head import RPNHead
+
+    paddle.seed(0)
+    return RPNHead(anchor_generator={"aspect_ratios": [0.5, 1.0, 2.0], "anchor_sizes": [[16], [32]],
+                                     "strides": [8, 16]},
+                   test_proposal={"pre_nms_top_n": 200, "post_nms_top_n": 50}, in_channel=8)
+
+
+def test_rpn_proposals_for_a_batch(unfixed_0d):
+    """F7 + F8: Faster/Cascade R-CNN's RPN on a batch of two (ppdet's ``RPNHead._gen_proposal``)."""
+    head = _rpn_head()
+    with pytest.raises(TypeError if PADDLE3 else ValueError,
+                       match="0-dimensional arrays" if PADDLE3 else "axis is expected"):
+        _rpn_proposals(head)       # F8 on Paddle 3 (numpy 2), then F7 on Paddle 2.6 and 3
+    compat.fix_concat_of_0d_shapes()
+    if PADDLE3:
+        with pytest.raises(TypeError, match="0-dimensional arrays"):
+            _rpn_proposals(head)   # F7 alone is not enough on Paddle 3
+        assert compat.apply_ppdet_fixes() == ["RPNHead._gen_proposal"]
+    else:
+        assert compat.apply_ppdet_fixes() == []
+    rois, rois_num = _rpn_proposals(head)
+    assert len(rois) == 2 and rois_num.shape == [2]
+    assert [int(n) for n in rois_num.numpy()] == [r.shape[0] for r in rois]
+    assert all(0 < r.shape[0] <= 50 for r in rois)
+    for r, (h, w) in zip(rois, ((64, 96), (64, 80))):   # proposals are clipped to each image
+        box = r.numpy()
+        assert box.min() >= 0 and box[:, [0, 2]].max() <= w and box[:, [1, 3]].max() <= h
+    with compat.one_element_tensor_index():
+        assert list(range(paddle.to_tensor([3]))) == [0, 1, 2]
+    assert list(range(paddle.to_tensor(3))) == [0, 1, 2]   # a 0-D tensor indexes everywhere
+
+
+def test_rcnn_predictions_scale_back_to_the_image(unfixed_0d):
+    """F7 in evaluation: ppdet's ``BBoxPostProcess.get_pred``, after every two-stage detector's NMS."""
+    from ppdet.modeling.post_process import BBoxPostProcess
+
+    post = BBoxPostProcess(num_classes=3)
+    rng = np.random.default_rng(0)
+    xy = rng.uniform(0, 60, (5, 2))
+    boxes = np.concatenate([rng.integers(0, 3, (5, 1)), rng.uniform(0.1, 1, (5, 1)), xy, xy + 20], 1)
+    bbox_num = np.array([3, 2], "int32")
+    scale = np.array([[2.0, 1.5], [1.0, 0.5]], "float32")            # scale_y, scale_x per image
+    args = (paddle.to_tensor(boxes.astype("float32")), paddle.to_tensor(bbox_num),
+            paddle.to_tensor([[96.0, 96.0], [96.0, 96.0]]), paddle.to_tensor(scale))
+    with pytest.raises(ValueError, match="axis is expected"):
+        post.get_pred(*args)                                           # both stacks, unfixed
+    compat.fix_concat_of_0d_shapes()
+    _, pred, num = post.get_pred(*args)
+    np.testing.assert_array_equal(num.numpy(), bbox_num)
+    per_box = np.repeat(scale, bbox_num, axis=0)[:, [1, 0, 1, 0]]      # x by scale_x, y by scale_y
+    want = np.concatenate([boxes[:, :2], boxes[:, 2:] / per_box], 1)
+    np.testing.assert_allclose(pred.numpy(), want, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- Paddle 3's import notice
 
 _CCACHE = "No ccache found"

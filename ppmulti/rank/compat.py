@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -191,16 +192,119 @@ def fix_multiclass_nms_under_pir() -> list[str]:
     return ["ops.multiclass_nms"]
 
 
-_PPDET_FIXES: tuple[Callable[[], list[str]], ...] = (fix_assigner_int32_labels, fix_multiclass_nms_under_pir)
+def _is_0d(value: Any) -> bool:
+    shape = getattr(value, "shape", None)
+    return shape is not None and len(shape) == 0
+
+
+def concat_0d_as_1d(x: Any, axis: Any = 0, name: str | None = None) -> Any:
+    """``paddle.concat`` that takes a 0-D tensor among 0-D and 1-D ones as the 1-element tensor it was before
+    Paddle 2.5 (``paddle.shape(t)[0]``, ``bbox_num[i]``): concatenating scalars is stacking them. Any other
+    input goes to ``paddle.concat`` unchanged."""
+    import paddle
+
+    if isinstance(x, (list, tuple)) and any(_is_0d(t) for t in x) and all(len(getattr(t, "shape", [0, 0])) <= 1
+                                                                          for t in x):
+        x = [t.reshape([1]) if _is_0d(t) else t for t in x]
+    return paddle.concat(x, axis=axis, name=name)
+
+
+class _PaddleFor0D(types.ModuleType):
+    """The ``paddle`` module as one ppdet module sees it after fix F7: ``concat`` is ``concat_0d_as_1d``, every
+    other name is paddle's own."""
+
+    def __init__(self, paddle_module: types.ModuleType):
+        super().__init__(paddle_module.__name__)
+        self.__wrapped__ = paddle_module
+        self.concat = concat_0d_as_1d
+        setattr(self, _FIX_MARK, True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+
+# the ppdet 2.6.0 modules that concatenate 0-D tensors; PaddleDetection's 79f77ba (#8653, the cherry-pick of #8112
+# and #8140 onto release/2.6, after paddledet 2.6.0 was released) changed each such ``[0]`` / ``[i]`` to a slice
+ZERO_DIM_MODULES = ("ppdet.modeling.proposal_generator.rpn_head", "ppdet.modeling.proposal_generator.target",
+                    "ppdet.modeling.heads.cascade_head", "ppdet.modeling.post_process",
+                    "ppdet.modeling.heads.tood_head", "ppdet.modeling.transformers.deformable_transformer")
+
+
+def fix_concat_of_0d_shapes() -> list[str]:
+    """F7: since Paddle 2.5 indexing a 1-D tensor gives a 0-D tensor (``paddle.shape(rois)[0]``,
+    ``bbox_num[i]``, ``scale_factor[i][0]``); ppdet 2.6.0 still concatenates such values, which Paddle 2.6 and 3
+    refuse: ``ValueError: (InvalidArgument) The axis is expected to be in range of [0, 0), but got 0``. Every
+    two-stage detector dies in its first step (``RPNHead._gen_proposal``, ``generate_proposal_target``,
+    ``CascadeHead._get_rois_from_bbox``) and in evaluation (``BBoxPostProcess.get_pred``); TOOD and Deformable
+    DETR build shapes that way. Here those modules' global ``paddle`` becomes a view of paddle whose ``concat``
+    takes 0-D tensors as 1-element ones (``concat_0d_as_1d``), what upstream's slices give. Returns the modules
+    it patched now."""
+    import importlib
+
+    patched = []
+    for name in ZERO_DIM_MODULES:
+        module = importlib.import_module(name)
+        if not is_ppdet_fix(module.paddle):
+            module.paddle = _PaddleFor0D(module.paddle)
+            patched.append(f"{name.rsplit('.', 1)[-1]}.paddle.concat")
+    return patched
+
+
+@contextlib.contextmanager
+def one_element_tensor_index() -> Iterator[None]:
+    """Within the block, ``range(t)``, ``list[t]`` and ``operator.index(t)`` take a 1-element integer tensor of
+    any rank, as Paddle 2.6 does with numpy 1.x. Paddle 3.3.1's ``Tensor.__index__`` returns ``int(np.array(t))``,
+    which numpy >= 2.4 refuses for a 1-D array (``TypeError: only 0-dimensional arrays can be converted to Python
+    scalars``)."""
+    import paddle
+
+    tensor = paddle.Tensor
+    original = tensor.__index__
+
+    def index(var: Any) -> int:
+        if len(var.shape) == 1 and var.shape[0] == 1:
+            var = var.reshape([])
+        return original(var)
+
+    tensor.__index__ = index
+    try:
+        yield
+    finally:
+        tensor.__index__ = original
+
+
+def fix_rpn_batch_size_index() -> list[str]:
+    """F8: ppdet 2.6.0's ``RPNHead._gen_proposal`` (ppdet/modeling/proposal_generator/rpn_head.py:195-199) loops
+    ``for i in range(batch_size)`` over ``batch_size = paddle.slice(paddle.shape(im_shape), [0], [0], [1])``, a
+    shape-[1] tensor; on Paddle 3 with numpy >= 2.4 every Faster/Cascade R-CNN training dies in its first step with
+    ``TypeError: only 0-dimensional arrays can be converted to Python scalars``. Here the method runs inside
+    ``one_element_tensor_index``. Returns the names it patched now (empty when already patched)."""
+    from ppdet.modeling.proposal_generator.rpn_head import RPNHead
+
+    original = RPNHead._gen_proposal
+    if is_ppdet_fix(original):
+        return []
+
+    def _gen_proposal(*args: Any, **kwargs: Any) -> Any:
+        with one_element_tensor_index():
+            return original(*args, **kwargs)
+
+    RPNHead._gen_proposal = _mark_fixed(_gen_proposal, original)
+    return ["RPNHead._gen_proposal"]
+
+
+# (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
+_PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
+    ((2, 5), fix_concat_of_0d_shapes),
+    ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index))
 
 
 def apply_ppdet_fixes() -> list[str]:
-    """Apply every Paddle-3 fix for ppdet 2.6.0 (see ``fix_*`` above) when the installed Paddle is 3 or newer;
-    on Paddle 2.x ppdet is left untouched. Idempotent. Returns what it patched now."""
-    # ppdet 2.6.0 was written for Paddle 2.x, where every one of these calls works unpatched
-    if not paddle3():
-        return []
-    return [name for fix in _PPDET_FIXES for name in fix()]
+    """Apply every fix for ppdet 2.6.0 (see ``fix_*`` above) that the installed Paddle needs: F7 from Paddle 2.5
+    (both supported stacks), the others from Paddle 3; anything else about ppdet is left untouched. Idempotent.
+    Returns what it patched now."""
+    version = tuple(installed_version() or ())
+    return [name for since, fix in _PPDET_FIXES if version[:2] >= since for name in fix()]
 
 
 @contextlib.contextmanager

@@ -13,6 +13,8 @@ from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.rundir import new_run_dir
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
+from ppmulti.rank import ref_batch as ref_batch_mod
+from ppmulti.rank.data import agree
 from ppmulti.rank.data import coco as coco_cache
 from ppmulti.rank.data.cache import apply_cache, prebuild_cache
 from ppmulti.rank.data.device import place_hsv
@@ -48,7 +50,9 @@ class _Build:
         self.world = dist.init()
         self.rank = dist.rank()
         self.cfg = config_mod.load(opts.config, opts.overrides)
+        loaded_classes = self.cfg.get("num_classes")   # a flag's edit of it below is named by the agreement check
         notes = list(opts.config_edit(self.cfg) or []) if opts.config_edit else []
+        self.classes_edited = self.cfg.get("num_classes") != loaded_classes
         apply_cache(self.cfg, opts.cache)
         coco_cache.swap_in(self.cfg)   # a COCO json's parse is read from its cache after the first start
         from ppmulti.rank.ppdet_bridge import select_device
@@ -194,8 +198,15 @@ class _Build:
         cfg = self.cfg
         self.dataset = create("TrainDataset")()
         self.image_weights = self._image_weights_sampler()
-        with prints_to_log():   # pycocotools' notices while the annotations load
-            self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0), self.image_weights)
+        try:
+            with prints_to_log():   # pycocotools' notices while the annotations load
+                self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0), self.image_weights)
+        except KeyError:   # ppdet's COCO parse meets an annotation whose category is not listed
+            explained = agree.explain_parse_error(cfg, "TrainDataset")
+            if explained is None:
+                raise
+            raise explained from None
+        self._agree_classes()   # before the model is built: it may take num_classes from the data
         prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
         if len(self.loader) < 1:
             self._small_set()
@@ -226,6 +237,23 @@ class _Build:
         if self.world > 1:
             self.train_model = fleet.distributed_model(self.model)
             self.optimizer = fleet.distributed_optimizer(self.optimizer)
+
+    def _agree_classes(self) -> None:
+        """The data's classes against num_classes (data.agree), on every rank before the first step: one line
+        at start instead of ppdet's KeyError in the evaluation after an epoch."""
+        cfg = self.cfg
+        origin = agree.num_classes_origin(self.opts.config, self.opts.overrides,
+                                          "--data/--cfg" if self.classes_edited else None)
+        train = agree.dataset_classes(self.dataset, "TrainDataset", cfg.get("TrainDataset"))
+        notes = agree.agree_train(cfg, train, origin, str(self.opts.config), agree.max_label(self.dataset))
+        agree.agree_eval(cfg, train, str(self.opts.config), origin)
+        for note in notes:
+            log.warning("%s", note)
+        if notes:
+            if self.image_weights is not None:
+                self.image_weights.nc = int(cfg["num_classes"])
+            if dist.is_main():
+                config_mod.dump(cfg, self.run_dir / "config.yml")
 
     def _small_set(self) -> None:
         """A training set smaller than the batch trains as YOLOv5 trains it: one smaller batch. Each rank's
@@ -259,7 +287,12 @@ class _Build:
     def _scale_lr(self, dataset_size: int, steps_per_epoch: int) -> LRPlan:
         lr_cfg = self.cfg["LearningRate"]
         base_lr = float(lr_cfg["base_lr"])
-        ref_batch = int(self.cfg.get("ref_batch") or self.batch.effective_batch)
+        ref = ref_batch_mod.resolve(self.cfg.get("ref_batch"), self.opts.config, self.opts.overrides)
+        ref_batch = ref.ref_batch or self.batch.effective_batch
+        if ref.from_docs is not None:   # kept in the run's config.yml, which a bare --resume reads
+            self.cfg["ref_batch"] = ref_batch
+            if dist.is_main():
+                config_mod.dump(self.cfg, self.run_dir / "config.yml")
         warmup = None
         for sched in lr_cfg.get("schedulers", []) or []:
             if isinstance(sched, dict) and sched.get("name") == "LinearWarmup":
@@ -268,6 +301,7 @@ class _Build:
                         warmup_steps=None if warmup is None else warmup.get("steps", 500),
                         warmup_epochs=None if warmup is None else warmup.get("epochs"),
                         total_steps=steps_per_epoch * int(self.cfg["epoch"]))
+        plan = dataclasses.replace(plan, ref_source=ref.source)
         if self.warmup_batches:
             from ppmulti.rank.engine.hooks.warmup import START_FACTOR
 
