@@ -158,6 +158,9 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
             cfg["worker_num"] = int(args.workers)
         if args.use_gpu is not None:
             cfg["use_gpu"] = args.use_gpu
+        from ppmulti.rank.data.agree import agree_weights_data
+
+        agree_weights_data(cfg, model.config)   # the data's categories against num_classes, before any image
 
     return edit
 

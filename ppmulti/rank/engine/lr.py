@@ -187,10 +187,12 @@ class LRPlan:
     warmup_steps_ref: int   # warmup the config asks for, in optimizer steps at ref_batch
     warmup_steps: int       # warmup used, in optimizer steps at effective_batch (or batches, below)
     yolov5_warmup: bool = False   # warmup_steps counts batches: YOLOv5's warmup (yolov5_warmup_batches)
+    ref_source: str = ""    # where ref_batch came from (ref_batch.resolve), said after it
 
     def describe(self) -> str:
+        why = f" ({self.ref_source})" if self.ref_source else ""
         scaled = (f"lr {self.lr:.6g} = base_lr {self.base_lr:g} x effective batch {self.effective_batch} / "
-                  f"ref_batch {self.ref_batch}")
+                  f"ref_batch {self.ref_batch}{why}")
         if self.yolov5_warmup:
             return (f"{scaled}; YOLOv5's warmup over the first {self.warmup_steps} batches "
                     f"(max(round(warmup epochs x batches per epoch), 100), at most a third of the run)")
