@@ -11,6 +11,7 @@ import yaml
 
 from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.paths import IMAGE_SUFFIXES
+from ppmulti.rank import zoo
 
 # Top-level keys that ppdet's Trainer or ppmulti read although a config file may not set them.
 KNOWN_TOP_LEVEL_KEYS = frozenset({
@@ -145,6 +146,7 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
         raise UserError(f"config {path}: a file it names was not found: {exc.filename}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"config {path} is not valid YAML: {first_line(exc)}") from None
+    zoo.refuse_unsupported(cfg, path)   # keypoint, MOT, rotated and segmentation configs: one line, by name
     if isinstance(overrides, dict):
         over = overrides
     else:

@@ -1,0 +1,50 @@
+"""Which of PaddleDetection's config families ppmulti trains: detection only; keypoint, MOT, rotated-box and
+segmentation configs are refused at start, by name."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ppmulti.common.errors import UserError
+
+# ppdet 2.6.0's architectures (ppdet/modeling/architectures) and PaddleDetection release/2.6's configs/ that are not
+# box detectors. Read by hand from both; a name ppdet 2.6.0 does not have (PETR, VitPose) is still refused by name.
+KEYPOINT_ARCHITECTURES = frozenset({"TopDownHRNet", "HigherHRNet", "TinyPose3DHRNet", "TinyPose3DHRHeatmapNet",
+                                    "METRO_Body", "PETR", "VitPose_TopDown"})
+MOT_ARCHITECTURES = frozenset({"JDE", "FairMOT", "DeepSORT", "ByteTrack", "CenterTrack", "OCSORT", "BOTSORT"})
+ROTATED_ARCHITECTURES = frozenset({"S2ANet"})
+SEGMENTATION_ARCHITECTURES = frozenset({"MaskRCNN", "SOLOv2", "QueryInst", "SparseInst", "CondInst"})
+# the metric names ppdet's Trainer evaluates each family with (ppdet/engine/trainer.py, _init_metrics)
+METRIC_KINDS = {"KeyPointTopDownCOCOEval": "keypoint", "KeyPointTopDownMPIIEval": "keypoint",
+                "Pose3DEval": "keypoint", "MOT": "MOT", "MCMOT": "MOT", "KITTI": "MOT", "RBOX": "rotated-box"}
+# the architecture sub-keys that make a box detector (Cascade R-CNN, Faster R-CNN) an instance-segmentation one
+MASK_KEYS = ("mask_head", "mask_post_process")
+
+
+def kind(cfg: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(family, why) for a config ppmulti does not train, e.g. ("keypoint", "architecture TopDownHRNet"); None for a
+    detection config. ``cfg`` is a loaded config (ppdet's, or a plain dict of the same keys)."""
+    arch = cfg.get("architecture")
+    arch = arch if isinstance(arch, str) else None
+    for family, names in (("keypoint", KEYPOINT_ARCHITECTURES), ("MOT", MOT_ARCHITECTURES),
+                          ("rotated-box", ROTATED_ARCHITECTURES), ("segmentation", SEGMENTATION_ARCHITECTURES)):
+        if arch in names:
+            return family, f"architecture {arch}"
+    metric = cfg.get("metric")
+    if isinstance(metric, str) and metric in METRIC_KINDS:
+        return METRIC_KINDS[metric], f"metric {metric}"
+    section = cfg.get(arch) if arch else None
+    if isinstance(section, Mapping):
+        for key in MASK_KEYS:
+            if section.get(key):
+                return "segmentation", f"{arch}.{key} {section.get(key)}"
+    return None
+
+
+def refuse_unsupported(cfg: Mapping[str, Any], path: Any) -> None:
+    """One line, before anything is built, for a config of a family ppmulti does not train."""
+    found = kind(cfg)
+    if found is not None:
+        family, why = found
+        raise UserError(f"{path} is a {family} config ({why}): ppmulti trains detection configs only "
+                        f"(boxes and classes); use PaddleDetection's own tools/train.py for this one")
