@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS = ("train", "eval", "val", "infer", "detect", "export", "convert_yolov5")
+TOOLS = ("train", "eval", "val", "infer", "detect", "export", "convert_yolov5")   # this order, then any other
+
+
+def tools() -> list[str]:
+    """The scripts in tools/: TOOLS in its order, then any other script there, by name."""
+    found = sorted(p.stem for p in (REPO / "tools").glob("*.py"))
+    return [t for t in TOOLS if t in found] + [t for t in found if t not in TOOLS]
 
 
 def _passthrough_parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
@@ -51,10 +58,22 @@ def _esc(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")
 
 
+def _first_clause(text: str) -> str:
+    """The help text up to its first `; ` or full stop outside parentheses: the page stays one short row a flag."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth == 0 and (text.startswith("; ", i) or (ch == "." and text[i - 1:i] != "."
+                                                        and re.match(r" [A-Z]", text[i + 1:i + 3]))):
+            return text[:i]
+    return text
+
+
 def _help(action: argparse.Action) -> str:
     text = action.help or ""
     if "%(" in text:
         text = text % {**vars(action), "default": action.default}
+    text = _first_clause(" ".join(text.split()))
     default = action.default
     if (action.option_strings and default not in (None, False, [], argparse.SUPPRESS)
             and not isinstance(action, (argparse._StoreTrueAction, argparse._VersionAction))
@@ -77,7 +96,7 @@ def _flag(action: argparse.Action) -> str:
             value = f" [{value.strip()}]"
     if not action.option_strings:
         return f"`{value.strip()}`"
-    return ", ".join(f"`{name}{value}`" for name in action.option_strings)
+    return "`" + ", ".join(action.option_strings) + value + "`"
 
 
 def _table(parser: argparse.ArgumentParser) -> list[str]:
@@ -92,11 +111,11 @@ def _table(parser: argparse.ArgumentParser) -> list[str]:
 
 def _section(title: str, parser: argparse.ArgumentParser, summary: str = "") -> list[str]:
     lines = [f"## `{title}`", ""]
-    text = parser.description or summary
+    text = _esc(parser.description or summary)
     if text:
-        lines += [_esc(text), ""]
+        lines += [text[0].upper() + text[1:] + ("" if text.endswith(".") else "."), ""]
     if parser.usage:
-        lines += ["Usage: `" + parser.usage.replace("%(prog)s", title) + "`", ""]
+        lines += ["```text", parser.usage.replace("%(prog)s", title), "```", ""]
     lines += _table(parser)
     if parser.epilog:
         lines += ["```text", parser.epilog.strip(), "```", ""]
@@ -118,8 +137,15 @@ def render() -> str:
         lines += _section(f"ppmulti {name}", full() if full else sub, summary)
         for child, subsub, child_summary in _subparsers(sub):
             lines += _section(f"ppmulti {name} {child}", subsub, child_summary)
-    for tool in TOOLS:
-        lines += _section(f"python tools/{tool}.py", tool_parser(tool))
+    tables: dict[str, str] = {}
+    for tool in tools():
+        title = f"python tools/{tool}.py"
+        section = _section(title, tool_parser(tool))
+        body = "\n".join(section[2:])
+        if body in tables:   # tools/val.py is tools/eval.py under YOLOv5's name
+            section = [f"## `{title}`", "", f"The same flags as `{tables[body]}`.", ""]
+        tables.setdefault(body, title)
+        lines += section
     return "\n".join(lines).rstrip() + "\n"
 
 
