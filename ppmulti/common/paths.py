@@ -12,6 +12,7 @@ CONFIGS = ROOT / "configs"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")   # what a directory of images may hold
 # Scripts started by file path (Paddle's launcher runs a script as `python -u SCRIPT` only when it ends in .py):
 TRAIN_SCRIPT = PACKAGE / "procs" / "train_command.py"   # the train command, which every rank of a training runs
+TRAIN_TOOL = ROOT / "tools" / "train.py"                # the same command as users type it
 WORKER_SCRIPT = PACKAGE / "rank" / "worker.py"           # each rank's entry point under ppmulti launch
 BENCH_PROBE = PACKAGE / "rank" / "bench_probe.py"        # ppmulti bench's measuring probes
 

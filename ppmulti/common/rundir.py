@@ -1,7 +1,9 @@
-"""Run directories: naming (base/name, then name2, name3, ... as YOLOv5 does), the newest one, the restart marker."""
+"""Run directories: naming (base/name, then name2, name3, ... as YOLOv5 does), a file in their way, the newest one,
+the restart and interruption markers, and the command that resumes a run."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from ppmulti.common.errors import UserError
@@ -9,13 +11,36 @@ from ppmulti.common.errors import UserError
 WEIGHTS = ".pdparams"   # model weights (EMA applied when EMA is on): what eval/infer/export load
 STATE = ".pdstate"      # everything resume needs
 RUN_DIR_MARKER = "run_dir"   # in a launch's directory: the run that a restarted launch continues
+INTERRUPTED = "interrupted.json"   # in a launch's directory: what rank 0 saved when a signal stopped the run
 
 
-def new_run_dir(base: Path | str, name: str, exist_ok: bool = False) -> Path:
+def blocking_file(path: Path | str) -> Path | None:
+    """The file (not a directory) that stops ``path`` from being a directory: ``path`` itself or the nearest
+    existing of its parents, when that is not a directory; None when nothing is in the way."""
+    for p in (Path(path), *Path(path).parents):
+        if p.is_dir():
+            return None
+        if p.exists() or p.is_symlink():
+            return p
+    return None
+
+
+def check_run_place(base: Path | str, name: str, exist_ok: bool = False, where: str = "--project DIR") -> None:
+    """A UserError in one line when a file stands where the run directory ``base/name`` would be made (a file named
+    ``runs`` or ``output`` in the working directory); ``where`` names the flag that picks another place."""
+    target = Path(base) / name
+    blocker = blocking_file(target if exist_ok else base)
+    if blocker is not None:
+        raise UserError(f"{blocker} is a file, so the run directory {target} cannot be made there: move or rename "
+                        f"the file, or pick another place with {where}")
+
+
+def new_run_dir(base: Path | str, name: str, exist_ok: bool = False, where: str = "--project DIR") -> Path:
     """Create and return a fresh run directory ``base/name``, else the first free of ``name2``, ``name3``, ...
     (YOLOv5's increment_path: the lowest free number, so a deleted ``exp2`` is taken again before ``exp4``);
     with ``exist_ok`` ``base/name`` itself, existing or not. Each directory is claimed by its mkdir, so two runs
-    started at once never share one."""
+    started at once never share one. A file in the way is a UserError naming it and ``where`` (the flag)."""
+    check_run_place(base, name, exist_ok, where)
     base = Path(base)
     if exist_ok:
         (base / name).mkdir(parents=True, exist_ok=True)
@@ -47,3 +72,22 @@ def run_of(resume: str | Path) -> Path:
     if path.is_dir():
         return path
     return path.parent.parent if path.parent.name == "weights" else path.parent
+
+
+def resume_command(words: list[str], run_dir: Path | str) -> str:
+    """The command that resumes ``run_dir``: the user's own command ``words`` with any ``--resume [X]`` (``-r X``)
+    replaced by ``--resume RUN_DIR`` at its end, quoted for a POSIX shell."""
+    kept: list[str] = []
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if word.startswith("--resume="):
+            continue
+        if word in ("--resume", "-r"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            skip = nxt is not None and not nxt.startswith("-")   # bare --resume takes no value
+            continue
+        kept.append(word)
+    return shlex.join([*kept, "--resume", str(run_dir)])

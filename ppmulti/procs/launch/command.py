@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
 
 from ppmulti.common.errors import exit_on_user_error
 
@@ -34,6 +38,89 @@ def pop_detach(argv: list[str]) -> tuple[bool, list[str]]:
             flags, _, _ = split_argv(rest)
             return (True, rest) if i <= len(flags) else (False, argv)
     return False, argv
+
+
+def user_command(launch_argv: list[str], process_argv: list[str], environ: Mapping[str, str]) -> list[str] | None:
+    """The command the user typed to start this launch, in their dialect, for the line that says how to resume:
+    ``python tools/train.py --nproc 2 ...`` when the train command re-ran itself under the launcher, else
+    ``ppmulti launch ...`` (also for ``python -m ppmulti.cli launch``, ``ppmulti demo`` and detached launches);
+    None on a node of the ssh fan-out (``--nodes``), whose user's command is on another machine."""
+    from ppmulti.common import envvars as E
+
+    if environ.get(E.PPMULTI_NODES_JOB):
+        return None
+    prog = os.path.basename(process_argv[0]) if process_argv else ""
+    if prog.endswith(".py") and prog not in ("cli.py", "__main__.py", "command.py") and "--evolve" not in process_argv:
+        return ["python", *process_argv]
+    return ["ppmulti", "launch", *launch_argv]
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    """Where the ranks of a ppmulti training will make the run directory: ``base/name`` (numbered unless
+    ``exist_ok``), and the flag that moves it (``where``)."""
+
+    base: Path
+    name: str
+    exist_ok: bool
+    where: str
+
+
+def _is_train_script(script: str | None) -> bool:
+    from ppmulti.common.paths import TRAIN_SCRIPT, TRAIN_TOOL
+
+    try:
+        return script is not None and Path(script).resolve() in (TRAIN_SCRIPT, TRAIN_TOOL)
+    except OSError:
+        return False
+
+
+def run_place(script: str | None, script_args: list[str]) -> RunPlace | None:
+    """The run directory a launch of ppmulti's train script will make, read from its flags (and the config's
+    ``save_dir``) as the ranks will; None for another script, a resume, an evolution, or flags the ranks will
+    refuse themselves (they say why)."""
+    if not _is_train_script(script):
+        return None
+    from ppmulti.common import train_flags
+    from ppmulti.common.errors import UserError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):   # argparse's complaint: the ranks print it
+            args = train_flags.parse(list(script_args))
+    except (SystemExit, UserError):
+        return None
+    if args.resume or getattr(args, "evolve", None) is not None:
+        return None
+    yolo = train_flags.yolo_style(args)
+    output = args.output or train_flags.run_output(getattr(args, "project", None), getattr(args, "name", None),
+                                                   yolo=yolo)
+    if output:
+        where = "--project DIR (or --output DIR)" if yolo else "--output DIR"
+        return RunPlace(Path(output).parent, Path(output).name, bool(args.exist_ok), where)
+    if not args.config:
+        return None
+    save_dir = None
+    for item in (x for group in (args.opt or []) for x in group):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "save_dir":
+            save_dir = value.strip()
+    if save_dir is None:
+        from ppmulti.common.yamlread import load_config_chain
+
+        try:
+            save_dir = str(load_config_chain(args.config)[0].get("save_dir") or "output")
+        except Exception:   # a config the ranks cannot read either: they say why
+            return None
+    return RunPlace(Path(save_dir), Path(args.config).stem, bool(args.exist_ok), "-o save_dir=DIR (or --output DIR)")
+
+
+def check_run_place(script: str | None, script_args: list[str]) -> None:
+    """Before any rank starts: a file where the run directory goes (``runs``, ``output``) is one line naming it."""
+    from ppmulti.common.rundir import check_run_place as check
+
+    place = run_place(script, script_args)
+    if place is not None:
+        check(place.base, place.name, place.exist_ok, place.where)
 
 
 def _launch(argv: list[str]) -> int:
@@ -68,7 +155,9 @@ def _launch(argv: list[str]) -> int:
     need_addrs = bool(ns.ips or ns.master_addr or ns.master)
     plan = build_plan(ns, os.environ, local_addresses() if need_addrs else set(), visible_gpu_count(os.environ),
                       resolve=resolve)
-    return run(plan, dry_run=ns.dry_run)
+    if plan.node_rank == 0 and not ns.dry_run:   # node 0's rank 0 makes the run directory
+        check_run_place(ns.script, ns.script_args)
+    return run(plan, dry_run=ns.dry_run, command=user_command(argv, sys.argv, os.environ))
 
 
 def main(argv: list[str] | None = None) -> int:

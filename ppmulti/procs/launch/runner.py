@@ -19,6 +19,14 @@ SIGINT/SIGTERM to ppmulti are forwarded to the launcher's group (Paddle then sto
 ``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG). Starting, forwarding
 and stopping go through ``ppmulti.procs.supervisor``.
 
+Interrupts. After the ranks have stopped, the launcher says what rank 0 saved (``rundir.INTERRUPTED`` in the launch
+directory, written by the ranks' stop-on-signal hook) and the command that resumes, in the user's own dialect, and
+exits with 128 + the signal it received, as a single process would.
+
+Log directory. Paddle's launcher writes into ``log`` unless ``--log_dir`` says otherwise; a *file* named ``log``
+(``ppmulti launch ... > log`` makes one before ppmulti starts) would stop it, so the logs then go to
+``ppmulti-log`` with a line saying so. A ``--log_dir`` that is a file is refused by name.
+
 Output. The launcher's stdout and stderr come through ``console.LauncherOutput``: Paddle's chatter is kept in
 ``LOG_DIR/launcher.log`` and off the console (``--verbose`` shows it), environment values are hidden, and the
 environment dumps Paddle leaves in LOG_DIR are scrubbed after every attempt.
@@ -27,8 +35,10 @@ environment dumps Paddle leaves in LOG_DIR are scrubbed after every attempt.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -39,9 +49,10 @@ from typing import Callable, Mapping, TextIO
 from ppmulti.common import envvars as E
 from ppmulti.common import heartbeat as heartbeat_record
 from ppmulti.common import shm
-from ppmulti.common.compat import collective_timeout_env
+from ppmulti.common.compat import collective_timeout_env, launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.procfs import alive, exit_code
+from ppmulti.common.rundir import INTERRUPTED, RUN_DIR_MARKER, STATE, blocking_file, resume_command
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
@@ -254,8 +265,88 @@ class _RankWatch:
         self.first_gone = None
 
 
+# --- where Paddle's logs go ------------------------------------------------------------------------------
+ALT_LOG_DIR = "ppmulti-log"   # when ./log is a file
+
+
+def choose_log_dir(given: str | None, default: str) -> tuple[str | None, str | None]:
+    """(the log directory to pass to Paddle's launcher, a line to say about it): ``given`` (``--log_dir``) as it
+    is unless it is, or lies under, a file (a UserError naming both); else Paddle's own ``default`` (None: nothing
+    to pass) unless a file stands there, then ``ALT_LOG_DIR`` and a line saying why."""
+    if given:
+        blocker = blocking_file(given)
+        if blocker is not None:
+            raise UserError(f"--log_dir {given}: {blocker} is a file, not a directory; pass another --log_dir DIR")
+        return given, None
+    blocker = blocking_file(default)
+    if blocker is None:
+        return None, None
+    if blocking_file(ALT_LOG_DIR) is not None:
+        raise UserError(f"{blocker} and {ALT_LOG_DIR} are files, where Paddle's launcher keeps its logs: "
+                        f"pass --log_dir DIR")
+    return ALT_LOG_DIR, (f"{blocker} is a file, so Paddle's logs go to {ALT_LOG_DIR}/ instead "
+                         f"(--log_dir DIR picks another place)")
+
+
+# --- what a signal stopped ---------------------------------------------------------------------------------
+def interruption_lines(signame: str, record: dict | None, run_dir: str | None, command: list[str] | None,
+                       node_rank: int = 0, checkpoint_exists: bool = False) -> list[str]:
+    """What the launcher says once a signal stopped the ranks: what rank 0 saved (``record``, from the launch
+    directory) or the run's last checkpoint, and the command that resumes (``command`` + ``--resume RUN_DIR``)."""
+    if node_rank != 0:
+        return [f"{signame}: this node's ranks stopped; node 0 says what was saved and how to resume"]
+    if record is not None and record.get("checkpoint"):
+        run_dir = record.get("run_dir") or run_dir
+        lines = [f"{signame}: the ranks stopped {record.get('where')} and saved {record['checkpoint']}"]
+    elif run_dir is not None and checkpoint_exists:
+        last = os.path.join(run_dir, "weights", f"last{STATE}")
+        lines = [f"{signame}: the ranks stopped before saving this epoch; {last} holds the last saved one"]
+    elif run_dir is not None:
+        return [f"{signame}: the ranks stopped before any checkpoint of {run_dir} was saved"]
+    else:
+        return [f"{signame}: the ranks stopped"]
+    if command is not None:
+        lines.append(f"resume with: {resume_command(list(command or []), run_dir)}")
+    return lines
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _report_interrupt(plan: LaunchPlan, launch_dir: str, signum: int, command: list[str] | None,
+                      out: TextIO | None) -> int:
+    """Say what was saved and how to resume; the exit code a shell gives a process stopped by ``signum``."""
+    try:
+        signame = signal.Signals(signum).name
+    except ValueError:
+        signame = f"signal {signum}"
+    record = _read_json(os.path.join(launch_dir, INTERRUPTED))
+    try:
+        run_dir: str | None = open(os.path.join(launch_dir, RUN_DIR_MARKER)).read().strip() or None
+    except OSError:
+        run_dir = None
+    last = run_dir is not None and os.path.isfile(os.path.join(run_dir, "weights", f"last{STATE}"))
+    for line in interruption_lines(signame, record, _shown(run_dir), command, plan.node_rank, last):
+        _log(line, out)
+    return 128 + signum
+
+
+def _shown(path: str | None) -> str | None:
+    """A path as the user would type it from here: relative when under the working directory."""
+    if path is None:
+        return None
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | None = None,
-        out: TextIO | None = None) -> int:
+        out: TextIO | None = None, command: list[str] | None = None) -> int:
     """Execute a plan on this node; return the launch's exit code (``--dry-run``: print it, run nothing).
 
     Restarts (``--max_restarts N``): Paddle 2.6 restarts workers only under an etcd master, so ppmulti does
@@ -265,6 +356,10 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
     restarted. After N restarts the launch fails naming the rank and the cause.
     """
     environ = dict(os.environ if environ is None else environ)
+    log_dir, note = choose_log_dir(plan.log_dir, launcher_spec().default_log_dir)
+    if note:
+        _log(note, out)
+        plan = replace(plan, log_dir=log_dir)
     if dry_run:
         (out or sys.stdout).write(describe(plan, environ))
         return 0
@@ -285,7 +380,9 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
                 rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog)
             finally:
                 _sweep_ranks(launch_dir, dog, out)
-            if rc == 0 or interrupted:
+            if interrupted:
+                return _report_interrupt(plan, launch_dir, interrupted[0], command, out)
+            if rc == 0:
                 return rc
             cause = dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause()
             if attempt < restarts:

@@ -166,17 +166,28 @@ class _Build:
         return MultiScale(imgsz, seed=self.opts.seed)
 
     def _make_run_dir(self) -> Path:
-        path = None
+        """Rank 0 makes the run directory and tells the others; a file in its way (``runs``, ``output``) is one
+        line on every rank, so that no rank waits for a directory that never comes."""
+        path, error = None, None
+        # the flag that moves the run elsewhere, in the dialect of the command line
+        yolo = self.opts.record is not None
+        where = ("--project DIR (or --output DIR)" if yolo else "--output DIR" if self.opts.output
+                 else "-o save_dir=DIR (or --output DIR)")
         if dist.is_main():
-            if self.resume.run_dir is not None:
-                path = str(self.resume.run_dir)
-            elif self.opts.output:
-                path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
-                                       exist_ok=bool(self.opts.exist_ok)))
-            else:
-                path = str(new_run_dir(Path(self.cfg.get("save_dir", "output")), self.cfg["filename"],
-                                       exist_ok=self.opts.exist_ok))
-        path = dist.all_gather_object(path)[0]
+            try:
+                if self.resume.run_dir is not None:
+                    path = str(self.resume.run_dir)
+                elif self.opts.output:
+                    path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
+                                           exist_ok=bool(self.opts.exist_ok), where=where))
+                else:
+                    path = str(new_run_dir(Path(self.cfg.get("save_dir", "output")), self.cfg["filename"],
+                                           exist_ok=self.opts.exist_ok, where=where))
+            except UserError as exc:
+                error = str(exc)
+        path, error = dist.all_gather_object((path, error))[0]
+        if error:
+            raise UserError(error)
         run_dir = Path(path)
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         return run_dir

@@ -1,9 +1,12 @@
-"""Stop on a signal: Ctrl-C / SIGTERM finish the current step on every rank, save, and exit 128 + signum."""
+"""Stop on a signal: Ctrl-C / SIGTERM finish the step on every rank, save, say how to resume, exit 128 + signum."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,10 +92,7 @@ class StopOnSignalHook(Hook):
             return
         name = signal.Signals(stop.signum).name
         if dist.is_main():
-            where = (f"after epoch {stop.epoch + 1}" if stop.step is None
-                     else f"in epoch {stop.epoch + 1} after step {stop.step + 1}/{trainer.steps_per_epoch}")
-            log.warning("%s: stopped %s; checkpoint %s saved, continue with --resume %s",
-                        name, where, stop.checkpoint, trainer.run_dir)
+            report(stop, name, trainer.run_dir, trainer.steps_per_epoch)
         raise Interrupted(name, 128 + int(stop.signum))
 
     def close(self, trainer) -> None:
@@ -102,3 +102,42 @@ class StopOnSignalHook(Hook):
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old = {}
+
+
+def own_command(argv: list[str]) -> list[str] | None:
+    """This process's command line as the user typed it (``python tools/train.py ...``); None when it was a ppmulti
+    subcommand (``ppmulti demo``), which takes no ``--resume``."""
+    prog = os.path.basename(argv[0]) if argv else ""
+    if not prog.endswith(".py") or prog in ("cli.py", "__main__.py"):
+        return None
+    return ["python", *argv]
+
+
+def report(stop: Interruption, name: str, run_dir: Path, steps_per_epoch: int) -> None:
+    """Rank 0 says what was saved and how to resume: in train.log, and under ``ppmulti launch`` also in the launch
+    directory (rundir.INTERRUPTED), from which the launcher tells the console with the launch's own command line
+    (the ranks' console output stops when the launcher is signalled). One process: the resume command is its own."""
+    from ppmulti.common.atomic import atomic_write_text
+    from ppmulti.common.envvars import launch_record
+    from ppmulti.common.rundir import INTERRUPTED, STATE, resume_command
+
+    where = (f"after epoch {stop.epoch + 1}" if stop.step is None
+             else f"in epoch {stop.epoch + 1} after step {stop.step + 1}/{steps_per_epoch}")
+    checkpoint = f"{stop.checkpoint}{STATE}" if stop.checkpoint is not None else None
+    launch_dir = launch_record().directory
+    command = own_command(sys.argv)
+    if launch_dir:
+        record = {"signal": name, "where": where, "epoch": stop.epoch + 1, "step": stop.step,
+                  "checkpoint": checkpoint, "run_dir": str(run_dir)}
+        try:
+            atomic_write_text(Path(launch_dir, INTERRUPTED), json.dumps(record) + "\n")
+        except OSError:   # the launch directory went away: train.log still says it
+            pass
+        log.warning("%s: stopped %s; checkpoint %s saved, continue with --resume %s", name, where, checkpoint,
+                    run_dir)
+    elif command is not None:
+        log.warning("%s: stopped %s; checkpoint %s saved; resume with: %s", name, where, checkpoint,
+                    resume_command(command, run_dir))
+    else:
+        log.warning("%s: stopped %s; checkpoint %s saved, continue with --resume %s", name, where, checkpoint,
+                    run_dir)
