@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.ppdet_flags import add_ppdet_flags
+from ppmulti.common.ppdet_flags import resolve as resolve_ppdet
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
 from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
@@ -56,12 +58,16 @@ def build_parser(prog: str = "tools/eval.py") -> argparse.ArgumentParser:
                    help="write labels/<image stem>.txt of the detections: class xc yc w h, normalised (YOLO format)")
     g.add_argument("--save-conf", "--save_conf", dest="save_conf", action="store_true",
                    help="add each box's confidence to the --save-txt lines")
+    add_ppdet_flags(p, "eval")
     return p
 
 
 def parse(argv, prog: str = "tools/eval.py") -> argparse.Namespace:
     args, extra = build_parser(prog).parse_known_args(argv)
     refuse_extra(extra, UNSUPPORTED, "val.py", prog)
+    ppdet = resolve_ppdet(args, "eval")   # PaddleDetection's eval.py flags, as the -o keys they stand for
+    if ppdet:
+        args.opt = list(args.opt or []) + [ppdet]
     if args.task != "val":
         why = TASKS.get(args.task, "an unknown task")
         raise UserError(f"--task {args.task}: YOLOv5 val.py's task for {why}, which ppmulti does not run; "

@@ -7,6 +7,7 @@ import os
 
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import TRAIN_SCRIPT
+from ppmulti.common.ppdet_flags import add_ppdet_flags
 
 # YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name.
 UNSUPPORTED = {
@@ -33,8 +34,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override config values, e.g. -o epoch=10 TrainReader.batch_size=4")
     p.add_argument("--eval", action="store_true", help="evaluate every snapshot_epoch and keep the best weights")
-    p.add_argument("--resume", metavar="PATH", nargs="?", const=True, default=None,
-                   help="a run directory or weights/last to continue from; bare --resume takes the newest run")
+    p.add_argument("-r", "--resume", metavar="PATH", nargs="?", const=True, default=None,
+                   help="a run directory or weights/last to continue from; bare --resume takes the newest run; "
+                        "a PaddleDetection checkpoint (output/CONFIG/model_final or output/CONFIG/N: N.pdparams "
+                        "beside N.pdopt) continues its weights, optimizer and epoch in a new run directory")
     p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
                    help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
     p.add_argument("--accumulate", type=int, metavar="N",
@@ -131,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(one process, or one rank of a launch).")
     add_train_flags(p)
     add_yolov5_flags(p)
+    add_ppdet_flags(p, "train")
     return p
 
 

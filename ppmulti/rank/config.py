@@ -13,16 +13,45 @@ from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.paths import IMAGE_SUFFIXES
 from ppmulti.rank import zoo
 
-# Top-level keys that ppdet's Trainer or ppmulti read although a config file may not set them.
-KNOWN_TOP_LEVEL_KEYS = frozenset({
-    "amp", "amp_level", "architecture", "classwise", "custom_black_list", "custom_white_list",
-    "cycle_epoch", "init_loss_scaling", "depth_mult", "ema_black_list", "ema_decay", "ema_decay_type",
-    "ema_filter_no_grad", "epoch", "eval_height", "eval_size", "eval_width",
-    "find_unused_parameters", "log_iter", "metric", "norm_type", "num_classes", "output_eval",
-    "pretrain_weights", "print_flops", "print_params", "ref_batch", "save_dir",
-    "save_prediction_only", "seed", "snapshot_epoch", "use_ema", "use_gpu", "use_mlu", "use_npu",
-    "use_vdl", "use_xpu", "vdl_log_dir", "weights", "width_mult", "worker_num", "log_rank",
-})
+# Top-level keys a config file may not set that -o accepts, each with where it takes effect (tests/
+# test_ppdet_flags.py walks this table: every key is honoured here or refused below, none silently dropped).
+HONOURED_KEYS = {
+    "amp": "hooks/amp.py: mixed precision", "amp_level": "hooks/amp.py: O1 or O2",
+    "custom_black_list": "hooks/amp.py: ops kept in float32", "custom_white_list": "hooks/amp.py: ops cast",
+    "init_loss_scaling": "hooks/amp.py: float16's first loss scale",
+    "architecture": "the model built (ppdet's create)", "num_classes": "ppdet's __shared__ heads",
+    "depth_mult": "ppdet's __shared__ backbones and necks", "width_mult": "ppdet's __shared__ backbones and necks",
+    "norm_type": "ppdet's __shared__ layers; sync_bn on GPUs (builder)",
+    "epoch": "the loop's epochs", "snapshot_epoch": "hooks/evaluation.py and hooks/checkpoint.py",
+    "log_iter": "the console and VisualDL logging interval", "worker_num": "data loader workers",
+    "use_ema": "hooks/ema.py", "ema_decay": "hooks/ema.py", "ema_decay_type": "hooks/ema.py",
+    "ema_filter_no_grad": "hooks/ema.py", "ema_black_list": "hooks/ema.py", "cycle_epoch": "hooks/ema.py",
+    "eval_height": "eval size (sync_eval_size)", "eval_width": "eval size (sync_eval_size)",
+    "eval_size": "ppdet's __shared__ heads (PP-YOLOE's anchors)",
+    "ref_batch": "engine/lr.py: the batch base_lr is tuned for", "save_dir": "where run directories go",
+    "use_gpu": "ppdet_bridge.select_device", "pretrain_weights": "initial weights (builder)",
+    "weights": "the weights eval, infer and export load",
+    "use_vdl": "hooks/visualdl.py: false writes no VisualDL log",
+    "vdl_log_dir": "hooks/visualdl.py: where the VisualDL log goes",
+    "classwise": "engine/evaluator.py: the per-category AP table",
+    "output_eval": "engine/evaluator.py: where bbox.json goes",
+    "save_prediction_only": "engine/evaluator.py: bbox.json without scoring (training refuses it: rank/entry.py)",
+    "metric": "COCO only: anything else is refused below (check_values)",
+}
+# Keys PaddleDetection reads that ppmulti does not: -o with a true value stops with the reason (false asks for
+# nothing, so PaddleDetection's runtime.yml values such as print_flops: false pass).
+REFUSED_KEYS = {
+    "print_flops": "counting FLOPs needs PaddleSlim, which ppmulti does not install",
+    "print_params": "ppmulti does not count the model's parameters at start",
+    "find_unused_parameters": "ppmulti builds its fleet strategy before the config is read and does not take it",
+    "seed": "ppmulti's seed is a flag: --seed N",
+    "log_rank": "ppmulti logs rank 0 to the console and every rank to its own log file in the run directory",
+    "use_xpu": "ppmulti runs on CPUs and CUDA GPUs only (use_gpu)",
+    "use_npu": "ppmulti runs on CPUs and CUDA GPUs only (use_gpu)",
+    "use_mlu": "ppmulti runs on CPUs and CUDA GPUs only (use_gpu)",
+}
+KNOWN_TOP_LEVEL_KEYS = frozenset(HONOURED_KEYS) | frozenset(REFUSED_KEYS)
+METRICS = ("COCO",)   # what engine/evaluator.py scores
 
 
 def ppdet_workspace():
@@ -97,6 +126,15 @@ def _check_override_keys(cfg, overrides: dict[str, Any], prefix: str = "") -> No
             _check_override_keys(child, value, prefix=f"{path}.")
 
 
+def check_values(overrides: dict[str, Any]) -> None:
+    """-o keys that ppmulti refuses (REFUSED_KEYS, with a true value) or values it cannot honour, by name."""
+    for key, value in overrides.items():
+        if key in REFUSED_KEYS and value not in (False, None, "", 0):
+            raise UserError(f"-o {key}={value}: {REFUSED_KEYS[key]}; remove it")
+    if "metric" in overrides and overrides["metric"] not in METRICS:
+        raise UserError(f"-o metric={overrides['metric']}: ppmulti evaluates COCO bbox mAP only (metric: COCO)")
+
+
 def sync_eval_size(cfg) -> None:
     """Make ``eval_height``/``eval_width`` reach every place that uses the eval size.
 
@@ -153,6 +191,7 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
         over = parse_overrides(overrides or [])
     if over:
         _check_override_keys(cfg, over)
+        check_values(over)
         ws.merge_config(copy.deepcopy(over))
     sync_eval_size(cfg)
     return cfg

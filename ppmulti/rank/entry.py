@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from ppmulti.common import gpu_switches, train_flags
+from ppmulti.common import gpu_switches, ppdet_flags, train_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run, run_of
 from ppmulti.rank.engine.lr import NOMINAL_BATCH
@@ -18,6 +18,12 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     from ppmulti.rank import yolo_config
 
     overrides = [item for group in (args.opt or []) for item in group]
+    overrides += ppdet_flags.resolve(args, "train")   # PaddleDetection's flags, as the -o keys they stand for
+    check_train_overrides(overrides)
+    if getattr(args, "enable_ce", None):
+        if args.seed != 0:
+            raise UserError(f"--enable_ce seeds with 0 (PaddleDetection's continuous evaluation) but --seed "
+                            f"{args.seed} asks for another; give one of them")
     config = args.config
     yolo_style = train_flags.yolo_style(args)
     project, name = getattr(args, "project", None), getattr(args, "name", None)
@@ -25,6 +31,9 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     resume = args.resume
     if resume is True:
         resume = str(newest_run(asked))   # the user's --project/--name, else runs/train and output/
+    from ppmulti.rank.engine.hooks.resume import ppdet_checkpoint
+
+    ppdet_checkpoint(resume)   # a PaddleDetection stem without its .pdopt is refused here, before any rank starts
     noval = getattr(args, "noval", False)
     if getattr(args, "cfg", None):
         if args.config:
@@ -99,6 +108,22 @@ def run_record(args: argparse.Namespace) -> dict:
     record = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, list, type(None)))}
     record["model"] = args.cfg or args.config
     return record
+
+
+# -o keys PaddleDetection's train.py reads that ppmulti's training refuses (tools/eval.py honours them)
+TRAIN_REFUSED_KEYS = {
+    "save_prediction_only": "ppmulti keeps the best weights by each evaluation's mAP, so training scores every "
+                            "evaluation; write predictions without scoring with tools/eval.py --save_prediction_only",
+}
+
+
+def check_train_overrides(overrides: list[str]) -> None:
+    """Refuse, by name, -o keys whose meaning training cannot honour (a false value asks for nothing)."""
+    from ppmulti.rank.config import parse_overrides
+
+    for key, value in parse_overrides(overrides).items():
+        if key in TRAIN_REFUSED_KEYS and value not in (False, None, "", 0):
+            raise UserError(f"-o {key}={value}: {TRAIN_REFUSED_KEYS[key]}")
 
 
 def check_gpu_ids(ids: list[int]) -> None:

@@ -1,13 +1,22 @@
-"""Distributed COCO evaluation: each rank predicts its shard, rank 0 scores all of it once with pycocotools."""
+"""Distributed COCO evaluation: each rank predicts its shard, rank 0 scores all of it once with pycocotools (and,
+as the config asks, prints the per-category AP table, writes bbox.json, or only writes it)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import logging
+import math
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ppmulti.rank import dist
+
+log = logging.getLogger("ppmulti")
+PREDICTIONS = "bbox.json"   # PaddleDetection's name for the detections in COCO form
 
 
 @dataclass
@@ -19,11 +28,18 @@ class EvalResult:
     per_rank_images_per_s: list[float] = field(default_factory=list)
     summary: str = ""
     class_maps: list[float] | None = None   # mAP50-95 per class id (YOLOv5's maps; --image-weights reads it)
+    class_ap: dict[str, float] | None = None   # classwise: AP (IoU 0.50:0.95) per category name
+    predictions: str | None = None             # where bbox.json was written (output_eval, save_prediction_only)
 
     def as_dict(self) -> dict:
-        return {"mAP50": self.mAP50, "mAP50_95": self.mAP50_95, "images": self.images,
-                "seconds": round(self.seconds, 3),
-                "per_rank_images_per_s": [round(v, 3) for v in self.per_rank_images_per_s]}
+        out = {"mAP50": self.mAP50, "mAP50_95": self.mAP50_95, "images": self.images,
+               "seconds": round(self.seconds, 3),
+               "per_rank_images_per_s": [round(v, 3) for v in self.per_rank_images_per_s]}
+        if self.class_ap is not None:
+            out["class_AP"] = {k: (None if math.isnan(v) else round(v, 4)) for k, v in self.class_ap.items()}
+        if self.predictions is not None:
+            out["predictions"] = self.predictions
+        return out
 
 
 def _shard_sampler(n: int, rank: int, world: int):
@@ -68,6 +84,7 @@ class CocoEvaluator:
         self.last_detections: list[dict] = []
         self.last_pr = None   # rank 0: the PR curve of the last scoring (engine.plots.PRCurve)
         self.last_class_maps: list[float] | None = None   # rank 0: mAP50-95 per class id of the last scoring
+        self.last_class_ap: dict[str, float] = {}          # rank 0: AP per category name of the last scoring
 
     def predict(self, model) -> tuple[list[dict], int, float]:
         """This rank's detections in COCO json form, the number of images, and the seconds taken."""
@@ -101,11 +118,35 @@ class CocoEvaluator:
             total = sum(n for _, n, _ in gathered)
             rates = [n / s if s > 0 else 0.0 for _, n, s in gathered]
             self.last_detections = all_dets   # rank 0: every rank's detections (tools/eval.py's --save-txt)
-            m50_95, m50, summary = self.score(all_dets)
-            result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary,
-                                self.last_class_maps)
+            written = self.write_predictions(all_dets)
+            if self.cfg.get("save_prediction_only"):
+                result = EvalResult(None, None, total, max(s for _, _, s in gathered), rates,
+                                    f"{len(all_dets)} detections written to {written}, not scored "
+                                    f"(save_prediction_only)", predictions=written)
+                _say(result.summary)
+            else:
+                m50_95, m50, summary = self.score(all_dets)
+                result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary,
+                                    self.last_class_maps, predictions=written)
+                if self.cfg.get("classwise"):
+                    result.class_ap = self.last_class_ap
+                    _say(classwise_table(self.last_class_ap))
         result = dist.all_gather_object(result)[0]
         return result
+
+    def write_predictions(self, detections: list[dict]) -> str | None:
+        """Rank 0: every rank's detections as ``bbox.json`` (PaddleDetection's file) in the config's
+        ``output_eval`` directory, or the current one with ``save_prediction_only``; None when neither asks."""
+        directory = self.cfg.get("output_eval")
+        if not directory and not self.cfg.get("save_prediction_only"):
+            return None
+        from ppmulti.common.atomic import atomic_write_text
+
+        path = Path(directory or ".") / PREDICTIONS
+        path.parent.mkdir(parents=True, exist_ok=True)
+        keys = ("image_id", "category_id", "bbox", "score")   # before pycocotools' loadRes adds its own keys
+        atomic_write_text(path, json.dumps([{k: d[k] for k in keys} for d in detections]) + "\n")
+        return str(path)
 
     def score(self, detections: list[dict]) -> tuple[float, float, str]:
         """(mAP50-95, mAP50, printed summary) of detections against the annotation file."""
@@ -118,6 +159,7 @@ class CocoEvaluator:
                 self._coco_gt = COCO(self.anno_file)
             self.last_pr = None
             self.last_class_maps = None
+            self.last_class_ap = {c["name"]: float("nan") for c in self._coco_gt.loadCats(self._coco_gt.getCatIds())}
             if not detections:
                 return 0.0, 0.0, "no detections"
             coco_dt = self._coco_gt.loadRes(detections)
@@ -130,6 +172,7 @@ class CocoEvaluator:
         cats = self._coco_gt.loadCats(self._coco_gt.getCatIds())
         self.last_pr = pr_curve(ev, {c["id"]: c["name"] for c in cats})   # [plots] PR_curve.png on rank 0
         self.last_class_maps = class_maps(ev, self.dataset.catid2clsid, max(0.0, float(ev.stats[0])))
+        self.last_class_ap = class_ap(ev, {c["id"]: c["name"] for c in cats})
         summary = "\n".join(line for line in buf.getvalue().splitlines() if "Average Precision" in line
                             or "Average Recall" in line)
         return max(0.0, float(ev.stats[0])), max(0.0, float(ev.stats[1])), summary
@@ -148,3 +191,38 @@ def class_maps(coco_eval, catid2clsid: dict, overall: float) -> list[float]:
         if p.size and cat in catid2clsid:
             out[catid2clsid[cat]] = float(np.mean(p))
     return out
+
+
+def class_ap(coco_eval, names: dict) -> dict[str, float]:
+    """AP (IoU 0.50:0.95, all areas, 100 detections) per category name, as PaddleDetection's classwise COCO
+    evaluation computes it: the mean of pycocotools' precision over IoUs and recalls; NaN for a category
+    without ground truth."""
+    import numpy as np
+
+    precision = coco_eval.eval["precision"]
+    out = {}
+    for k, cat in enumerate(coco_eval.params.catIds):
+        p = precision[:, :, k, 0, -1]
+        p = p[p > -1]
+        out[str(names.get(cat, cat))] = float(np.mean(p)) if p.size else float("nan")
+    return out
+
+
+def classwise_table(aps: dict[str, float], pairs: int = 3) -> str:
+    """The per-category AP as a text table, ``pairs`` (category, AP) columns a row."""
+    cells = [(name, "nan" if math.isnan(ap) else f"{ap:0.3f}") for name, ap in aps.items()]
+    width = max([len("category")] + [len(n) for n, _ in cells])
+    header = " | ".join(f"{'category':<{width}} | {'AP':>5}" for _ in range(min(pairs, len(cells)) or 1))
+    lines = ["Per-category bbox AP (IoU 0.50:0.95):", header, "-" * len(header)]
+    for i in range(0, len(cells), pairs):
+        lines.append(" | ".join(f"{n:<{width}} | {a:>5}" for n, a in cells[i:i + pairs]))
+    return "\n".join(lines)
+
+
+def _say(text: str) -> None:
+    """Rank 0's message: into the run's log when training set one up, else on stderr (tools/eval.py)."""
+    if log.handlers:   # ranklog.setup_rank_logging's (a training); Paddle's own root handlers do not count
+        for line in text.splitlines():
+            log.info("%s", line)
+    else:
+        print(text, file=sys.stderr)

@@ -1,10 +1,14 @@
-"""Resume: find the checkpoint to continue (``--resume``, or a launch restart's marker) and restore from it."""
+"""Resume: find the checkpoint to continue (``--resume``, or a launch restart's marker; ppmulti's own or a
+PaddleDetection checkpoint given with ``-r``) and restore from it."""
 
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import RUN_DIR_MARKER
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks.base import Hook
@@ -23,6 +27,10 @@ class ResumeHook(Hook):
 
     def __init__(self, opts) -> None:
         self.restart_note = continue_after_restart(opts)   # may point opts.resume / opts.output at that run
+        self.ppdet = ppdet_checkpoint(opts.resume) if opts.resume else None
+        if self.ppdet is not None:   # PaddleDetection's: restored in before_train, into a new run directory
+            self.path, self.payload = Path(self.ppdet.stem + ckpt.WEIGHTS), None
+            return
         self.path = ckpt.resolve_resume(opts.resume) if opts.resume else None
         self.payload = ckpt.load_state(self.path) if self.path else None
 
@@ -37,9 +45,13 @@ class ResumeHook(Hook):
 
     @property
     def run_dir(self) -> Path | None:
-        return None if self.path is None else self.path.parent.parent
+        return None if self.path is None or self.ppdet is not None else self.path.parent.parent
 
     def before_train(self, trainer) -> None:
+        if self.ppdet is not None:
+            restore_ppdet(trainer, self.ppdet)
+            self.ppdet = None
+            return
         if self.payload is None:
             return
         path, payload = self.path, self.payload
@@ -100,3 +112,117 @@ def record_run_dir(run_dir: Path) -> None:
     record = launch_record()
     if record.directory and record.restart == 0 and worker_info().local_rank == 0:
         atomic_write_text(Path(record.directory, RUN_DIR_MARKER), str(run_dir.resolve()) + "\n")
+
+
+PPDET_OPTIMIZER = ".pdopt"   # PaddleDetection: the optimizer's state_dict plus 'last_epoch' (epochs done)
+PPDET_EMA = ".pdema"         # PaddleDetection with use_ema: the trained weights (the .pdparams then hold the EMA)
+NAME_TABLE = "StructuredToParameterName@@"   # paddle.save's record of each weight's parameter name
+
+
+@dataclass(frozen=True)
+class PpdetCheckpoint:
+    """A checkpoint PaddleDetection's Checkpointer wrote: ``stem``.pdparams (+ .pdopt, + .pdema with EMA)."""
+
+    stem: str
+
+    @property
+    def name_epoch(self) -> int | None:
+        """Epochs done, read from the name: ``N`` is saved after epoch index N (N + 1 epochs), None for
+        ``model_final`` / ``best_model`` (their .pdopt says)."""
+        name = Path(self.stem).name
+        return int(name) + 1 if re.fullmatch(r"\d+", name) else None
+
+
+def ppdet_checkpoint(path: str | bool | None) -> PpdetCheckpoint | None:
+    """Which kind of checkpoint ``--resume``/``-r PATH`` names: None for ppmulti's own (a run directory, or a
+    stem with a .pdstate), a PpdetCheckpoint for PaddleDetection's (a stem with .pdparams and .pdopt and no
+    .pdstate; the path may carry either suffix). A stem with weights only is refused: nothing to continue."""
+    if not isinstance(path, str) or not path or Path(path).is_dir():
+        return None
+    stem = path
+    for suffix in (ckpt.WEIGHTS, ckpt.STATE, PPDET_OPTIMIZER, PPDET_EMA):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    if Path(stem + ckpt.STATE).is_file() or not Path(stem + ckpt.WEIGHTS).is_file():
+        return None   # ppmulti's own, or nothing (ckpt.resolve_resume names what it looked for)
+    if not Path(stem + PPDET_OPTIMIZER).is_file():
+        raise UserError(f"--resume {path}: {stem}{ckpt.WEIGHTS} has no training state beside it (neither "
+                        f"PaddleDetection's {Path(stem).name}{PPDET_OPTIMIZER} nor ppmulti's "
+                        f"{Path(stem).name}{ckpt.STATE}); to start a new run from these weights pass "
+                        f"--weights {stem}{ckpt.WEIGHTS}")
+    return PpdetCheckpoint(stem)
+
+
+def restore_ppdet(trainer, found: PpdetCheckpoint) -> None:
+    """Continue a PaddleDetection checkpoint as its ``resume_weights`` does: the model's weights (from .pdema
+    when it exists, the .pdparams then seed the EMA), the optimizer's state (its keys renamed onto this
+    process's parameter names through the name table paddle.save keeps), the epoch from the .pdopt's
+    ``last_epoch`` (else the name) and the lr schedule at that epoch's step."""
+    import paddle
+
+    stem = found.stem
+    params = paddle.load(stem + ckpt.WEIGHTS, keep_name_table=True)
+    ema_file = Path(stem + PPDET_EMA)
+    weights = paddle.load(str(ema_file), keep_name_table=True) if ema_file.is_file() else params
+    # the .pdparams' table: with EMA PaddleDetection saves the model's own state_dict holding the EMA values (the
+    # parameters' names), the .pdema a deep copy of it
+    names = dict(params.pop(NAME_TABLE, None) or weights.pop(NAME_TABLE, None) or {})
+    weights.pop(NAME_TABLE, None)
+    ckpt.check_shapes(trainer.model, weights, stem + (PPDET_EMA if ema_file.is_file() else ckpt.WEIGHTS))
+    own = trainer.model.state_dict()
+    missing = [k for k in own if k not in weights]
+    if missing:
+        raise UserError(f"-r {stem}: {len(missing)} of the model's weights are not in the checkpoint (e.g. "
+                        f"{missing[0]}); it was written for another config")
+    trainer.model.set_state_dict(weights)
+    opt_state = paddle.load(stem + PPDET_OPTIMIZER)
+    last_epoch = opt_state.pop("last_epoch", None)
+    epoch = int(last_epoch) if last_epoch is not None else found.name_epoch
+    if epoch is None:
+        raise UserError(f"-r {stem}: {Path(stem).name}{PPDET_OPTIMIZER} holds no last_epoch and the name gives "
+                        f"none; resume from a numbered checkpoint (output/CONFIG/N)")
+    renamed = rename_optimizer_state(opt_state, {k: own[k].name for k in own if k in names}, names)
+    ppdet_steps = (opt_state.get("LR_Scheduler") or {}).get("last_epoch")
+    trainer.optimizer.set_state_dict(renamed)
+    from ppmulti.rank.engine.lr import optimizer_steps
+
+    per_epoch = (trainer.steps_per_epoch if getattr(trainer, "lr_per_batch", False)
+                 else optimizer_steps(trainer.steps_per_epoch, trainer.batch.accumulate))
+    steps = epoch * per_epoch
+    if trainer.lr is not None and hasattr(trainer.lr, "step"):
+        trainer.lr.step(steps)   # the closed form at this step: this run's steps per epoch, whatever PaddleDetection's
+    if trainer.ema is not None:
+        trainer.ema.resume(params if ema_file.is_file() else weights,
+                           int(ppdet_steps) if ppdet_steps is not None else steps)
+    state = trainer.state
+    state.epoch, state.global_step, state.step_in_epoch = epoch, epoch * trainer.steps_per_epoch, 0
+    moments = sum(1 for v in renamed.values() if hasattr(v, "shape"))
+    ema_note = " (EMA from .pdparams)" if ema_file.is_file() and trainer.ema is not None else ""
+    log.info("resumed PaddleDetection checkpoint %s at epoch %d: weights%s, optimizer state (%d tensors), lr at "
+             "step %d%s", stem, epoch, ema_note, moments, steps, "" if ppdet_steps in (None, steps) else
+             f" (PaddleDetection's schedule was at step {ppdet_steps}: another batch or world size)")
+
+
+def rename_optimizer_state(state: dict, new_names: dict[str, str], old_names: dict[str, str]) -> dict:
+    """An optimizer state_dict keyed by another process's parameter names (``conv2d_3.w_0_moment1_0``), keyed
+    by this one's: ``old_names`` and ``new_names`` map the model's weight keys to each process's parameter
+    names. Paddle names parameters in creation order, so the two differ whenever anything else was built first."""
+    mapping = {old_names[k]: new_names[k] for k in new_names if k in old_names}
+    prefixes = sorted(mapping, key=len, reverse=True)
+
+    def rename(key: str) -> str:
+        for old in prefixes:
+            if key.startswith(old + "_"):
+                return mapping[old] + key[len(old):]
+        return key
+
+    out = {}
+    for key, value in state.items():
+        if key == "master_weights" and isinstance(value, dict):
+            out[key] = {mapping.get(k, k): v for k, v in value.items()}
+        elif key == "LR_Scheduler":
+            out[key] = value
+        else:
+            out[rename(key)] = value
+    return out

@@ -41,20 +41,33 @@ def run_hparams(trainer) -> dict:
     return out
 
 
+def vdl_wanted(cfg) -> bool:
+    """``use_vdl``: on unless the config says false (PaddleDetection's default is off; ppmulti's is on)."""
+    value = (cfg or {}).get("use_vdl", True)
+    return value is None or bool(value)
+
+
+def vdl_dir(cfg, run_dir) -> Path:
+    """Where the log goes: the config's ``vdl_log_dir``, else RUN_DIR/vdl."""
+    return Path((cfg or {}).get("vdl_log_dir") or Path(run_dir) / "vdl")
+
+
 class VisualDLHook(Hook):
     """Rank 0 writes a VisualDL log under ``run_dir/vdl``: the run's hyperparameters; per logging step the
     losses, lr, global images/s and seconds of data wait per step; per epoch the mean losses, the lr and
-    the global and per-rank images/s; per evaluated epoch mAP50 and mAP50-95. ``ppmulti board RUN_DIR`` shows it."""
+    the global and per-rank images/s; per evaluated epoch mAP50 and mAP50-95. ``ppmulti board RUN_DIR`` shows it.
+    The config's ``use_vdl: false`` (PaddleDetection's --use_vdl false) turns it off; ``vdl_log_dir`` (its
+    --vdl_log_dir) puts it elsewhere."""
 
     priority = 90
 
     def before_train(self, trainer) -> None:
         self.writer = None
-        if not dist.is_main():
+        if not dist.is_main() or not vdl_wanted(trainer.cfg):
             return
         from visualdl import LogWriter
 
-        self.writer = LogWriter(logdir=str(Path(trainer.run_dir) / "vdl"))
+        self.writer = LogWriter(logdir=str(vdl_dir(trainer.cfg, trainer.run_dir)))
         self.writer.add_hparams(run_hparams(trainer), list(HPARAM_METRICS))
         self.interval = max(1, int(trainer.cfg.get("log_iter", 20)))
         self.tic = time.time()
