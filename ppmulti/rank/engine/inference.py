@@ -72,6 +72,10 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
     from ppmulti.rank.engine.evaluator import CocoEvaluator
 
     cfg, model = build_model(config, overrides, weights, edit)
+    if not cfg.get("use_gpu", False):   # training's kernels (ppmulti's oneDNN convolution and SiLU), so that its own
+        from ppmulti.rank.ops.cpu import setup_cpu_ops   # evaluation is reproduced on any CPU, not within rounding
+
+        setup_cpu_ops(model)
     config_mod.check_dataset(cfg, "EvalDataset")
     evaluator = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0))
     result = evaluator.evaluate(model).as_dict()
