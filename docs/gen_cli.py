@@ -59,7 +59,8 @@ def _esc(text: str) -> str:
 
 
 def _first_clause(text: str) -> str:
-    """The help text up to its first `; ` or full stop outside parentheses: the page stays one short row a flag."""
+    """The help text up to its first `; ` or full stop outside parentheses (examples are dropped by the caller):
+    the page stays one short row a flag, and `--help` keeps the whole text."""
     depth = 0
     for i, ch in enumerate(text):
         depth += (ch in "([{") - (ch in ")]}")
@@ -73,7 +74,7 @@ def _help(action: argparse.Action) -> str:
     text = action.help or ""
     if "%(" in text:
         text = text % {**vars(action), "default": action.default}
-    text = _first_clause(" ".join(text.split()))
+    text = re.sub(r",? e\.g\.,? [^;(]*?(?= \(|\)|;|$)", "", _first_clause(" ".join(text.split())))
     default = action.default
     if (action.option_strings and default not in (None, False, [], argparse.SUPPRESS)
             and not isinstance(action, (argparse._StoreTrueAction, argparse._VersionAction))
@@ -99,14 +100,13 @@ def _flag(action: argparse.Action) -> str:
     return "`" + ", ".join(action.option_strings) + value + "`"
 
 
-def _table(parser: argparse.ArgumentParser) -> list[str]:
+def _arguments(parser: argparse.ArgumentParser) -> list[str]:
+    """One list item a flag: its spellings and value, then the first clause of its help."""
     rows = [a for a in parser._actions
             if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and a.help != argparse.SUPPRESS]
     if not rows:
         return []
-    lines = ["| argument | meaning |", "| --- | --- |"]
-    lines += [f"| {_flag(a)} | {_help(a)} |" for a in rows]
-    return lines + [""]
+    return [f"- {_flag(a)}" + (f": {text}" if (text := _help(a).replace("\\|", "|")) else "") for a in rows] + [""]
 
 
 def _section(title: str, parser: argparse.ArgumentParser, summary: str = "") -> list[str]:
@@ -116,7 +116,7 @@ def _section(title: str, parser: argparse.ArgumentParser, summary: str = "") -> 
         lines += [text[0].upper() + text[1:] + ("" if text.endswith(".") else "."), ""]
     if parser.usage:
         lines += ["```text", parser.usage.replace("%(prog)s", title), "```", ""]
-    lines += _table(parser)
+    lines += _arguments(parser)
     if parser.epilog:
         lines += ["```text", parser.epilog.strip(), "```", ""]
     return lines

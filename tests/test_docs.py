@@ -296,7 +296,7 @@ def test_cli_reference_covers_every_command_without_paddle():
             f"ppmulti {name} hands its flags to another parser: name it in gen_cli._passthrough_parsers"
     for tool in sorted(p.stem for p in (REPO / "tools").glob("*.py")):
         assert f"## `python tools/{tool}.py`" in text, f"tools/{tool}.py is missing from gen_cli.TOOLS"
-    assert "| `--hang-timeout" in text and "| `--generations" in text   # launch's and evolve's own flags
+    assert "- `--hang-timeout" in text and "- `--generations" in text   # launch's and evolve's own flags
 
 
 def test_mkdocs_build_strict(site):
@@ -337,8 +337,8 @@ def _nav_pages() -> list[str]:
 
 
 def words(text: str) -> int:
-    """Words a reader reads: whitespace-separated tokens holding a letter or digit (table pipes and rules are not)."""
-    return sum(1 for token in text.split() if re.search(r"[A-Za-z0-9]", token))
+    """`wc -w` of the page's markdown, the measure the budget was set in (table pipes count too)."""
+    return len(text.split())
 
 
 def test_the_site_stays_within_its_word_budget():
