@@ -251,7 +251,10 @@ def unfixed_0d(monkeypatch):
 
 
 def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch):
+    from ppdet.modeling.losses.ssd_loss import SSDLoss
     from ppdet.modeling.proposal_generator.rpn_head import RPNHead
+
+    monkeypatch.setattr(SSDLoss, "_mine_hard_example", _original(SSDLoss._mine_hard_example))
 
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (2, 4, 2))   # ppdet 2.6.0's own Paddle
     assert compat.apply_ppdet_fixes() == []
@@ -262,7 +265,7 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
     assert compat.fix_concat_of_0d_shapes() == []
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (3, 3, 1))
     assert compat.apply_ppdet_fixes() == ["TaskAlignedAssigner.forward", "ATSSAssigner.forward", "ops.multiclass_nms",
-                                          "RPNHead._gen_proposal"]
+                                          "RPNHead._gen_proposal", "SSDLoss._mine_hard_example"]
     assert RPNHead._gen_proposal.__wrapped__ is unfixed_0d
 
 
@@ -341,6 +344,36 @@ def test_rcnn_predictions_scale_back_to_the_image(unfixed_0d):
     per_box = np.repeat(scale, bbox_num, axis=0)[:, [1, 0, 1, 0]]      # x by scale_x, y by scale_y
     want = np.concatenate([boxes[:, :2], boxes[:, 2:] / per_box], 1)
     np.testing.assert_allclose(pred.numpy(), want, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- F9: SSD's hard example mining
+
+def test_ssd_mines_hard_negatives(monkeypatch):
+    from ppdet.modeling.losses.ssd_loss import SSDLoss
+
+    monkeypatch.setattr(SSDLoss, "_mine_hard_example", _original(SSDLoss._mine_hard_example))
+    rng = np.random.default_rng(0)
+    batch, anchors, bg = 3, 40, 3
+    labels = np.full((batch, anchors), bg, "int64")
+    labels[0, [2, 7]] = 1                            # two positives: 6 negatives kept
+    labels[1, [0, 5, 9, 30]] = [0, 2, 2, 1]           # four: 12
+    loss = rng.uniform(0.1, 5, (batch, anchors)).astype("float32")   # image 2 has none: int(0.01 x 40) = 0
+    want = labels != bg
+    for i, keep in enumerate((6, 12, 0)):
+        negatives = np.where(labels[i] == bg, loss[i], 0)
+        want[i, np.argsort(-negatives, kind="stable")[:keep]] = True
+    ssd = SSDLoss()
+    args = (paddle.to_tensor(loss), paddle.to_tensor(labels), bg)
+    if PADDLE3:
+        with pytest.raises(TypeError, match="Type promotion"):
+            ssd._mine_hard_example(*args)            # int64 ranks < float32 counts
+        assert compat.apply_ppdet_fixes() == ["SSDLoss._mine_hard_example"]
+    else:
+        np.testing.assert_array_equal(ssd._mine_hard_example(*args).numpy(), want)   # ppdet's own, on Paddle 2.6
+        assert compat.apply_ppdet_fixes() == []
+        compat.fix_ssd_hard_example_mining()
+    np.testing.assert_array_equal(ssd._mine_hard_example(*args).numpy(), want)
+    assert compat.fix_ssd_hard_example_mining() == []
 
 
 # ---------------------------------------------------------------- Paddle 3's import notice

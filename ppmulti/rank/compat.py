@@ -293,10 +293,43 @@ def fix_rpn_batch_size_index() -> list[str]:
     return ["RPNHead._gen_proposal"]
 
 
+def fix_ssd_hard_example_mining() -> list[str]:
+    """F9: ppdet 2.6.0's ``SSDLoss._mine_hard_example`` (ppdet/modeling/losses/ssd_loss.py:127) compares the
+    loss ranks, an int64 ``argsort``, with float32 negative counts: ``idx_rank < num_negs``. Paddle 2.x promoted;
+    Paddle 3 raises ``TypeError: (InvalidType) Type promotion only support calculations between floating-point
+    numbers ... x: int64, y: float32`` in every SSD training step. Here the method is replaced by the same
+    mining, with the counts cast to the ranks' int64 as Paddle 2.x did: per image, the negatives (anchors matched
+    to the background) ranked by loss, largest first, are kept while their rank is below ``neg_pos_ratio`` x the
+    image's positives (at most every anchor; ``mine_neg_ratio`` x the anchors, truncated, when it has none), and
+    every positive is kept. Returns the names it
+    patched now (empty when already patched)."""
+    import paddle
+    from ppdet.modeling.losses.ssd_loss import SSDLoss
+
+    original = SSDLoss._mine_hard_example
+    if is_ppdet_fix(original):
+        return []
+
+    def _mine_hard_example(self: Any, conf_loss: Any, targets_label: Any, bg_index: int,
+                           mine_neg_ratio: float = 0.01) -> Any:
+        pos = (targets_label != bg_index).astype(conf_loss.dtype)
+        neg = (targets_label == bg_index).astype(conf_loss.dtype)
+        anchors = pos.shape[1]
+        rank = (conf_loss.detach() * neg).argsort(axis=1, descending=True).argsort(axis=1)
+        wanted = paddle.clip(pos.sum(axis=1, keepdim=True) * self.neg_pos_ratio, max=anchors)
+        wanted = paddle.where(wanted > 0, wanted, paddle.full_like(wanted, anchors * mine_neg_ratio))
+        # Paddle 2.x compared in the ranks' int64, truncating the counts: so does this
+        return ((rank < wanted.astype(rank.dtype)).astype(conf_loss.dtype) + pos).astype("bool")
+
+    SSDLoss._mine_hard_example = _mark_fixed(_mine_hard_example, original)
+    return ["SSDLoss._mine_hard_example"]
+
+
 # (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
 _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
     ((2, 5), fix_concat_of_0d_shapes),
-    ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index))
+    ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
+    ((3, 0), fix_ssd_hard_example_mining))
 
 
 def apply_ppdet_fixes() -> list[str]:
