@@ -376,6 +376,38 @@ def test_ssd_mines_hard_negatives(monkeypatch):
     assert compat.fix_ssd_hard_example_mining() == []
 
 
+# ---------------------------------------------------------------- F10: FCOS's targets and numpy 2.4
+
+def test_fcos_targets_with_numpy_without_newshape(monkeypatch):
+    import inspect
+
+    from ppdet.data.transform import batch_operators
+    from ppdet.data.transform.batch_operators import Gt2FCOSTarget
+
+    monkeypatch.setattr(batch_operators, "np", getattr(batch_operators.np, "__wrapped__", batch_operators.np))
+    removed = "newshape" not in inspect.signature(np.reshape).parameters   # numpy 2.4 (the Paddle 3 stack's)
+    op = Gt2FCOSTarget(object_sizes_boundary=[64, 128], center_sampling_radius=1.5, downsample_ratios=[8, 16, 32],
+                       norm_reg_targets=True)
+
+    def batch():   # one 64x64 image, one box of class 2 centred at (28, 36)
+        return [{"image": np.zeros((3, 64, 64), "float32"), "gt_bbox": np.array([[12, 20, 44, 52]], "float32"),
+                 "gt_class": np.array([[2]], "int32")}]
+
+    if removed:
+        with pytest.raises(TypeError, match="newshape"):
+            op(batch())
+        assert compat.apply_ppdet_fixes() == ["batch_operators.np.reshape"]
+    else:
+        assert compat.fix_numpy_reshape_newshape() == []   # not due: numpy still takes the keyword
+    out = op(batch())[0]
+    labels = out["labels0"]                          # stride 8: an 8x8 grid, one label per cell
+    assert labels.shape == (8, 8, 1) and out["reg_target0"].shape == (8, 8, 4) and out["centerness0"].shape == (8, 8, 1)
+    cells = {(int(y), int(x)) for y, x, _ in np.argwhere(labels > 0)}
+    assert (4, 3) in cells and set(labels[labels > 0].tolist()) == {3}   # class 2 + 1 at the box centre's cell
+    assert all(1 <= x <= 5 and 2 <= y <= 6 for y, x in cells)            # centre sampling: within the box
+    assert compat.fix_numpy_reshape_newshape() == []
+
+
 # ---------------------------------------------------------------- Paddle 3's import notice
 
 _CCACHE = "No ccache found"

@@ -209,14 +209,14 @@ def concat_0d_as_1d(x: Any, axis: Any = 0, name: str | None = None) -> Any:
     return paddle.concat(x, axis=axis, name=name)
 
 
-class _PaddleFor0D(types.ModuleType):
-    """The ``paddle`` module as one ppdet module sees it after fix F7: ``concat`` is ``concat_0d_as_1d``, every
-    other name is paddle's own."""
+class _ModuleView(types.ModuleType):
+    """A module as one ppdet module sees it after a fix (F7's ``paddle``, F10's ``np``): the names given are
+    replaced, every other name is the module's own."""
 
-    def __init__(self, paddle_module: types.ModuleType):
-        super().__init__(paddle_module.__name__)
-        self.__wrapped__ = paddle_module
-        self.concat = concat_0d_as_1d
+    def __init__(self, module: types.ModuleType, **replaced: Callable):
+        super().__init__(module.__name__)
+        self.__wrapped__ = module
+        self.__dict__.update(replaced)
         setattr(self, _FIX_MARK, True)
 
     def __getattr__(self, name: str) -> Any:
@@ -245,7 +245,7 @@ def fix_concat_of_0d_shapes() -> list[str]:
     for name in ZERO_DIM_MODULES:
         module = importlib.import_module(name)
         if not is_ppdet_fix(module.paddle):
-            module.paddle = _PaddleFor0D(module.paddle)
+            module.paddle = _ModuleView(module.paddle, concat=concat_0d_as_1d)
             patched.append(f"{name.rsplit('.', 1)[-1]}.paddle.concat")
     return patched
 
@@ -325,17 +325,41 @@ def fix_ssd_hard_example_mining() -> list[str]:
     return ["SSDLoss._mine_hard_example"]
 
 
+def reshape_with_newshape(a: Any, shape: Any = None, *args: Any, newshape: Any = None, **kwargs: Any) -> Any:
+    """``numpy.reshape`` that also takes the shape as ``newshape=``, the keyword numpy 2.4 removed."""
+    import numpy
+
+    return numpy.reshape(a, shape if newshape is None else newshape, *args, **kwargs)
+
+
+def fix_numpy_reshape_newshape() -> list[str]:
+    """F10: ppdet 2.6.0's ``Gt2FCOSTarget`` (ppdet/data/transform/batch_operators.py:362-487) calls
+    ``np.reshape(x, newshape=...)``; numpy 2.4 (Paddle 3's stack) removed that keyword: ``TypeError: reshape() got
+    an unexpected keyword argument 'newshape'`` in FCOS's first batch. Here that module's ``np`` becomes a view of
+    numpy whose ``reshape`` takes it (``reshape_with_newshape``). Due wherever numpy's reshape lacks the keyword,
+    whatever the Paddle. Returns the module it patched now (empty when already patched or not due)."""
+    import inspect
+
+    import numpy
+    from ppdet.data.transform import batch_operators
+
+    if "newshape" in inspect.signature(numpy.reshape).parameters or is_ppdet_fix(batch_operators.np):
+        return []
+    batch_operators.np = _ModuleView(batch_operators.np, reshape=reshape_with_newshape)
+    return ["batch_operators.np.reshape"]
+
+
 # (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
 _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
-    ((2, 5), fix_concat_of_0d_shapes),
+    ((0, 0), fix_numpy_reshape_newshape), ((2, 5), fix_concat_of_0d_shapes),
     ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
     ((3, 0), fix_ssd_hard_example_mining))
 
 
 def apply_ppdet_fixes() -> list[str]:
-    """Apply every fix for ppdet 2.6.0 (see ``fix_*`` above) that the installed Paddle needs: F7 from Paddle 2.5
-    (both supported stacks), the others from Paddle 3; anything else about ppdet is left untouched. Idempotent.
-    Returns what it patched now."""
+    """Apply every fix for ppdet 2.6.0 (see ``fix_*`` above) that the installed Paddle and numpy need: F7 from
+    Paddle 2.5 (both supported stacks), F10 with numpy >= 2.4, the others from Paddle 3; anything else about ppdet
+    is left untouched. Idempotent. Returns what it patched now."""
     version = tuple(installed_version() or ())
     return [name for since, fix in _PPDET_FIXES if version[:2] >= since for name in fix()]
 
