@@ -25,7 +25,7 @@ HONOURED_KEYS = {
     "epoch": "the loop's epochs", "snapshot_epoch": "hooks/evaluation.py and hooks/checkpoint.py",
     "log_iter": "the console and VisualDL logging interval", "worker_num": "data loader workers",
     "use_ema": "hooks/ema.py", "ema_decay": "hooks/ema.py", "ema_decay_type": "hooks/ema.py",
-    "ema_filter_no_grad": "hooks/ema.py", "ema_black_list": "hooks/ema.py", "cycle_epoch": "hooks/ema.py",
+"ema_black_list": "hooks/ema.py", "cycle_epoch": "hooks/ema.py",
     "eval_height": "eval size (sync_eval_size)", "eval_width": "eval size (sync_eval_size)",
     "eval_size": "ppdet's __shared__ heads (PP-YOLOE's anchors)",
     "ref_batch": "engine/lr.py: the batch base_lr is tuned for", "save_dir": "where run directories go",
@@ -45,6 +45,8 @@ REFUSED_KEYS = {
     "print_params": "ppmulti does not count the model's parameters at start",
     "find_unused_parameters": "ppmulti builds its fleet strategy before the config is read and does not take it",
     "seed": "ppmulti's seed is a flag: --seed N",
+    "ema_filter_no_grad": "ppdet 2.6's ModelEMA fails on it as soon as a weight is frozen (it appends to a set) "
+                          "and changes nothing otherwise",
     "log_rank": "ppmulti logs rank 0 to the console and every rank to its own log file in the run directory",
     "use_xpu": "ppmulti runs on CPUs and CUDA GPUs only (use_gpu)",
     "use_npu": "ppmulti runs on CPUs and CUDA GPUs only (use_gpu)",
