@@ -281,6 +281,26 @@ def test_resume_path_kinds(tmp_path):
         ppdet_checkpoint(str(root / "lone/w"))
 
 
+def test_a_launch_restart_before_the_first_checkpoint_begins_from_the_ppdet_checkpoint_again(tmp_path, monkeypatch):
+    """--max_restarts: a rank restarted before its run saved anything starts that run again in the same directory;
+    a run begun with -r PaddleDetection's checkpoint begins from that checkpoint again, not from scratch."""
+    from ppmulti.common.envvars import PPMULTI_LAUNCH_DIR, PPMULTI_RESTART
+    from ppmulti.common.rundir import RUN_DIR_MARKER
+    from ppmulti.rank.engine.hooks.resume import continue_after_restart
+    from ppmulti.rank.engine.trainer import TrainOptions
+
+    root = _ppdet_kind(tmp_path, "output/cfg/0.pdparams", "output/cfg/0.pdopt")
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / RUN_DIR_MARKER).write_text(str(tmp_path / "run") + "\n")
+    monkeypatch.setenv(PPMULTI_LAUNCH_DIR, str(tmp_path / "launch"))
+    monkeypatch.setenv(PPMULTI_RESTART, "1")
+    for resume, kept in ((str(root / "output/cfg/0"), str(root / "output/cfg/0")), (None, None)):
+        opts = TrainOptions(config="c.yml", resume=resume)
+        note = continue_after_restart(opts)
+        assert (opts.resume, opts.output, opts.exist_ok) == (kept, str(tmp_path / "run"), True)
+        assert note.endswith(f"starting it again from {kept}" if kept else "starting it again")
+
+
 def _toy_parts(seed: int):
     """A toy model with a BatchNorm, Momentum on a piecewise schedule (ppdet's LearningRate returns one)."""
     import paddle

@@ -98,8 +98,11 @@ def continue_after_restart(opts) -> str | None:
     if (run_dir / "weights" / ("last" + ckpt.STATE)).is_file():
         opts.resume = str(run_dir)
         return f"launch restart {record.restart}: resuming {run_dir} from its last checkpoint"
-    opts.output, opts.exist_ok, opts.resume = str(run_dir), True, None
-    return f"launch restart {record.restart}: no checkpoint in {run_dir} yet, starting it again"
+    # a run that began from a PaddleDetection checkpoint (-r) begins from it again
+    keep = opts.resume if ppdet_checkpoint(opts.resume) is not None else None
+    opts.output, opts.exist_ok, opts.resume = str(run_dir), True, keep
+    return (f"launch restart {record.restart}: no checkpoint in {run_dir} yet, starting it again"
+            + (f" from {keep}" if keep else ""))
 
 
 def record_run_dir(run_dir: Path) -> None:
