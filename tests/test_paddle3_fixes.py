@@ -254,7 +254,10 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
     from ppdet.modeling.losses.ssd_loss import SSDLoss
     from ppdet.modeling.proposal_generator.rpn_head import RPNHead
 
+    from ppdet.modeling.losses import gfocal_loss
+
     monkeypatch.setattr(SSDLoss, "_mine_hard_example", _original(SSDLoss._mine_hard_example))
+    monkeypatch.setattr(gfocal_loss, "quality_focal_loss", _original(gfocal_loss.quality_focal_loss))
 
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (2, 4, 2))   # ppdet 2.6.0's own Paddle
     assert compat.apply_ppdet_fixes() == []
@@ -265,7 +268,8 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
     assert compat.fix_concat_of_0d_shapes() == []
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (3, 3, 1))
     assert compat.apply_ppdet_fixes() == ["TaskAlignedAssigner.forward", "ATSSAssigner.forward", "ops.multiclass_nms",
-                                          "RPNHead._gen_proposal", "SSDLoss._mine_hard_example"]
+                                          "RPNHead._gen_proposal", "SSDLoss._mine_hard_example",
+                                          "gfocal_loss.quality_focal_loss"]
     assert RPNHead._gen_proposal.__wrapped__ is unfixed_0d
 
 
@@ -406,6 +410,49 @@ def test_fcos_targets_with_numpy_without_newshape(monkeypatch):
     assert (4, 3) in cells and set(labels[labels > 0].tolist()) == {3}   # class 2 + 1 at the box centre's cell
     assert all(1 <= x <= 5 and 2 <= y <= 6 for y, x in cells)            # centre sampling: within the box
     assert compat.fix_numpy_reshape_newshape() == []
+
+
+# ---------------------------------------------------------------- F11: GFL's quality focal loss
+
+def _qfl_reference(pred, label, score, beta=2.0):
+    """The quality focal loss in numpy (Li et al. 2020, as ppdet's gfocal_loss.py computes it), per anchor."""
+    prob = 1 / (1 + np.exp(-pred))
+
+    def bce(x, y):
+        return np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
+
+    loss = bce(pred, 0.0) * prob ** beta
+    for i, c in enumerate(label):
+        if 0 <= c < pred.shape[1]:
+            loss[i, c] = bce(pred[i, c], score[i]) * abs(score[i] - prob[i, c]) ** beta
+    return loss.sum(1)
+
+
+def test_quality_focal_loss_with_positives(monkeypatch):
+    from ppdet.modeling.losses import gfocal_loss
+
+    monkeypatch.setattr(gfocal_loss, "quality_focal_loss", _original(gfocal_loss.quality_focal_loss))
+    rng = np.random.default_rng(0)
+    pred = rng.normal(0, 2, (6, 3)).astype("float32")
+    label = np.array([0, 3, 2, 3, 1, 3], "int64")     # 3 is the background
+    score = rng.uniform(0, 1, 6).astype("float32")
+    want = _qfl_reference(pred, label, score)
+
+    def qfl():
+        return gfocal_loss.quality_focal_loss(paddle.to_tensor(pred), (paddle.to_tensor(label),
+                                                                       paddle.to_tensor(score))).numpy()
+    if PADDLE3:
+        with pytest.raises(TypeError, match="Type promotion"):
+            qfl()                                     # float32 loss x bool mask
+        assert compat.apply_ppdet_fixes() == ["gfocal_loss.quality_focal_loss"]
+    else:
+        np.testing.assert_allclose(qfl(), want, rtol=1e-5)   # ppdet's own on Paddle 2.6
+        compat.fix_quality_focal_loss_mask()
+    np.testing.assert_allclose(qfl(), want, rtol=1e-5)
+    background = np.full(6, 3, "int64")               # no positives: every pair towards quality 0
+    np.testing.assert_allclose(gfocal_loss.quality_focal_loss(
+        paddle.to_tensor(pred), (paddle.to_tensor(background), paddle.to_tensor(score))).numpy(),
+        _qfl_reference(pred, background, score), rtol=1e-5)
 
 
 # ---------------------------------------------------------------- Paddle 3's import notice

@@ -349,11 +349,48 @@ def fix_numpy_reshape_newshape() -> list[str]:
     return ["batch_operators.np.reshape"]
 
 
+def fix_quality_focal_loss_mask() -> list[str]:
+    """F11: ppdet 2.6.0's ``quality_focal_loss`` (ppdet/modeling/losses/gfocal_loss.py:78, GFL's
+    QualityFocalLoss) multiplies float32 losses by a bool mask of the positives (``loss * logical_not(pos_mask) +
+    loss_pos * pos_mask``). Paddle 2.x promoted; Paddle 3 raises ``TypeError: (InvalidType) Type promotion only
+    support calculations between floating-point numbers ... x: float32, y: bool`` in GFL's first step. Here the
+    module's function (``QualityFocalLoss.forward`` looks it up there at call time) is replaced by the same loss
+    with a float32 mask: every (anchor, class) pair is supervised towards quality 0 with weight sigmoid(pred) **
+    beta, except each positive anchor's own class, supervised towards its quality score with weight
+    |score - sigmoid(pred)| ** beta; summed over classes. Returns the names it patched now (empty when already
+    patched)."""
+    import paddle
+    import paddle.nn.functional as F
+    from ppdet.modeling.losses import gfocal_loss
+
+    original = gfocal_loss.quality_focal_loss
+    if is_ppdet_fix(original):
+        return []
+
+    def quality_focal_loss(pred: Any, target: Any, beta: float = 2.0, use_sigmoid: bool = True) -> Any:
+        label, score = target
+        bce = F.binary_cross_entropy_with_logits if use_sigmoid else F.binary_cross_entropy
+        prob = F.sigmoid(pred) if use_sigmoid else pred
+        loss = bce(pred, paddle.zeros(pred.shape, dtype="float32"), reduction="none") * prob.pow(beta)
+        classes = pred.shape[1]
+        # 1 at (anchor, its class) for anchors with a class in [0, classes); the background, ``classes``, gets none
+        valid = (label >= 0).astype("float32").unsqueeze(-1)
+        mask = F.one_hot(label.clip(0, classes), classes + 1)[:, :classes] * valid
+        if float(mask.sum()) == 0:
+            return loss.sum(axis=1)
+        score = score.unsqueeze(-1).expand([-1, classes]).cast("float32")
+        loss_pos = bce(pred, score, reduction="none") * (score - prob).abs().pow(beta)
+        return (loss * (1.0 - mask) + loss_pos * mask).sum(axis=1)
+
+    gfocal_loss.quality_focal_loss = _mark_fixed(quality_focal_loss, original)
+    return ["gfocal_loss.quality_focal_loss"]
+
+
 # (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
 _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
     ((0, 0), fix_numpy_reshape_newshape), ((2, 5), fix_concat_of_0d_shapes),
     ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
-    ((3, 0), fix_ssd_hard_example_mining))
+    ((3, 0), fix_ssd_hard_example_mining), ((3, 0), fix_quality_focal_loss_mask))
 
 
 def apply_ppdet_fixes() -> list[str]:
