@@ -258,6 +258,9 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
 
     monkeypatch.setattr(SSDLoss, "_mine_hard_example", _original(SSDLoss._mine_hard_example))
     monkeypatch.setattr(gfocal_loss, "quality_focal_loss", _original(gfocal_loss.quality_focal_loss))
+    from ppdet.modeling.transformers.deformable_transformer import MSDeformableAttention
+
+    monkeypatch.setattr(MSDeformableAttention, "forward", _original(MSDeformableAttention.forward))
 
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (2, 4, 2))   # ppdet 2.6.0's own Paddle
     assert compat.apply_ppdet_fixes() == []
@@ -269,7 +272,7 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (3, 3, 1))
     assert compat.apply_ppdet_fixes() == ["TaskAlignedAssigner.forward", "ATSSAssigner.forward", "ops.multiclass_nms",
                                           "RPNHead._gen_proposal", "SSDLoss._mine_hard_example",
-                                          "gfocal_loss.quality_focal_loss"]
+                                          "gfocal_loss.quality_focal_loss", "MSDeformableAttention.forward"]
     assert RPNHead._gen_proposal.__wrapped__ is unfixed_0d
 
 
@@ -453,6 +456,39 @@ def test_quality_focal_loss_with_positives(monkeypatch):
     np.testing.assert_allclose(gfocal_loss.quality_focal_loss(
         paddle.to_tensor(pred), (paddle.to_tensor(background), paddle.to_tensor(score))).numpy(),
         _qfl_reference(pred, background, score), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- F12: Deformable DETR's and DINO's attention
+
+def test_deformable_attention_samples_by_level_size(monkeypatch):
+    from ppdet.modeling.transformers.deformable_transformer import MSDeformableAttention
+
+    monkeypatch.setattr(MSDeformableAttention, "forward", _original(MSDeformableAttention.forward))
+    paddle.seed(0)
+    attn = MSDeformableAttention(embed_dim=16, num_heads=2, num_levels=2, num_points=2)
+    core = attn.ms_deformable_attn_core
+    sizes = paddle.to_tensor([[4, 6], [2, 3]], dtype="int64")                  # (H, W) of two levels
+    rng = np.random.default_rng(0)
+    query = paddle.to_tensor(rng.normal(size=(1, 5, 16)).astype("float32"))
+    value = paddle.to_tensor(rng.normal(size=(1, 30, 16)).astype("float32"))
+    start = paddle.to_tensor([0, 24], dtype="int64")
+    xy = rng.uniform(0.1, 0.9, (1, 5, 2, 2)).astype("float32")
+    # the same sampling through the box branch, which never divides by the sizes: offset x (2 / points) x wh / 2
+    wh = np.broadcast_to(2 * 2 / np.array([[6, 4], [3, 2]], "float32"), (1, 5, 2, 2))
+    want = attn(query, paddle.to_tensor(np.concatenate([xy, wh], -1)), value, sizes, start).numpy()
+
+    def by_points():
+        return attn(query, paddle.to_tensor(xy), value, sizes, start).numpy()
+
+    if PADDLE3:
+        with pytest.raises(TypeError, match="Type promotion"):
+            by_points()                                 # float32 offsets / int64 sizes
+        assert compat.apply_ppdet_fixes() == ["MSDeformableAttention.forward"]
+    else:
+        np.testing.assert_allclose(by_points(), want, rtol=1e-5, atol=1e-6)   # ppdet's own on Paddle 2.6
+        compat.fix_deformable_attention_offsets()
+    np.testing.assert_allclose(by_points(), want, rtol=1e-5, atol=1e-6)
+    assert attn.ms_deformable_attn_core is core        # the sampling core is given back after each call
 
 
 # ---------------------------------------------------------------- Paddle 3's import notice

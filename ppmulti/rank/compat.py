@@ -386,11 +386,49 @@ def fix_quality_focal_loss_mask() -> list[str]:
     return ["gfocal_loss.quality_focal_loss"]
 
 
+def fix_deformable_attention_offsets() -> list[str]:
+    """F12: ppdet 2.6.0's ``MSDeformableAttention.forward`` (ppdet/modeling/transformers/deformable_transformer.py:142,
+    Deformable DETR's and DINO's attention) divides float32 sampling offsets by the levels' sizes, an int64 tensor
+    (``sampling_offsets / offset_normalizer``). Paddle 2.x promoted; Paddle 3 raises ``TypeError: (InvalidType) Type
+    promotion only support calculations between floating-point numbers ... x: float32, y: int64`` in the first
+    step. Here the method gets the sizes as float32, and its sampling core (``ms_deformable_attn_core``, which
+    splits the values by them) still gets the int64 ones, for that call. Returns the names it patched now."""
+    import functools
+    import inspect
+
+    from ppdet.modeling.transformers.deformable_transformer import MSDeformableAttention
+
+    original = MSDeformableAttention.forward
+    if is_ppdet_fix(original):
+        return []
+    signature = inspect.signature(original)
+
+    def core_with_int_sizes(core: Callable, sizes: Any, value: Any, _float_sizes: Any, *rest: Any) -> Any:
+        return core(value, sizes, *rest)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        layer, sizes = bound.arguments["self"], bound.arguments["value_spatial_shapes"]
+        if "int" not in str(sizes.dtype):
+            return original(*args, **kwargs)
+        core = layer.ms_deformable_attn_core
+        bound.arguments["value_spatial_shapes"] = sizes.astype(bound.arguments["query"].dtype)
+        layer.ms_deformable_attn_core = functools.partial(core_with_int_sizes, core, sizes)
+        try:
+            return original(*bound.args, **bound.kwargs)
+        finally:
+            layer.ms_deformable_attn_core = core
+
+    MSDeformableAttention.forward = _mark_fixed(forward, original)
+    return ["MSDeformableAttention.forward"]
+
+
 # (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
 _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
     ((0, 0), fix_numpy_reshape_newshape), ((2, 5), fix_concat_of_0d_shapes),
     ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
-    ((3, 0), fix_ssd_hard_example_mining), ((3, 0), fix_quality_focal_loss_mask))
+    ((3, 0), fix_ssd_hard_example_mining), ((3, 0), fix_quality_focal_loss_mask),
+    ((3, 0), fix_deformable_attention_offsets))
 
 
 def apply_ppdet_fixes() -> list[str]:
