@@ -122,6 +122,19 @@ def test_launch_refuses_a_file_named_runs_or_output_before_any_rank_starts(tmp_p
     assert not (tmp_path / "log").exists()        # refused before Paddle's launcher started
 
 
+@pytest.mark.slow
+def test_one_process_refuses_a_file_named_output_in_one_line(small_demo, tmp_path):
+    """``python tools/train.py -c CFG`` runs no launcher: the rank that makes the run directory says it."""
+    (tmp_path / "output").write_text("")
+    proc = subprocess.run([sys.executable, TRAIN, "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo, 64),
+                           "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=launch_env())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: output is a file, so the run directory output/ppyoloe_demo cannot be made there: move or rename the "
+        "file, or pick another place with -o save_dir=DIR (or --output DIR)")
+
+
 # ------------------------------------------------------------------------------------------------ the resume line
 def test_resume_command_is_the_users_own_with_resume_at_its_end():
     assert resume_command(["python", "tools/train.py", "-c", "a b.yml", "--epochs", "9"], "out/x") == \
