@@ -226,6 +226,7 @@ def _demo_args(small_demo, out, *extra):
             "PPYOLOEHead.static_assigner_epoch=1", "--output", str(out), *extra]
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.skipif(not CPU_HAS_BF16, reason="this CPU has no AVX512-BF16/AMX: --amp has no effect (tested above)")
 def test_cpu_bf16_training_runs_and_its_loss_falls(small_demo, tmp_path):
@@ -246,6 +247,7 @@ def test_cpu_bf16_training_runs_and_its_loss_falls(small_demo, tmp_path):
     assert {str(v.dtype) for v in weights.values() if "float" in str(v.dtype)} == {"paddle.float32"}
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_amp_without_bf16_convolutions_says_so_and_trains_float32(small_demo, tmp_path):
     out = tmp_path / "noeffect"
@@ -281,6 +283,7 @@ def _amp_state(run: Path) -> tuple[float, int]:
     return float(np.asarray(state["scaler"]["scale"]).reshape(-1)[0]), int(state["skipped_steps"])
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_scaler_state_resumes_from_last_pdstate(small_demo, tmp_path):
     """The float16 path's loop with Paddle's GradScaler (computing in float32 on CPU, two overflowing steps per

@@ -524,6 +524,7 @@ def test_yolov5_line_accumulates_to_64_with_multi_scale_and_image_weights(small_
     assert json.loads((run / "metrics.json").read_text())["effective_batch"] == 64
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_two_ranks_accumulating_equal_one_rank_with_the_whole_batch(tmp_path, repo):

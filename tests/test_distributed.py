@@ -19,6 +19,7 @@ def _train_args(data, out, *extra):
             "--output", str(out)]
 
 
+@pytest.mark.seam
 def test_two_ranks_train_eval_checkpoint(two_rank_run):
     """`ppmulti launch --nproc_per_node 2 tools/train.py --batch 8 --epochs 2 --eval` (conftest.two_rank_run)."""
     out = two_rank_run.path
@@ -41,6 +42,7 @@ def test_train_py_device_cpu_nproc_relaunches(small_demo, tmp_path):
     assert json.loads((out / "metrics.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.seam
 def test_paddle_launcher_without_ppmulti(small_demo, tmp_path):
     out = tmp_path / "run"
     proc = run_tool(["-m", "paddle.distributed.launch", "--log_dir", str(tmp_path / "plog"), "--nproc_per_node", "2",
@@ -64,6 +66,7 @@ def _all_output(proc, tmp_path) -> str:
     return text + "".join(p.read_text(errors="replace") for p in tmp_path.rglob("workerlog*"))
 
 
+@pytest.mark.seam
 def test_sync_bn_on_cpu_stops_clearly(small_demo, tmp_path):
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
                      *_train_args(small_demo, tmp_path / "run", "--batch", "8", "--sync-bn")], cwd=tmp_path)
@@ -76,6 +79,7 @@ def _weights(npz):
     return {k: data[k] for k in data.files}
 
 
+@pytest.mark.seam
 def test_two_ranks_equal_one_rank_with_double_batch(tmp_path, repo):
     script = str(repo / "tests" / "fixtures" / "equivalence_train.py")
     one = run_tool([script, str(tmp_path / "one.npz"), "8", "6"])
@@ -139,6 +143,7 @@ def _rank_pid(rank: int, marker: str) -> int | None:
     return roots[0] if len(roots) == 1 else None
 
 
+@pytest.mark.seam
 def test_sigkill_of_one_rank_restarts_and_resumes(small_demo, tmp_path):
     """Issue 6: kill -9 one rank during epoch 2; --max_restarts brings every rank back from the last
     checkpoint and the run still finishes every epoch. Epochs 3-5 are the margin: the first log line of epoch 2

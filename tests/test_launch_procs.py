@@ -24,6 +24,7 @@ def _records(out: Path, n: int) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
 
 
+@pytest.mark.seam
 def test_two_ranks_on_one_machine(launches, tmp_path):
     out = tmp_path / "out"
     proc = launches.start("--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"), ALLREDUCE, str(out),
@@ -40,6 +41,7 @@ def test_two_ranks_on_one_machine(launches, tmp_path):
         assert env["PADDLE_DISTRI_BACKEND"] == "gloo"
 
 
+@pytest.mark.seam
 def test_two_nodes_with_ips_and_flags_start_port(launches, tmp_path):
     start = free_ports(2) + 1          # start_port - 1 is ppmulti's rendezvous on node 0
     env = launch_env(FLAGS_START_PORT=str(start))
@@ -61,6 +63,7 @@ def test_two_nodes_with_ips_and_flags_start_port(launches, tmp_path):
         assert rec["env"]["MASTER_ADDR"] == "127.0.0.2" and rec["env"]["MASTER_PORT"] == str(start)
 
 
+@pytest.mark.seam
 def test_two_nodes_with_master_addr(launches, tmp_path):
     port = free_ports(2)
     out = tmp_path / "out"
@@ -76,6 +79,7 @@ def test_two_nodes_with_master_addr(launches, tmp_path):
     assert "node 1 joined" in launches.output(node0)
 
 
+@pytest.mark.seam
 @pytest.mark.parametrize("how", ["master_port", "master_port_multinode", "start_port", "FLAGS_START_PORT"])
 def test_taken_port_is_a_one_line_error_naming_port_and_flag(launches, tmp_path, how):
     port = free_ports(2)
@@ -107,6 +111,7 @@ def test_taken_port_is_a_one_line_error_naming_port_and_flag(launches, tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.seam
 @pytest.mark.parametrize("who", ["node0_alone", "node1_alone", "ips_node0_alone"])
 def test_missing_node_times_out_and_is_named(launches, tmp_path, who):
     port = free_ports(2)

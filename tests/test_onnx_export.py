@@ -84,6 +84,7 @@ class Runtimes:
         return ours, theirs
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 @needs_p2o
 def test_without_nms_dynamic_batch_matches_paddle(model, tmp_path):
@@ -129,6 +130,7 @@ def _match(paddle_dets: np.ndarray, onnx_dets: np.ndarray) -> int:
     return len(paddle_dets) - len(lone_paddle)
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 @needs_p2o
 def test_with_nms_in_the_graph_matches_paddle(model, tmp_path):
@@ -186,6 +188,7 @@ def test_interp_scale_doubles_become_floats():
     assert compat.pir_interp_scale_as_float(program) == 0
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.skipif(not compat.paddle3(), reason="Paddle 2.6 writes model.pdmodel, which paddle2onnx 1.3.1 reads as is")
 @needs_p2o

@@ -155,6 +155,7 @@ def test_failing_rank_shows_its_traceback_and_no_value(tmp_path):
     assert _files_with_marker(tmp_path) == []
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_verbose_shows_paddles_lines_and_quiet_shows_none(tmp_path):

@@ -24,6 +24,7 @@ def _rows(run: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_run_directory_contents(trained):
     for name in ("config.yml", "results.csv", "metrics.json", "train.log", "weights/last.pdparams",
@@ -40,6 +41,7 @@ def test_run_directory_contents(trained):
     assert metrics["epochs"] == 4 and metrics["images"] == 16
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_visualdl_log_on_rank0(trained):
     from visualdl import LogReader
@@ -53,6 +55,7 @@ def test_visualdl_log_on_rank0(trained):
     assert len(reader.get_data("scalar", "eval/mAP50")) == 4
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_training_lowers_the_box_losses(trained):
     rows = _rows(trained)
@@ -63,6 +66,7 @@ def test_training_lowers_the_box_losses(trained):
     assert float(last["loss_dfl"]) < float(first["loss_dfl"])
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_eval_from_checkpoint_matches_training(trained, small_demo):
     proc = run_tool(["tools/eval.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
@@ -74,6 +78,7 @@ def test_eval_from_checkpoint_matches_training(trained, small_demo):
     assert result["mAP50_95"] == pytest.approx(metrics["mAP50_95"], abs=1e-6)
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_infer_draws_pngs(trained, small_demo, tmp_path):
     out = tmp_path / "infer"
@@ -88,6 +93,7 @@ def test_infer_draws_pngs(trained, small_demo, tmp_path):
     assert len(records) == 16 and all("detections" in r for r in records)
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_export_inference_model(trained, small_demo, tmp_path):
     proc = run_tool(["tools/export.py", "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo),
@@ -113,6 +119,7 @@ def test_export_inference_model(trained, small_demo, tmp_path):
     assert boxes.ndim == 2 and boxes.shape[1] == 6   # class, score, x1, y1, x2, y2
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_resume_continues_where_it_stopped(small_demo, tmp_path):
     out = tmp_path / "r"

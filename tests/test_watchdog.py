@@ -97,6 +97,7 @@ def test_a_stopped_rank_is_named_and_max_restarts_brings_every_rank_back(launche
     assert "(most recent call first)" in stack1 and "watch_script.py" in stack1, stack1
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_the_issue_case_gloo_gives_up_first_and_the_stopped_rank_is_still_the_cause(launches, tmp_path):
@@ -151,6 +152,7 @@ def test_across_two_loopback_nodes_the_stalled_node_names_it_and_the_other_repor
 
 
 # --- the real trainer -----------------------------------------------------------------------------------------
+@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_the_trainer_reports_its_phases_and_a_stall_in_forward_is_named(launches, small_demo, tmp_path):

@@ -13,7 +13,7 @@ import yaml
 
 from conftest import REPO, run_tool
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.seam]   # training, val, detect, export, resume: all through Paddle
 
 VAL, DETECT, EXPORT = (REPO / "tools" / f"{name}.py" for name in ("val", "detect", "export"))
 WEIGHTS = ("best", "last")
