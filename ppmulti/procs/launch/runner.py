@@ -401,7 +401,8 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
 
 def attempt_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
                  interrupted: list[int], abort: Callable[[], str | None] | None = None) -> int:
-    """One launch attempt of an elastic round: ``abort`` (polled while it runs) ends it early with its reason."""
+    """One launch attempt of an elastic round: ``abort`` (polled while it runs) ends it early with its reason;
+    an interrupt says what was saved and returns 128 + the signal."""
     watch = _RankWatch(launch_dir)
     watch.reset()
     dog = Watchdog(launch_dir, plan.hang_timeout, plan.node_rank, plan.nnodes, local_world=plan.nnodes == 1,
@@ -418,7 +419,9 @@ def attempt_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, 
         rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog, stop_reason)
     finally:
         _sweep_ranks(launch_dir, dog, out)
-    if rc != 0 and not interrupted and not fired:   # an abort has said why already
+    if interrupted:   # an elastic job is started again by the same command on every node: no resume line
+        return _report_interrupt(plan, launch_dir, interrupted[0], None, out)
+    if rc != 0 and not fired:   # an abort has said why already
         _log(dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause(), out)
     return rc
 
