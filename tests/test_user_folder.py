@@ -52,6 +52,15 @@ def test_a_log_dir_that_is_a_file_is_refused_by_name(tmp_path, monkeypatch):
         choose_log_dir("notes.txt/x", "log")
 
 
+def test_the_ssh_fan_out_beside_a_file_named_log_sends_every_nodes_logs_elsewhere(tmp_path):
+    (tmp_path / "log").write_text("")
+    proc = _cli(["launch", "--dry-run", "--nodes", "127.0.0.2,127.0.0.3", "--nproc_per_node", "1", TRAIN, "-c",
+                 "x.yml"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("ppmulti launch: log is a file, so Paddle's logs go to ppmulti-log/ instead")
+    assert f"--log_dir {ALT_LOG_DIR}/node0" in proc.stdout and f"--log_dir {ALT_LOG_DIR}/node1" in proc.stdout
+
+
 # --------------------------------------------------------------------------------- files named runs and output
 def test_a_file_in_the_way_of_a_run_directory_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -149,6 +149,13 @@ def _launch(argv: list[str]) -> int:
     from ppmulti.procs.launch.nodes import check_nodes_only_flags, launch_nodes
 
     if ns.nodes:
+        from ppmulti.procs.launch.runner import choose_log_dir
+
+        # a file named log here: every node's logs go to the same other place, which the fan-out's own log follows
+        log_dir, note = choose_log_dir(ns.log_dir, "log")
+        if note:
+            print(f"ppmulti launch: {note}", file=sys.stderr, flush=True)
+            argv = ["--log_dir", str(log_dir), *argv]
         return launch_nodes(argv)   # ssh fan-out: the same launch on every node (nodes.py)
     check_nodes_only_flags(ns)
     # address discovery can wait on DNS; only multi-node launches need it
