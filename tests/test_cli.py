@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -13,12 +12,13 @@ from conftest import DEMO_CONFIG, REPO, demo_overrides, one_line_error, run_tool
 
 
 def test_help_is_fast_and_does_not_import_paddle():
-    code = ("import sys, time; t=time.time(); import ppmulti.cli; "
+    # CPU seconds, not wall seconds: the figure holds on a loaded machine (importing paddle alone costs more)
+    code = ("import sys, time; t=time.process_time(); import ppmulti.cli; "
             "import contextlib, io\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    try: ppmulti.cli.main(['--help'])\n"
             "    except SystemExit: pass\n"
-            "print(time.time()-t, 'paddle' in sys.modules, 'ppdet' in sys.modules)")
+            "print(time.process_time()-t, 'paddle' in sys.modules, 'ppdet' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     seconds, paddle_loaded, ppdet_loaded = proc.stdout.split()
     assert paddle_loaded == "False" and ppdet_loaded == "False"
@@ -26,10 +26,17 @@ def test_help_is_fast_and_does_not_import_paddle():
 
 
 def test_console_script_help_under_two_seconds():
-    t = time.time()
+    """Two CPU seconds (the interpreter's start included), measured as CPU time so a loaded machine cannot fail it."""
+    import resource
+
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    before = children_cpu()
     proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "--help"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0 and "demo" in proc.stdout and "launch" in proc.stdout
-    assert time.time() - t < 2.0
+    assert children_cpu() - before < 2.0
 
 
 def test_missing_config():

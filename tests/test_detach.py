@@ -119,7 +119,7 @@ def test_launch_detach_ps_logs(tmp_path, home, tiny_yolo):
     proc = _cli(["launch", "--detach", "--nproc_per_node", "1", *_train_args(tiny_yolo, run, epochs=2)], home, tmp_path)
     returned = time.time() - t
     assert proc.returncode == 0, proc.stderr
-    assert returned < 5.0, returned
+    assert returned < 30.0, returned   # returns at once, not after the 2-epoch run (margin: a loaded machine)
     assert proc.stdout.startswith("started run 1 ")
     first = _ps(home, tmp_path)["1"]
     assert first["state"] == "running" and "tools/train.py" in first["command"]

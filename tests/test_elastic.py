@@ -160,7 +160,7 @@ def test_rounds_follow_the_live_members(etcd):
         assert a.lost(rounds["a"]) == "node 1 (127.0.0.3) left: its etcd lease expired"
         started = time.monotonic()
         alone = a.agree(1, 30)
-        assert alone.members == (a.node,) and time.monotonic() - started < 5   # no waiting for the dead node
+        assert alone.members == (a.node,) and time.monotonic() - started < 15   # not agree's 30 s for the dead node
         c = Membership(db, spec, "127.0.0.3", 1, ttl=2)      # the node comes back while round 1 runs
         try:
             joined = {}

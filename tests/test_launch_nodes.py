@@ -467,7 +467,7 @@ def test_unreachable_node_is_named_within_seconds(ssh_hosts, fan):
     code = fan.wait(proc, 60)
     _, messages = fan.texts(proc)
     errors = [ln for ln in messages.splitlines() if ln.startswith("error:")]
-    assert code == 1 and time.time() - t < 15, messages
+    assert code == 1 and time.time() - t < 25, messages   # --ssh-timeout 5, not ssh's own minutes; margin for load
     assert len(errors) == 1 and errors[0].startswith(f"error: preflight: node1 {dead}: not reachable by ssh"), messages
     assert "nothing started" in messages
 

@@ -104,7 +104,7 @@ def test_taken_port_is_a_one_line_error_naming_port_and_flag(launches, tmp_path,
         text = launches.output(proc)
     finally:
         blocker.close()
-    assert code == 2 and time.time() - t < 10, text
+    assert code == 2 and time.time() - t < 25, text   # refused before any rank starts (margin: a loaded machine)
     errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in text, text
     assert f"port {port} " in errors[0] and flag in errors[0] and "already in use" in errors[0]

@@ -56,8 +56,8 @@ def test_stop_ends_child_and_grandchild_of_its_group():
     grandchild = int(_ready(child)[0])
     assert os.getpgid(grandchild) == child.pid     # the grandchild stayed in the child's own group
     t0 = time.monotonic()
-    assert child.stop(grace=3.0) == -signal.SIGTERM
-    assert time.monotonic() - t0 < 2.0
+    assert child.stop(grace=20.0) == -signal.SIGTERM
+    assert time.monotonic() - t0 < 10.0   # it did not wait out the grace (the margin is for a loaded machine)
     assert _gone(grandchild), "the grandchild outlived stop()"
     assert child.cause() == "killed by signal SIGTERM" and child.exit_code == 128 + signal.SIGTERM
 
@@ -72,7 +72,7 @@ def test_a_child_ignoring_sigterm_gets_sigkill_after_the_grace():
     _ready(child)
     t0 = time.monotonic()
     assert child.stop(grace=0.5) == -signal.SIGKILL
-    assert 0.5 <= time.monotonic() - t0 < 3.0
+    assert 0.5 <= time.monotonic() - t0 < 10.0   # SIGKILL at the grace, not at the child's 60 s
     assert child.cause() == "killed by signal SIGKILL" and child.exit_code == 137
 
 
@@ -151,6 +151,6 @@ def test_run_captures_output_and_stops_at_the_timeout():
     assert (ran.code, ran.stdout, ran.stderr) == (2, "out\n", "err\n")
     t0 = time.monotonic()
     slow = S.run(_py("import time; print('early', flush=True); time.sleep(60)"), timeout=0.5)
-    assert slow.code is None and slow.stdout == "early\n" and time.monotonic() - t0 < 3.0
+    assert slow.code is None and slow.stdout == "early\n" and time.monotonic() - t0 < 10.0   # not the child's 60 s
     with pytest.raises(FileNotFoundError):
         S.run(["/nonexistent/ppmulti-no-such-program"], timeout=1.0)
