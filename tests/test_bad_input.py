@@ -30,7 +30,7 @@ def test_pytorch_weights_say_what_to_do(capsys, base, tmp_path):
     pt = tmp_path / "yolov5s.pt"
     pt.write_bytes(b"PK\x03\x04 not a paddle file")
     line = _train(capsys, *base, "--weights", str(pt), "--epochs", "1")
-    assert "yolov5s.pt" in line and "PyTorch" in line and "--weights ''" in line and "tools/convert_yolov5.py" in line
+    assert "yolov5s.pt" in line and "not a PyTorch zip checkpoint" in line   # a real one converts (test_pretrained)
 
 
 def test_checkpoint_from_another_model_names_the_parameter(capsys, base, tmp_path):

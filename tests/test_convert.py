@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,7 +102,74 @@ def test_convert_state_dict_names_a_foreign_key():
         convert_state_dict({"model.11.conv.weight": np.zeros(1)})
 
 
-def test_reading_pt_without_torch_says_how_to_get_it(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "torch", None)   # import torch -> ImportError, as without the package
-    with pytest.raises(UserError, match="pip install torch"):
+def test_reading_a_missing_pt_names_it(tmp_path):
+    with pytest.raises(UserError, match="yolov5s.pt: file not found"):
         read_torch_state(str(tmp_path / "yolov5s.pt"))
+
+
+def test_the_tool_converts_without_torch(tmp_path, monkeypatch, capsys):
+    import json
+
+    import paddle
+
+    from test_pretrained import release, yolov5_state
+
+    monkeypatch.setitem(sys.modules, "torch", None)   # import torch -> ImportError, as without the package
+    state = yolov5_state(nc=4)
+    release(tmp_path / "yolov5n.pt", state, nc=4)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    try:
+        import convert_yolov5
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "yolov5n.pdparams"
+    assert convert_yolov5.main([str(tmp_path / "yolov5n.pt"), str(out), "--cfg", "yolov5n"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["num_classes"] == 4 and printed["parameters"] == len(paddle.load(str(out)))
+
+
+def test_the_torch_free_path_gives_the_outputs_of_the_torch_path(tmp_path):
+    """Today's converter read the .pt with torch.load; the torch-free reader must give a model the same outputs."""
+    torch = pytest.importorskip("torch", reason="compares with the torch.load path")
+    import pickle
+    import types
+
+    import paddle
+
+    import ppmulti.rank.models  # noqa: F401
+    from ppdet.core.workspace import create
+
+    from ppmulti.common.paths import CONFIGS
+    from ppmulti.rank import config as config_mod
+    from test_pretrained import _torch_state, release, yolov5_state
+
+    path = release(tmp_path / "yolov5n.pt", yolov5_state(nc=80, seed=3))
+
+    class Stub:
+        def __init__(self, *args):
+            pass
+
+        def __setstate__(self, d):
+            self.__dict__.update(d)
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            keep = module.startswith(("torch", "collections", "builtins")) and not module.startswith("torch.nn")
+            return super().find_class(module, name) if keep else Stub
+
+    mod = types.ModuleType("stub_pickle")
+    mod.Unpickler, mod.load = Unpickler, pickle.load
+    ckpt = torch.load(path, weights_only=False, pickle_module=mod)
+    by_torch = {k: v.detach().float().numpy() for k, v in _torch_state(ckpt["model"]).items()}
+    by_reader = read_torch_state(str(path))
+    cfg = config_mod.load(CONFIGS / "yolov5/yolov5_n_300e_coco.yml", {"num_classes": 80})
+    image = paddle.to_tensor(np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32))
+    outputs = []
+    for state in (by_torch, by_reader):
+        model = create(cfg.architecture)
+        model.set_state_dict({k: paddle.to_tensor(v) for k, v in convert_state_dict(state).params.items()})
+        model.eval()
+        outputs.append([f.numpy() for f in model.yolo_head(model.neck(model.backbone({"image": image})))])
+    assert len(outputs[0]) == 3
+    for a, b in zip(*outputs):
+        np.testing.assert_array_equal(a, b)

@@ -1,8 +1,8 @@
 """Convert YOLOv5 v6 weights to ppmulti: `python tools/convert_yolov5.py yolov5s.pt yolov5s.pdparams --cfg yolov5s`.
 
-Needs PyTorch to read the .pt (pip install torch; the CPU build is enough), not YOLOv5's code. Train or
-evaluate with the result: tools/train.py --cfg yolov5s --weights yolov5s.pdparams (set the anchors and
-number of classes it prints, when they are not the config's).
+Needs neither PyTorch nor YOLOv5's code: the .pt is read as data. Training takes the .pt itself
+(tools/train.py --weights yolov5s.pt converts it once and caches the result); this tool writes a .pdparams
+for other uses (set the anchors and number of classes it prints, when they are not the config's).
 """
 
 import argparse
@@ -16,7 +16,8 @@ from ppmulti.common.stack import check_stack
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tools/convert_yolov5.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("weights", help="YOLOv5 .pt: a train.py checkpoint (its ema, else model) or a state_dict")
+    p.add_argument("weights",
+                   help="YOLOv5 v6/v7 .pt: a release file, a train.py checkpoint (its ema, else model) or a state_dict")
     p.add_argument("out", help="the .pdparams to write")
     p.add_argument("--cfg", default="yolov5s", help="ppmulti model to check it against: yolov5n/s/m/l/x or a .yml")
     return p

@@ -158,6 +158,10 @@ PPMULTI_HOME = "PPMULTI_HOME"                        # where detached runs are r
 # A detached run's tag on every process it starts (wrapper, launcher, Paddle, ranks, evolve candidates):
 # Paddle puts each worker in its own session, so `ppmulti stop` finds them by this in /proc/*/environ.
 PPMULTI_RUN_ID = "PPMULTI_RUN_ID"
+# --- pretrained weights (ppmulti/common/download.py) ---
+# A base URL that serves weight files by name: downloads of YOLOv5's release assets and of PaddleDetection's
+# pretrain_weights URLs fetch MIRROR/<file name> instead (an offline cluster's own HTTP server).
+PPMULTI_WEIGHTS_MIRROR = "PPMULTI_WEIGHTS_MIRROR"
 
 # Everything a launcher or a worker leaves behind that would steer a *new* launch started from inside
 # a worker (evolution, a re-exec): Paddle's launcher lets these override its flags or its mode.

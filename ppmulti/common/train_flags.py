@@ -61,7 +61,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="let cuDNN time its convolution algorithms and keep the fastest "
                         "(FLAGS_cudnn_exhaustive_search, torch's cudnn.benchmark); not with --deterministic")
     p.add_argument("--workers", type=int, help="data loader worker processes per rank")
-    p.add_argument("--weights", metavar="PDPARAMS", help="initial weights (.pdparams); '' trains from scratch")
+    p.add_argument("--weights", metavar="FILE",
+                   help="initial weights: a .pdparams, or a YOLOv5 .pt (yolov5s.pt: downloaded once when not on disk; "
+                        "converted without torch and cached beside it); '' trains from scratch")
     p.add_argument("--device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
     p.add_argument("--nproc", type=int, help="with --device cpu: number of CPU ranks to start (gloo)")
     # --no-amp: argparse's own on/off pair, and ultralytics' amp=False; YOLOv5 has no flag (AMP always on CUDA)

@@ -9,7 +9,7 @@ import os
 import random
 from pathlib import Path
 
-from ppmulti.common.errors import UserError, first_line
+from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import new_run_dir
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
@@ -375,22 +375,10 @@ class _Build:
                                f"/ {nominal} per optimizer step")
 
     def _load_initial_weights(self) -> None:
-        from ppdet.utils.checkpoint import load_pretrain_weight
+        from ppmulti.rank.engine.pretrained import load_initial_weights
 
-        if self.resume.path is not None:
-            return
-        if self.opts.weights:
-            missing, unexpected = ckpt.load_weights(self.model, self.opts.weights)
-            _report_keys(self.opts.weights, missing, unexpected)
-            return
-        pretrain = self.cfg.get("pretrain_weights")
-        if pretrain:
-            try:
-                load_pretrain_weight(self.model, pretrain)
-            except Exception as exc:  # no network, bad path
-                raise UserError(f"pretrain_weights {pretrain} could not be loaded ({type(exc).__name__}: "
-                                f"{first_line(exc)[:160]}); download it by hand and pass its path, "
-                                f"or train from scratch with -o pretrain_weights=''") from None
+        if self.resume.path is None:
+            load_initial_weights(self.model, self.cfg, self.opts.weights)
 
     def _maybe_sync_bn(self) -> None:
         import paddle
@@ -405,15 +393,6 @@ class _Build:
                             "cannot be synchronised across CPU ranks; drop --sync-bn or train on GPUs")
         self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         log.info("BatchNorm layers converted to SyncBatchNorm across %d ranks", self.world)
-
-
-def _report_keys(source, missing, unexpected) -> None:
-    if missing:
-        log.warning("%s: %d model parameters not in the file (kept initialised), e.g. %s",
-                    source, len(missing), ", ".join(missing[:3]))
-    if unexpected:
-        log.warning("%s: %d parameters in the file not used by the model, e.g. %s",
-                    source, len(unexpected), ", ".join(unexpected[:3]))
 
 
 def _write_record(path: Path, record: dict) -> None:

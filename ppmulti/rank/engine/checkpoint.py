@@ -136,12 +136,12 @@ def check_shapes(model, weights: dict, source: str) -> tuple[list[str], list[str
 
 
 def load_weights(model, path: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """Load inference weights (a .pdparams or a stem) into ``model``, checking shapes."""
+    """Load inference weights (a .pdparams, a stem or a YOLOv5 .pt) into ``model``, checking shapes."""
     p = str(path)
-    if p.endswith((".pt", ".pth")):
-        raise UserError(f"weights {p}: a PyTorch checkpoint; ppmulti loads Paddle .pdparams. Convert a YOLOv5 v6 "
-                        f".pt once with `python tools/convert_yolov5.py {p} OUT.pdparams --cfg yolov5s` (needs "
-                        f"`pip install torch`), then pass OUT.pdparams; or train from scratch with --weights ''")
+    if p.endswith((".pt", ".pth")):   # a YOLOv5 .pt: converted once, cached beside it
+        from ppmulti.rank.models.convert import pdparams_for
+
+        p = pdparams_for(p)[0]
     if not p.endswith(WEIGHTS):
         p += WEIGHTS
     if not os.path.isfile(p):

@@ -1,9 +1,11 @@
-"""YOLOv5 v6 (ultralytics) state_dict -> ppmulti's YOLOv5 parameter names; torch is needed only to read .pt files."""
+"""YOLOv5 v6/v7 (ultralytics) weights -> ppmulti's YOLOv5: parameter names, .pt reading (no torch) and the cache."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from ppmulti.rank import compat
@@ -118,109 +120,123 @@ def convert_state_dict(state: Mapping[str, Any]) -> Converted:
     return Converted(params=params, anchors=anchors, num_classes=nc, dropped=dropped)
 
 
+# YOLOv5's model sizes by (depth_multiple, width_multiple) of their yaml (models/yolov5{n,s,m,l,x}.yaml)
+SIZES = {(0.33, 0.25): "n", (0.33, 0.5): "s", (0.67, 0.75): "m", (1.0, 1.0): "l", (1.33, 1.25): "x"}
+
+
+@dataclass
+class PtWeights:
+    """What a YOLOv5 .pt holds: its kind, float32 state dict, model yaml, classes and model size (n/s/m/l/x)."""
+
+    path: str
+    kind: str                      # "release" (epoch -1, no optimizer), "train.py checkpoint" or "state_dict"
+    state: dict[str, Any]
+    yaml: dict | None = None
+    num_classes: int | None = None
+    names: list[str] | None = None
+    size: str | None = None
+
+    @property
+    def cfg(self) -> str | None:
+        """The ppmulti model (``--cfg``) these weights fit, when their yaml is a YOLOv5 v6 P5 size."""
+        return f"yolov5{self.size}" if self.size else None
+
+
+def read_pt(path: str, prefer: str = "model", arrays: bool = True) -> PtWeights:
+    """A YOLOv5 .pt read without torch (ppmulti/common/torchpt.py): a release file, a train.py checkpoint or a
+    plain state_dict. ``prefer`` picks a checkpoint's ``model`` (what YOLOv5's train.py fine-tunes from) or its
+    ``ema`` (what detect/val load), the other one when it is None; ``arrays=False`` leaves the tensors unread."""
+    import numpy as np
+
+    from ppmulti.common import torchpt
+
+    obj = torchpt.load(path)
+    kind = "state_dict"
+    model = obj
+    if isinstance(obj, dict) and ("model" in obj or "ema" in obj):
+        other = "ema" if prefer == "model" else "model"
+        model = obj.get(prefer) or obj.get(other)
+        kind = "release" if obj.get("epoch") == -1 and not obj.get("optimizer") else "train.py checkpoint"
+    if isinstance(model, torchpt.StandIn):
+        state = torchpt.module_state(model)
+    elif isinstance(model, Mapping):
+        state = dict(model)
+    else:
+        raise UserError(f"{path}: neither a state_dict nor a YOLOv5 checkpoint with a 'model' or 'ema'")
+    tensors = {k: v for k, v in state.items() if isinstance(v, torchpt.Tensor)}
+    if not tensors:
+        raise UserError(f"{path}: holds no tensors (a YOLOv5 checkpoint keeps them in its 'model')")
+    info = getattr(model, "__dict__", {})
+    yaml = info.get("yaml") if isinstance(info.get("yaml"), dict) else None
+    size = None
+    if yaml is not None:
+        if len(yaml.get("backbone") or []) != 10 or len(yaml.get("head") or []) != 15:
+            raise UserError(f"{path}: a YOLOv5 model with {len(yaml.get('backbone') or [])} backbone and "
+                            f"{len(yaml.get('head') or [])} head layers (a P6 or custom layout); ppmulti converts "
+                            f"YOLOv5 v6/v7 P5 detection models (yolov5n/s/m/l/x)")
+        dm, wm = yaml.get("depth_multiple"), yaml.get("width_multiple")
+        size = SIZES.get((round(float(dm), 2), round(float(wm), 2))) if dm is not None and wm is not None else None
+    names = info.get("names")
+    if isinstance(names, dict):
+        names = [names[k] for k in sorted(names)]
+    nc = next((v for v in (info.get("nc"), (yaml or {}).get("nc")) if isinstance(v, int)), None)
+    values = {k: v.numpy().astype(np.float32) for k, v in tensors.items()} if arrays else dict(tensors)
+    return PtWeights(path=path, kind=kind, state=values, yaml=yaml, num_classes=nc,
+                     names=list(names) if isinstance(names, (list, tuple)) else None, size=size)
+
+
 def read_torch_state(path: str) -> dict[str, Any]:
-    """The float32 numpy state dict of a YOLOv5 .pt: a plain state_dict, or a train.py checkpoint (ema or model).
-
-    A train.py checkpoint pickles YOLOv5's module classes; they are read here without YOLOv5's code: every
-    class becomes an inert stand-in holding its pickled parameters and buffers, and only tensor rebuilding,
-    containers and numpy scalars are resolved (see _stub_pickle_module).
-    """
-    try:
-        import torch
-    except ImportError:
-        raise UserError("reading a .pt file needs PyTorch: pip install torch (the CPU build is enough)") from None
-    import pickle
-
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except Exception:
-        obj = torch.load(path, map_location="cpu", weights_only=False, pickle_module=_stub_pickle_module(pickle))
-    if isinstance(obj, dict) and ("ema" in obj or "model" in obj):
-        obj = obj.get("ema") or obj.get("model")
-    state = obj if isinstance(obj, Mapping) else _module_state(obj)
-    if not state:
-        raise UserError(f"{path}: neither a state_dict nor a YOLOv5 checkpoint with 'model'/'ema'")
-    return {k: v.detach().float().cpu().numpy() for k, v in state.items() if hasattr(v, "detach")}
+    """The float32 numpy state dict of a YOLOv5 .pt (a checkpoint's ema, else its model), read without torch."""
+    return read_pt(path, prefer="ema").state
 
 
-class _Stub:
-    """Stand-in for a pickled class that is not torch's: keeps the pickled attributes, runs nothing."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __setstate__(self, state):
-        self.__dict__.update(state if isinstance(state, dict) else {"_state": state})
+CONVERTER = "1"   # bump when the conversion changes: cached conversions are named by it
 
 
-# What a YOLOv5 checkpoint needs from outside its own classes: tensor rebuilding, containers, numpy scalars.
-_SAFE_BUILTINS = {"set", "frozenset", "slice", "tuple", "list", "dict", "object", "bool", "int", "float",
-                  "complex", "bytearray", "bytes", "range", "str"}
-_SAFE = {("collections", "OrderedDict"), ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"),
-         ("_codecs", "encode"), ("numpy", "ndarray"), ("numpy", "dtype"),
-         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-         ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+def converted_path(pt: str) -> Path:
+    """Where the conversion of ``pt`` is cached: a hidden file beside it named by its sha256 (so a changed .pt is
+    converted again), or ppmulti's user cache when that folder is not writable."""
+    from ppmulti.common.download import sha256_of
+
+    digest = sha256_of(pt)[:16]
+    name = f".{Path(pt).name}.{digest}.v{CONVERTER}.pdparams"
+    beside = Path(pt).resolve().parent
+    if os.access(beside, os.W_OK):
+        return beside / name
+    from ppmulti.common.shm import user_cache_dir
+
+    return user_cache_dir() / "weights" / name
 
 
-def _stub_pickle_module(pickle):
-    """A pickle module whose Unpickler resolves only tensor/containers/numpy names; every class else is a _Stub.
+def pdparams_for(pt: str) -> tuple[str, PtWeights | None]:
+    """The ppmulti .pdparams of a YOLOv5 .pt: converted once (on one rank of a node at a time; the others then
+    read it) and cached beside it; returns (path, what the .pt held, None when read from the cache)."""
+    from ppmulti.common.atomic import atomic_save
+    from ppmulti.common.download import file_lock
 
-    torch.nn layers and YOLOv5's classes alike become stubs (their parameters are read from the pickled
-    __dict__), so neither YOLOv5's code nor a callable named by the file runs, apart from the names above.
-    """
-    import types
+    out = converted_path(pt)
+    with file_lock(str(out)):
+        if out.is_file():
+            return str(out), None
+        weights = read_pt(pt)
+        conv = convert_state_dict(weights.state)
+        import paddle
 
-    import torch
-
-    def allowed(module: str, name: str) -> bool:
-        if module in ("builtins", "__builtin__"):
-            return name in _SAFE_BUILTINS
-        if module == "torch._utils":
-            return name.startswith("_rebuild")
-        if module == "torch":
-            return name.endswith("Storage") or name in ("Size", "device") or isinstance(
-                getattr(torch, name, None), torch.dtype)
-        if module == "numpy.dtypes":
-            return name.endswith("DType")
-        return (module, name) in _SAFE
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if allowed(module, name):
-                return super().find_class(module, name)
-            return type(name, (_Stub,), {"__module__": module})
-
-    mod = types.ModuleType("ppmulti_stub_pickle")
-    mod.Unpickler, mod.load, mod.__name__ = Unpickler, pickle.load, "ppmulti_stub_pickle"
-    return mod
-
-
-def _module_state(module, prefix: str = "") -> dict[str, Any]:
-    """state_dict() of a (stub) nn.Module tree from its pickled _parameters/_buffers/_modules."""
-    d = getattr(module, "__dict__", {})
-    out: dict[str, Any] = {}
-    skip = set(d.get("_non_persistent_buffers_set", ()))
-    for key in ("_parameters", "_buffers"):
-        for name, value in (d.get(key) or {}).items():
-            if value is not None and name not in skip:
-                out[prefix + name] = value
-    for name, child in (d.get("_modules") or {}).items():
-        if child is not None:
-            out.update(_module_state(child, f"{prefix}{name}."))
-    return out
+        tensors = {k: paddle.to_tensor(v) for k, v in conv.params.items()}
+        atomic_save(out, lambda tmp: paddle.save(tensors, tmp))
+        return str(out), weights
 
 
 def convert_file(weights: str, out: str, cfg: str = "yolov5s") -> dict[str, Any]:
     """Read a YOLOv5 .pt, rename it, check it against ppmulti's model for ``cfg``, write ``out`` (.pdparams)."""
-    state = read_torch_state(weights)          # torch before paddle: the order tested in the bench venv
-    conv = convert_state_dict(state)
+    import numpy as np
+
+    conv = convert_state_dict(read_torch_state(weights))
     import paddle
     from ppdet.core.workspace import create
 
     from ppmulti.rank import config as config_mod
-    from ppmulti.rank.engine.checkpoint import WEIGHTS, check_shapes
+    from ppmulti.common.rundir import WEIGHTS
     from ppmulti.common.atomic import atomic_save
     from ppmulti.rank.yolo_config import resolve_cfg
 
@@ -234,7 +250,13 @@ def convert_file(weights: str, out: str, cfg: str = "yolov5s") -> dict[str, Any]
         over["YOLOv5Head"] = {**over.get("YOLOv5Head", {}), "anchors": conv.anchors}
     model_cfg = config_mod.load(choice.config, over)
     model = create(model_cfg.architecture)
-    missing, unexpected = check_shapes(model, conv.params, weights)
+    own = model.state_dict()
+    for key, value in conv.params.items():
+        if key in own and list(own[key].shape) != list(np.shape(value)):
+            raise UserError(f"{weights}: {key} has shape {list(np.shape(value))}, ppmulti's --cfg {cfg} expects "
+                            f"{list(own[key].shape)} (is it a different size? pass --cfg yolov5n/s/m/l/x)")
+    missing = [k for k in own if k not in conv.params]
+    unexpected = [k for k in conv.params if k not in own]
     if missing or unexpected:
         raise UserError(f"{weights} does not fit --cfg {cfg}: missing {missing[:3]}, unexpected {unexpected[:3]} "
                         f"(is it a different size? pass --cfg yolov5n/s/m/l/x)")
