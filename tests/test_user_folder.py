@@ -225,6 +225,7 @@ def test_launch_beside_a_file_named_log_keeps_paddles_logs_next_to_it(launches, 
 
 @pytest.mark.slow
 @pytest.mark.multiproc
+@pytest.mark.seam   # Paddle 2.6's and 3.3's launchers pass the signal on to the ranks each their own way
 def test_sigterm_to_the_launcher_says_what_was_saved_and_the_command_resumes(launches, small_demo, tmp_path):
     out = tmp_path / "run"
     proc = launches.start("--nproc_per_node", "2", TRAIN, "-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo, 64),
