@@ -540,3 +540,29 @@ def test_pictures_are_small():
     pictures = sorted((DOCS / "img").glob("*.png"))
     assert pictures, "docs/img/ holds the home page's pictures"
     assert all(p.stat().st_size < 150_000 for p in pictures), [(p.name, p.stat().st_size) for p in pictures]
+
+
+def _side_by_side() -> list[tuple[str, str]]:
+    """ppmulti's commands in the side-by-side tables of the two "Coming from" pages (their right-hand column)."""
+    out = []
+    for page in ("from-yolov5.md", "from-paddledetection.md"):
+        for line in (DOCS / page).read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| `") and len(cells) == 2:
+                out += [(page, code) for code in re.findall(r"`([^`]+)`", cells[1])
+                        if code.startswith(("python tools/", "ppmulti launch")) and ".py" in code]
+    return out
+
+
+@pytest.mark.parametrize("page,command", _side_by_side())
+def test_side_by_side_commands_parse(page, command):
+    """Every flag of ppmulti's column is one its launcher and tool know (`...` stands for the rest of the line)."""
+    from ppmulti.procs.launch.flags import build_parser as launch_parser
+
+    words = [w for w in shlex.split(command) if w != "..."]
+    script = next(i for i, w in enumerate(words) if w.endswith(".py"))
+    if words[0] == "ppmulti":
+        _, extra = launch_parser().parse_known_args(words[2:script])
+        assert not extra, f"{page}: ppmulti launch does not know {extra}: {command}"
+    _, extra = _gen_cli().tool_parser(Path(words[script]).stem).parse_known_args(words[script + 1:])
+    assert not extra, f"{page}: {words[script]} does not know {extra}: {command}"
