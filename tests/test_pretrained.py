@@ -258,6 +258,19 @@ def test_fine_tuning_to_other_classes_reinitialises_the_head_in_one_line(tmp_pat
                                   state["model.0.conv.weight"].astype(np.float16).astype(np.float32))
 
 
+def test_yolov5_weights_into_another_architecture_are_refused(tmp_path, state):
+    import ppmulti.rank.models  # noqa: F401
+    from ppdet.core.workspace import create
+
+    from ppmulti.common.paths import CONFIGS
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.engine.pretrained import load_initial_weights
+
+    cfg = config_mod.load(CONFIGS / "ppyoloe/ppyoloe_crn_s_300e_coco.yml", {"num_classes": 3})
+    with pytest.raises(UserError, match=r"yolov5n.pt: none of its 291 parameters .*--cfg yolov5s"):
+        load_initial_weights(create(cfg.architecture), cfg, str(release(tmp_path / "yolov5n.pt", state)))
+
+
 # ------------------------------------------------------------------ downloads from a loopback server
 @contextmanager
 def serve(files: dict[str, bytes], short: bool = False):
@@ -344,6 +357,38 @@ def test_pretrain_weights_urls_go_to_paddledetections_cache(env, monkeypatch):
         got = download.paddle_weights("https://paddledet.bj.bcebos.com/models/ppyoloe_crn_s_300e_coco.pdparams")
         assert got == env / "home" / ".cache" / "paddle" / "weights" / "ppyoloe_crn_s_300e_coco.pdparams"
         assert got.read_bytes() == body and hits == ["/v7.0/ppyoloe_crn_s_300e_coco.pdparams"]
+
+
+def test_a_pretrain_weights_url_is_downloaded_and_loaded(env, monkeypatch):
+    import paddle
+
+    import ppmulti.rank.models  # noqa: F401
+    from ppdet.core.workspace import create
+
+    from ppmulti.common.paths import CONFIGS
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.engine.pretrained import load_initial_weights
+
+    url = "https://paddledet.bj.bcebos.com/models/yolov5_n_300e_coco.pdparams"
+    cfg = config_mod.load(CONFIGS / "yolov5/yolov5_n_300e_coco.yml", {"num_classes": 3, "pretrain_weights": url})
+    paddle.seed(1)
+    source = create(cfg.architecture)
+    paddle.save(source.state_dict(), str(env / "w.pdparams"))
+    paddle.seed(2)
+    model = create(cfg.architecture)
+    with serve({"yolov5_n_300e_coco.pdparams": (env / "w.pdparams").read_bytes()}) as (mirror, hits):
+        monkeypatch.setenv(PPMULTI_WEIGHTS_MIRROR, mirror)
+        load_initial_weights(model, cfg, None)
+    assert hits == ["/v7.0/yolov5_n_300e_coco.pdparams"]
+    for key, value in source.state_dict().items():
+        np.testing.assert_array_equal(model.state_dict()[key].numpy(), value.numpy())
+
+
+def test_a_missing_file_on_the_server_is_one_line(env, monkeypatch):
+    with serve({}) as (url, _):
+        monkeypatch.setenv(PPMULTI_WEIGHTS_MIRROR, url)
+        with pytest.raises(UserError, match=r"--weights yolov5l.pt: .*/v7.0/yolov5l.pt answered HTTP 404 .*place it"):
+            download.yolov5_weights("yolov5l.pt")
 
 
 # ------------------------------------------------------------------ the --weights flag as YOLOv5 takes it

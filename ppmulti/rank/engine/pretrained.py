@@ -57,6 +57,10 @@ def load_matching(model, weights: dict[str, Any], source: str, num_classes: int 
     trained for another number of classes keep their fresh initialisation (as YOLOv5's train.py and ppdet's
     loader do) and are named in one line; any other shape difference is refused. Returns the re-initialised."""
     own = model.state_dict()
+    if weights and not any(k in own for k in weights):
+        raise UserError(f"{source}: none of its {len(weights)} parameters is one of this model's (e.g. "
+                        f"{next(iter(weights))}): the weights are for another architecture; pass the model they "
+                        f"were trained as (--cfg yolov5s for a YOLOv5 .pt)")
     reinit: list[str] = []
     for key, value in weights.items():
         if key in own and list(own[key].shape) != list(value.shape):
