@@ -261,6 +261,11 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
     from ppdet.modeling.transformers.deformable_transformer import MSDeformableAttention
 
     monkeypatch.setattr(MSDeformableAttention, "forward", _original(MSDeformableAttention.forward))
+    from ppdet.modeling.transformers import dino_transformer, utils
+
+    for owner in (utils, dino_transformer):
+        monkeypatch.setattr(owner, "get_contrastive_denoising_training_group",
+                            _original(owner.get_contrastive_denoising_training_group))
 
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (2, 4, 2))   # ppdet 2.6.0's own Paddle
     assert compat.apply_ppdet_fixes() == []
@@ -272,7 +277,8 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
     monkeypatch.setattr(compat, "installed_version", lambda dist="paddle": (3, 3, 1))
     assert compat.apply_ppdet_fixes() == ["TaskAlignedAssigner.forward", "ATSSAssigner.forward", "ops.multiclass_nms",
                                           "RPNHead._gen_proposal", "SSDLoss._mine_hard_example",
-                                          "gfocal_loss.quality_focal_loss", "MSDeformableAttention.forward"]
+                                          "gfocal_loss.quality_focal_loss", "MSDeformableAttention.forward",
+                                          "get_contrastive_denoising_training_group"]
     assert RPNHead._gen_proposal.__wrapped__ is unfixed_0d
 
 
@@ -489,6 +495,41 @@ def test_deformable_attention_samples_by_level_size(monkeypatch):
         compat.fix_deformable_attention_offsets()
     np.testing.assert_allclose(by_points(), want, rtol=1e-5, atol=1e-6)
     assert attn.ms_deformable_attn_core is core        # the sampling core is given back after each call
+
+
+# ---------------------------------------------------------------- F13: DINO's denoising queries
+
+def test_dino_denoising_queries(monkeypatch):
+    from ppdet.modeling.transformers import dino_transformer, utils
+
+    original = _original(utils.get_contrastive_denoising_training_group)
+    monkeypatch.setattr(utils, "get_contrastive_denoising_training_group", original)
+    monkeypatch.setattr(dino_transformer, "get_contrastive_denoising_training_group", original)
+
+    def queries(func):
+        paddle.seed(0)
+        targets = {"gt_class": [paddle.to_tensor([[1], [2]], dtype="int32"), paddle.to_tensor([[0]], dtype="int32")],
+                   "gt_bbox": [paddle.rand([2, 4]) * 0.5 + 0.2, paddle.rand([1, 4]) * 0.5 + 0.2]}
+        return func(targets, 3, 10, paddle.rand([3, 8]), num_denoising=8)
+
+    if PADDLE3:
+        with pytest.raises(TypeError, match="Type promotion"):
+            queries(original)                        # bool noise mask x float32 padding mask
+        assert compat.apply_ppdet_fixes() == ["get_contrastive_denoising_training_group"]
+    else:
+        want = queries(original)
+        compat.fix_dino_denoising_mask()
+        for got, ref in zip(queries(utils.get_contrastive_denoising_training_group)[:3], want[:3]):
+            np.testing.assert_array_equal(got.numpy(), ref.numpy())   # the fix changes nothing on Paddle 2.6
+    assert dino_transformer.get_contrastive_denoising_training_group is utils.get_contrastive_denoising_training_group
+    classes, boxes, attn_mask, meta = queries(utils.get_contrastive_denoising_training_group)
+    # 4 groups (8 // 2 gts at most) of 2 positive and 2 negative queries per image, then the 10 matching queries
+    assert classes.shape == [2, 16, 8] and boxes.shape == [2, 16, 4] and attn_mask.shape == [26, 26]
+    assert meta["dn_num_split"] == [16, 10] and meta["dn_num_group"] == 4
+    assert [len(i) for i in meta["dn_positive_idx"]] == [8, 4]
+    if PADDLE3:
+        with pytest.raises(TypeError, match="Type promotion"):
+            paddle.to_tensor([True]) * paddle.to_tensor([2.0])   # only inside ppdet's function
 
 
 # ---------------------------------------------------------------- Paddle 3's import notice

@@ -224,10 +224,12 @@ class _ModuleView(types.ModuleType):
 
 
 # the ppdet 2.6.0 modules that concatenate 0-D tensors; PaddleDetection's 79f77ba (#8653, the cherry-pick of #8112
-# and #8140 onto release/2.6, after paddledet 2.6.0 was released) changed each such ``[0]`` / ``[i]`` to a slice
+# and #8140 onto release/2.6, after paddledet 2.6.0 was released) changed each such ``[0]`` / ``[i]`` to a slice;
+# DINO's encoder input (dino_transformer.py:478-479) has the same ``concat([h, w])`` and was not in that commit
 ZERO_DIM_MODULES = ("ppdet.modeling.proposal_generator.rpn_head", "ppdet.modeling.proposal_generator.target",
                     "ppdet.modeling.heads.cascade_head", "ppdet.modeling.post_process",
-                    "ppdet.modeling.heads.tood_head", "ppdet.modeling.transformers.deformable_transformer")
+                    "ppdet.modeling.heads.tood_head", "ppdet.modeling.transformers.deformable_transformer",
+                    "ppdet.modeling.transformers.dino_transformer")
 
 
 def fix_concat_of_0d_shapes() -> list[str]:
@@ -235,10 +237,10 @@ def fix_concat_of_0d_shapes() -> list[str]:
     ``bbox_num[i]``, ``scale_factor[i][0]``); ppdet 2.6.0 still concatenates such values, which Paddle 2.6 and 3
     refuse: ``ValueError: (InvalidArgument) The axis is expected to be in range of [0, 0), but got 0``. Every
     two-stage detector dies in its first step (``RPNHead._gen_proposal``, ``generate_proposal_target``,
-    ``CascadeHead._get_rois_from_bbox``) and in evaluation (``BBoxPostProcess.get_pred``); TOOD and Deformable
-    DETR build shapes that way. Here those modules' global ``paddle`` becomes a view of paddle whose ``concat``
-    takes 0-D tensors as 1-element ones (``concat_0d_as_1d``), what upstream's slices give. Returns the modules
-    it patched now."""
+    ``CascadeHead._get_rois_from_bbox``) and in evaluation (``BBoxPostProcess.get_pred``); TOOD, Deformable
+    DETR and DINO build shapes that way. Here those modules' global ``paddle`` becomes a view of paddle whose
+    ``concat`` takes 0-D tensors as 1-element ones (``concat_0d_as_1d``), what upstream's slices give. Returns the
+    modules it patched now."""
     import importlib
 
     patched = []
@@ -423,12 +425,60 @@ def fix_deformable_attention_offsets() -> list[str]:
     return ["MSDeformableAttention.forward"]
 
 
+@contextlib.contextmanager
+def bool_times_float_promotes() -> Iterator[None]:
+    """Within the block, ``a * b`` of a bool tensor and a tensor of another dtype casts the bool one to the other's
+    dtype first, as Paddle 2.x did; Paddle 3 raises ``TypeError: (InvalidType) Type promotion only support
+    calculations between floating-point numbers ... x: bool, y: float32``."""
+    import paddle
+
+    tensor = paddle.Tensor
+    mul, rmul = tensor.__mul__, tensor.__rmul__
+
+    def promoted(op: Callable) -> Callable:
+        def times(a: Any, b: Any) -> Any:
+            if isinstance(b, tensor) and (a.dtype == paddle.bool) != (b.dtype == paddle.bool):
+                a, b = (a.astype(b.dtype), b) if a.dtype == paddle.bool else (a, b.astype(a.dtype))
+            return op(a, b)
+
+        return times
+
+    tensor.__mul__, tensor.__rmul__ = promoted(mul), promoted(rmul)
+    try:
+        yield
+    finally:
+        tensor.__mul__, tensor.__rmul__ = mul, rmul
+
+
+def fix_dino_denoising_mask() -> list[str]:
+    """F13: ppdet 2.6.0's ``get_contrastive_denoising_training_group`` (ppdet/modeling/transformers/utils.py:175,
+    DINO's denoising queries) multiplies a bool mask (``paddle.rand(...) < ratio``) by float32 ``pad_gt_mask``;
+    Paddle 3 raises ``TypeError: (InvalidType) Type promotion only support calculations between floating-point
+    numbers ... x: bool, y: float32`` in DINO's first step. Here the function runs inside
+    ``bool_times_float_promotes``, where it is looked up: ``ppdet.modeling.transformers.utils`` and the name
+    ``dino_transformer`` imported from it. Returns the names it patched now (empty when already patched)."""
+    from ppdet.modeling.transformers import dino_transformer, utils
+
+    original = utils.get_contrastive_denoising_training_group
+    if is_ppdet_fix(original):
+        return []
+
+    def get_contrastive_denoising_training_group(*args: Any, **kwargs: Any) -> Any:
+        with bool_times_float_promotes():
+            return original(*args, **kwargs)
+
+    fixed = _mark_fixed(get_contrastive_denoising_training_group, original)
+    utils.get_contrastive_denoising_training_group = fixed
+    dino_transformer.get_contrastive_denoising_training_group = fixed
+    return ["get_contrastive_denoising_training_group"]
+
+
 # (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
 _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
     ((0, 0), fix_numpy_reshape_newshape), ((2, 5), fix_concat_of_0d_shapes),
     ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
     ((3, 0), fix_ssd_hard_example_mining), ((3, 0), fix_quality_focal_loss_mask),
-    ((3, 0), fix_deformable_attention_offsets))
+    ((3, 0), fix_deformable_attention_offsets), ((3, 0), fix_dino_denoising_mask))
 
 
 def apply_ppdet_fixes() -> list[str]:
