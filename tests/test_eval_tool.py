@@ -130,7 +130,6 @@ def _eval(args: list[str], cwd: Path) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.mark.seam
 @pytest.mark.slow
 def test_eval_with_and_without_the_runs_config_matches_the_runs_own_evaluation(yolo_run, small_demo, tmp_path):
     with open(yolo_run / "results.csv", newline="") as f:

@@ -35,7 +35,6 @@ def _shared_memory_of(pids: set[int]) -> list[str]:
             and int(n.split("_")[1]) in pids]
 
 
-@pytest.mark.seam
 @pytest.mark.parametrize("how", ["clean", "exception", "sigkill", "abort", "restart"])
 def test_nothing_of_a_rank_outlives_the_launch(tmp_path, how):
     out = tmp_path / "out"

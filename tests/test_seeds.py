@@ -38,7 +38,6 @@ def _losses(root, name) -> dict[str, float]:
     return {k: float(rows[0][k]) for k in LOSSES}
 
 
-@pytest.mark.seam
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.multiproc)])
 def test_same_seed_same_losses_on_cpu(sets, ranks):
     extra = ["--workers", "2"] if ranks == 1 else ["--workers", "0", "--nproc", "2"]

@@ -152,7 +152,6 @@ def test_across_two_loopback_nodes_the_stalled_node_names_it_and_the_other_repor
 
 
 # --- the real trainer -----------------------------------------------------------------------------------------
-@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_the_trainer_reports_its_phases_and_a_stall_in_forward_is_named(launches, small_demo, tmp_path):

@@ -13,7 +13,7 @@ import yaml
 
 from conftest import REPO, run_tool
 
-pytestmark = [pytest.mark.slow, pytest.mark.seam]   # training, val, detect, export, resume: all through Paddle
+pytestmark = pytest.mark.slow
 
 VAL, DETECT, EXPORT = (REPO / "tools" / f"{name}.py" for name in ("val", "detect", "export"))
 WEIGHTS = ("best", "last")
@@ -38,6 +38,7 @@ def ci(tmp_path_factory):
     return root, proc
 
 
+@pytest.mark.seam
 def test_train_one_epoch_on_fewer_images_than_the_batch(ci):
     root, proc = ci
     run = root / "runs" / "train" / "exp"
@@ -68,6 +69,7 @@ def test_val_then_detect_on_best_and_last(ci, w):
     assert len(drawn) == len(list((root / "data" / "images" / "val").iterdir()))
 
 
+@pytest.mark.seam
 @pytest.mark.skipif(sys.version_info >= (3, 13), reason="paddle2onnx publishes no Python 3.13 wheel")
 def test_export_onnx_then_detect_from_it(ci):
     pytest.importorskip("onnxruntime")
@@ -80,6 +82,7 @@ def test_export_onnx_then_detect_from_it(ci):
                   "--source", "data/images/val", "--device", "cpu"], cwd=root))
 
 
+@pytest.mark.seam
 def test_bare_resume_continues_the_newest_run(ci):
     """`train.py --resume` with no other flag (YOLOv5's spelling): the newest run, its config and flags."""
     root, _ = ci
@@ -102,6 +105,7 @@ def two_ranks(ci):
     return root, proc
 
 
+@pytest.mark.seam
 @pytest.mark.multiproc
 def test_train_on_two_ranks(two_ranks):
     root, proc = two_ranks
