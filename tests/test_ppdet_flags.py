@@ -323,7 +323,7 @@ def _step(model, lr, opt, steps: int) -> None:
 
 
 @pytest.mark.parametrize("use_ema", [False, True])
-def test_restore_a_checkpoint_written_by_ppdets_save_model(tmp_path, use_ema):
+def test_restore_a_checkpoint_written_by_ppdets_save_model(tmp_path, use_ema, caplog):
     """ppdet's own save_model writes epoch index 1 (2 epochs done, 3 steps each); a new process-like build whose
     parameters carry other names (a layer built first) gets its weights, its Momentum velocities under its own
     names, epoch 2 and the lr schedule at step 6; with EMA the .pdparams seed the EMA and .pdema the model."""
@@ -371,6 +371,10 @@ def test_restore_a_checkpoint_written_by_ppdets_save_model(tmp_path, use_ema):
             np.testing.assert_array_equal(np.asarray(restored[name]), saved_velocity[old_names[key]], err_msg=key)
     assert trainer.state.epoch == 2 and trainer.state.global_step == 6
     assert lr2.last_epoch == 6 and math.isclose(lr2.get_lr(), 0.001)
+    assert "nothing is left to train" not in caplog.text
+    trainer.cfg["epoch"] = 2   # a run no longer than the checkpoint's: said, not silently empty
+    restore_ppdet(trainer, PpdetCheckpoint(str(tmp_path / "1")))
+    assert "2 of the run's 2 epochs done, so nothing is left to train" in caplog.text
     if use_ema:
         assert trainer.ema.step == 6
         for k, v in trainer.ema.state_dict.items():

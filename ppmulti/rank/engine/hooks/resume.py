@@ -200,6 +200,9 @@ def restore_ppdet(trainer, found: PpdetCheckpoint) -> None:
                            int(ppdet_steps) if ppdet_steps is not None else steps)
     state = trainer.state
     state.epoch, state.global_step, state.step_in_epoch = epoch, epoch * trainer.steps_per_epoch, 0
+    if epoch >= int(trainer.cfg["epoch"]):
+        log.warning("-r %s: the checkpoint has %d of the run's %d epochs done, so nothing is left to train; give "
+                    "more with --epochs N (or -o epoch=N)", stem, epoch, int(trainer.cfg["epoch"]))
     moments = sum(1 for v in renamed.values() if hasattr(v, "shape"))
     ema_note = " (EMA from .pdparams)" if ema_file.is_file() and trainer.ema is not None else ""
     log.info("resumed PaddleDetection checkpoint %s at epoch %d: weights%s, optimizer state (%d tensors), lr at "
