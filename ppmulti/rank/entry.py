@@ -37,7 +37,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     noval = getattr(args, "noval", False)
     from ppmulti.rank.engine.pretrained import resolve_weights_flag
 
-    resolve_weights_flag(args)   # YOLOv5's --weights: a release asset downloaded, a .pt naming the model
+    overrides += resolve_weights_flag(args)   # YOLOv5's --weights: a release downloaded, a .pt naming the model
     if getattr(args, "cfg", None):
         if args.config:
             raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")

@@ -111,11 +111,12 @@ def _classes_of(own_shape, their_shape, num_classes: int | None) -> int | None:
 YOLOV5_SIZES = "nsmlx"
 
 
-def resolve_weights_flag(args) -> None:
+def resolve_weights_flag(args) -> list[str]:
     """``--weights`` as YOLOv5's train.py takes it, before any process starts (edits ``args``): a YOLOv5 release
     asset that is not on disk is downloaded once into the cache; a .pt names the model when --cfg and -c are
-    absent; a YOLOv5 command line without --weights starts from the model's release weights when they are on
-    this machine already, and otherwise says in one line that it trains from scratch."""
+    absent (with its own anchors when AutoAnchor changed them: the -o items returned); a YOLOv5 command line
+    without --weights starts from the model's release weights when they are on this machine already, and
+    otherwise says in one line that it trains from scratch."""
     import sys
     from pathlib import Path
 
@@ -137,9 +138,14 @@ def resolve_weights_flag(args) -> None:
             if found.cfg is None:
                 raise UserError(f"--weights {weights}: its model is not a YOLOv5 n/s/m/l/x; pass --cfg")
             args.cfg = found.cfg   # as YOLOv5 builds the model from the checkpoint's yaml
-        return
+            anchors = _own_anchors(found)
+            if anchors is not None:   # AutoAnchor's, kept in the checkpoint: YOLOv5 trains on with them
+                if worker_info().rank == 0:
+                    print(f"--weights {weights}: its own anchors replace {found.cfg}'s: {anchors}", file=sys.stderr)
+                return [f"YOLOv5Head.anchors={anchors}"]
+        return []
     if weights is not None or not train_flags.yolo_style(args) or args.resume or getattr(args, "evolve", None):
-        return
+        return []
     size = _yolov5_size(getattr(args, "cfg", None))
     name = f"yolov5{size or 's'}.pt"
     cached = download.cached_yolov5(name) if size is not None else None
@@ -153,6 +159,24 @@ def resolve_weights_flag(args) -> None:
                   file=sys.stderr)
     if cached is not None:
         args.weights = str(cached)
+    return []
+
+
+# YOLOv5's P5 anchors (models/yolov5*.yaml), in pixels
+DEFAULT_ANCHORS = [[[10, 13], [16, 30], [33, 23]], [[30, 61], [62, 45], [59, 119]], [[116, 90], [156, 198], [373, 326]]]
+
+
+def _own_anchors(found) -> list | None:
+    """The anchors a YOLOv5 .pt trained with (Detect.anchors x stride), when they are not YOLOv5's defaults."""
+    from ppmulti.rank.models.convert import convert_state_dict
+
+    grid = found.state.get("model.24.anchors")
+    if grid is None:
+        return None
+    anchors = convert_state_dict({"model.24.anchors": grid.numpy()}).anchors
+    same = all(abs(a - b) < 0.5 for lv, dv in zip(anchors, DEFAULT_ANCHORS) for p, d in zip(lv, dv)
+               for a, b in zip(p, d))
+    return None if same else [[[round(v, 2) for v in pair] for pair in level] for level in anchors]
 
 
 def _yolov5_size(cfg: str | None) -> str | None:
