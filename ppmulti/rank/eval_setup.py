@@ -37,7 +37,7 @@ def weights_file(weights: str) -> Path:
     p = Path(weights)
     if p.suffix in (".pt", ".pth"):
         raise UserError(f"--weights {weights}: a PyTorch checkpoint; convert it once with `python "
-                        f"tools/convert_yolov5.py {weights} OUT.pdparams --cfg yolov5s` (needs torch), "
+                        f"tools/convert_yolov5.py {weights} OUT.pdparams --cfg yolov5s` (no torch needed), "
                         f"then pass OUT.pdparams")
     if p.is_dir():
         if (p / "weights" / "best.pdparams").is_file():
