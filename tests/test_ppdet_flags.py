@@ -180,6 +180,7 @@ EFFECT_TESTS = {
     "output_eval": "test_ppdet_flags.py::test_eval_classwise_and_output_eval_on_two_ranks",
     "save_prediction_only": "test_ppdet_flags.py::test_eval_classwise_and_output_eval_on_two_ranks",
     "metric": "test_ppdet_flags.py::test_refused_keys_stop_by_name_and_false_passes",
+    "print_params": "test_ppdet_flags.py::test_resume_a_paddledetection_checkpoint",
 }
 
 
@@ -417,12 +418,13 @@ def test_resume_a_paddledetection_checkpoint(small_demo, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p.name for p in ckpt.iterdir()} == {"0.pdparams", "0.pdopt", "0.pdema"}
     out = tmp_path / "run"
-    proc = run_tool([str(REPO / "tools/train.py"), "-c", str(DEMO_CONFIG), "-o", *over, "--epochs", "2",
-                     "-r", str(ckpt / "0"), "--output", str(out)], cwd=tmp_path)
+    proc = run_tool([str(REPO / "tools/train.py"), "-c", str(DEMO_CONFIG), "-o", *over, "print_params=true",
+                     "--epochs", "2", "-r", str(ckpt / "0"), "--output", str(out)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (out / "train.log").read_text()
     assert re.search(r"resumed PaddleDetection checkpoint \S+/0 at epoch 1: weights \(EMA from \.pdparams\), "
                      r"optimizer state \(\d+ tensors\), lr at step \d+", log), log[-3000:]
+    assert re.search(r"model params: \d+\.\d{3} M \(print_params\)", log)   # -o print_params=true
     rows = (out / "results.csv").read_text().strip().splitlines()
     assert len(rows) == 2, rows   # a header and epoch 2 only
     assert not any(p.suffix in (".pdopt", ".pdema") for p in out.rglob("*"))
