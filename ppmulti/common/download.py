@@ -58,18 +58,22 @@ def source_url(url: str, environ: Mapping[str, str] | None = None) -> str:
 
 @contextlib.contextmanager
 def file_lock(what: str) -> Iterator[None]:
-    """Hold a node-local lock for making ``what`` once: ranks of one node that need the same file wait here
-    while the first one downloads or converts it."""
+    """Hold a node-local lock for making the file ``what`` once: ranks of one node that need the same file wait
+    here while the first one downloads or converts it. The lock is its folder's own (flock on the directory),
+    so no lock file is left behind."""
     import fcntl
-    import tempfile
 
-    name = f"ppmulti-lock-{hashlib.sha1(str(what).encode()).hexdigest()[:20]}"
-    with open(os.path.join(tempfile.gettempdir(), name), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    folder = Path(what).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        # NFS may refuse a lock on a directory: then each process makes the file itself (atomic renames keep the
+        # result whole), which costs time, never correctness
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # closing releases the lock
 
 
 def sha256_of(path: str | os.PathLike) -> str:
