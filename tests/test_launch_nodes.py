@@ -250,7 +250,8 @@ class SshHosts:
 @pytest.fixture(scope="module")
 def ssh_hosts(tmp_path_factory):
     absent = missing_programs("sshd", "ssh", "ssh-keygen")
-    require_system(absent and f"{', '.join(absent)} not installed", "apt-get install openssh-server openssh-client")
+    require_system(f"{', '.join(absent)} not installed" if absent else None,
+                   "apt-get install openssh-server openssh-client")
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     root = tmp_path_factory.mktemp("sshd")
     for name in ("host_key", "user_key"):

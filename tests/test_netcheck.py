@@ -41,7 +41,7 @@ def namespaces():
     (namespace, node 0's interface, the namespace's interface, node 0's address, the namespace's address) per
     namespace. Removed afterwards."""
     absent = missing_programs("ip", "tc")
-    require_system(absent and f"{', '.join(absent)} not installed", "apt-get install iproute2")
+    require_system(f"{', '.join(absent)} not installed" if absent else None, "apt-get install iproute2")
     require_system(None if os.geteuid() == 0 else "network namespaces need root", "run the suite as root")
     used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
     net = next(n for n in random.sample(range(100, 250), 150) if f"10.{n}." not in used)
