@@ -319,7 +319,6 @@ def _ranks(launches, tmp_path: Path, small_demo: Path, mode: str, size: int, *ex
     return launches.wait(proc, 300), out
 
 
-@pytest.mark.seam
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_two_ranks_hold_one_copy_and_leave_nothing_in_shm(launches, tmp_path, small_demo):

@@ -320,4 +320,6 @@ def test_sigterm_with_epochs_shorter_than_log_iter_stops_at_the_epoch_end(small_
     stopped = re.search(r"SIGTERM: stopped after epoch (\d+)", text)
     assert stopped, text[-2000:]
     state = paddle.load(str(out / "weights" / "last.pdstate"))["train"]
-    assert state["epoch"] == int(stopped.group(1)) >= 2 and state["step_in_epoch"] == 0
+    # the signal follows epoch 1's log line, which can come before that epoch's end-of-epoch agreement (a loaded
+    # machine): the stop is then after epoch 1, else after epoch 2; either way at an epoch's end
+    assert state["epoch"] == int(stopped.group(1)) >= 1 and state["step_in_epoch"] == 0
