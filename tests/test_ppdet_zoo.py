@@ -467,7 +467,27 @@ CascadeRCNN:
 COCO_INSTANCE = COCO_DETECTION.replace("['image', 'gt_bbox', 'gt_class', 'is_crowd']",
                                        "['image', 'gt_bbox', 'gt_class', 'gt_poly', 'is_crowd']")
 
+# release/2.6's HigherHRNet: its dataset takes a keyword ppdet 2.6.0's does not know, so ppdet's loader fails on it
+HIGHERHRNET = """\
+_BASE_: ['../../runtime.yml']
+metric: COCO
+num_classes: 1
+architecture: HigherHRNet
+HigherHRNet:
+  backbone: HRNet
+  hrhrnet_head: HrHRNetHead
+  post_process: HrHRNetPostProcess
+TrainDataset:
+  !KeypointBottomUpCocoDataset
+    image_dir: train2017
+    anno_path: annotations/person_keypoints_train2017.json
+    dataset_dir: dataset/coco
+    num_joints: 17
+    return_bbox: False
+"""
+
 REFUSED = {
+    "configs/keypoint/higherhrnet/higherhrnet_hrnet_w32_512.yml": (HIGHERHRNET, "keypoint", "architecture HigherHRNet"),
     "configs/keypoint/hrnet/hrnet_w32_256x192.yml": (KEYPOINT, "keypoint", "architecture TopDownHRNet"),
     "configs/mot/fairmot/fairmot_dla34_30e_1088x608.yml": (FAIRMOT, "MOT", "architecture FairMOT"),
     "configs/rotate/ppyoloe_r/ppyoloe_r_crn_s_3x_dota.yml": (PPYOLOE_R, "rotated-box", "metric RBOX"),
@@ -511,6 +531,17 @@ def test_mask_head_left_empty_is_a_detector():
         is None
     assert zoo.kind({"architecture": "YOLOv3", "metric": "COCO"}) is None
     assert zoo.kind({"architecture": "YOLOv3", "metric": "MCMOT"}) == ("MOT", "metric MCMOT")
+
+
+def test_the_family_is_read_through_base_files(tmp_path):
+    """A child config inherits its family from a _BASE_ file; a later file wins, as in ppdet's loader."""
+    (tmp_path / "base.yml").write_text("architecture: FasterRCNN\nmetric: COCO\nFasterRCNN: {backbone: ResNet}\n")
+    (tmp_path / "mask.yml").write_text("_BASE_: ['base.yml']\narchitecture: MaskRCNN\n")
+    (tmp_path / "det.yml").write_text("_BASE_: ['base.yml']\nepoch: 1\n")
+    with pytest.raises(UserError, match="is a segmentation config \\(architecture MaskRCNN\\)"):
+        zoo.refuse_unsupported(tmp_path / "mask.yml")
+    zoo.refuse_unsupported(tmp_path / "det.yml")
+    zoo.refuse_unsupported(tmp_path / "missing.yml")    # left to ppdet's loader, which names the file
 
 
 def test_train_tool_refuses_a_keypoint_config_in_one_line(checkout):

@@ -174,6 +174,7 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
         raise UserError(f"config file not found: {path} (pass -c with a .yml under configs/, e.g. configs/yolo.yml)")
     if path.suffix not in (".yml", ".yaml"):
         raise UserError(f"config file {path} is not YAML (.yml/.yaml)")
+    zoo.refuse_unsupported(path)   # keypoint, MOT, rotated and segmentation configs: one line, by name
     ws = ppdet_workspace()
     from ppmulti.rank.ppdet_bridge import register_extensions
 
@@ -186,7 +187,6 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
         raise UserError(f"config {path}: a file it names was not found: {exc.filename}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"config {path} is not valid YAML: {first_line(exc)}") from None
-    zoo.refuse_unsupported(cfg, path)   # keypoint, MOT, rotated and segmentation configs: one line, by name
     if isinstance(overrides, dict):
         over = overrides
     else:
