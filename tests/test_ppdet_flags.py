@@ -181,6 +181,7 @@ EFFECT_TESTS = {
     "save_prediction_only": "test_ppdet_flags.py::test_eval_classwise_and_output_eval_on_two_ranks",
     "metric": "test_ppdet_flags.py::test_refused_keys_stop_by_name_and_false_passes",
     "print_params": "test_ppdet_flags.py::test_resume_a_paddledetection_checkpoint",
+    "find_unused_parameters": "test_ppdet_zoo.py::test_family_trains_an_epoch_on_two_ranks_and_evaluates",
 }
 
 

@@ -309,6 +309,29 @@ TestReader:
 """
 
 
+# PaddleDetection's cascade_rcnn_r50_fpn.yml in the same small form: the R-CNN above with three cascade stages
+CASCADE_RCNN_MODEL = FASTER_RCNN_MODEL
+for _old, _new in (("architecture: FasterRCNN", "architecture: CascadeRCNN"), ("FasterRCNN:\n", "CascadeRCNN:\n"),
+                   ("  bbox_head: BBoxHead\n", "  bbox_head: CascadeHead\n"),
+                   ("BBoxHead:\n  head: TwoFCHead", "CascadeHead:\n  head: CascadeTwoFCHead"),
+                   ("  use_random: True\n\nTwoFCHead:",
+                    "  cascade_iou: [0.5, 0.6, 0.7]\n  use_random: True\n\nCascadeTwoFCHead:"),
+                   ("  decode: RCNNBox\n",
+                    "  decode:\n    name: RCNNBox\n    prior_box_var: [30.0, 30.0, 15.0, 15.0]\n")):
+    assert _old in CASCADE_RCNN_MODEL, _old
+    CASCADE_RCNN_MODEL = CASCADE_RCNN_MODEL.replace(_old, _new)
+
+
+def _cascade_rcnn(name: str) -> dict[str, str]:
+    return {f"configs/cascade_rcnn/{name}.yml": (
+        "_BASE_: [\n  '../datasets/coco_detection.yml',\n  '../runtime.yml',\n  '_base_/optimizer_1x.yml',\n"
+        "  '_base_/cascade_rcnn_r18_fpn.yml',\n  '_base_/cascade_fpn_reader.yml',\n]\n"
+        f"weights: output/{name}/model_final\n"),
+        "configs/cascade_rcnn/_base_/optimizer_1x.yml": OPTIMIZER_1X,
+        "configs/cascade_rcnn/_base_/cascade_rcnn_r18_fpn.yml": CASCADE_RCNN_MODEL,
+        "configs/cascade_rcnn/_base_/cascade_fpn_reader.yml": RCNN_READER}
+
+
 def _faster_rcnn(name: str) -> dict[str, str]:
     return {f"configs/faster_rcnn/{name}.yml": (
         "_BASE_: [\n  '../datasets/coco_detection.yml',\n  '../runtime.yml',\n  '_base_/optimizer_1x.yml',\n"
@@ -321,6 +344,8 @@ def _faster_rcnn(name: str) -> dict[str, str]:
 
 FAMILIES = {
     "faster_rcnn": ("configs/faster_rcnn/faster_rcnn_r18_fpn_1x_coco.yml", _faster_rcnn("faster_rcnn_r18_fpn_1x_coco")),
+    "cascade_rcnn": ("configs/cascade_rcnn/cascade_rcnn_r18_fpn_1x_coco.yml",
+                     _cascade_rcnn("cascade_rcnn_r18_fpn_1x_coco")),
     "fcos": ("configs/fcos/fcos_r18_fpn_1x_coco.yml", {"configs/fcos/fcos_r18_fpn_1x_coco.yml": FCOS,
                                                        "configs/fcos/_base_/optimizer_1x.yml": OPTIMIZER_1X}),
 }
@@ -523,7 +548,7 @@ def test_detection_families_are_not_refused(checkout, family, monkeypatch):
     monkeypatch.chdir(checkout)
     cfg = config_mod.load(FAMILIES[family][0], ["use_gpu=false"])
     assert zoo.kind(cfg) is None
-    assert cfg["architecture"] in ("FasterRCNN", "FCOS")
+    assert cfg["architecture"] in ("FasterRCNN", "CascadeRCNN", "FCOS")
 
 
 def test_mask_head_left_empty_is_a_detector():
@@ -556,9 +581,11 @@ def test_train_tool_refuses_a_keypoint_config_in_one_line(checkout):
 
 # ----------------------------------------------------------------------------- detection families train and evaluate
 
-# Faster R-CNN: ppdet's 0-D shapes on both stacks and the RPN's batch loop on Paddle 3 (compat F7, F8); FCOS: its
-# targets with numpy 2.4 (F10)
-SLOW_FAMILIES = [pytest.param("faster_rcnn", marks=pytest.mark.seam), pytest.param("fcos", marks=pytest.mark.seam)]
+# Faster R-CNN: ppdet's 0-D shapes on both stacks and the RPN's batch loop on Paddle 3 (compat F7, F8); Cascade
+# R-CNN: parameters unused in some steps, with PaddleDetection's find_unused_parameters (compat.distributed_model);
+# FCOS: its targets with numpy 2.4 (F10)
+SLOW_FAMILIES = [pytest.param(family, marks=pytest.mark.seam) for family in ("faster_rcnn", "cascade_rcnn", "fcos")]
+EXTRA = {"cascade_rcnn": ["find_unused_parameters=true"]}   # what PaddleDetection's DETR and DINO configs set
 
 
 @pytest.mark.slow
@@ -573,8 +600,8 @@ def test_family_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path, family):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
                            str(REPO / "tools" / "train.py"), "-c", rel, "--eval", "-o", "epoch=1", "use_gpu=false",
-                           "pretrain_weights="], cwd=root, env=launch_env(), capture_output=True, text=True,
-                          timeout=600)
+                           "pretrain_weights=", *EXTRA.get(family, [])], cwd=root, env=launch_env(),
+                          capture_output=True, text=True, timeout=600)
     took = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -584,6 +611,7 @@ def test_family_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path, family):
     run = root / summary["run_dir"]                  # PaddleDetection's save_dir: output, under the checkout
     assert run.parent == root / "output", summary
     resolved = yaml.safe_load((run / "config.yml").read_text())
-    assert resolved["architecture"] == {"faster_rcnn": "FasterRCNN", "fcos": "FCOS"}[family]
+    assert resolved["architecture"] == {"faster_rcnn": "FasterRCNN", "cascade_rcnn": "CascadeRCNN",
+                                        "fcos": "FCOS"}[family]
     assert resolved["num_classes"] == 3   # taken from the data: coco_detection.yml says 80
     print(f"{family}: {took:.1f} s")

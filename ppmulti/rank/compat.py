@@ -686,6 +686,21 @@ def close_batches(batches: Any) -> None:
         remove_paddle_shm_of(ended)
 
 
+def distributed_model(model: Any, find_unused_parameters: bool = False) -> Any:
+    """``fleet.distributed_model(model)`` with PaddleDetection's ``find_unused_parameters`` config key honoured.
+    Fleet's collective data-parallel wrapper is a ``paddle.DataParallel`` built with the
+    ``find_unused_parameters`` of the strategy ``fleet.init`` was given (fleet/model.py, Paddle 2.6 and 3.x), which
+    ppmulti builds before the config is read; the strategy fleet keeps is ``fleet.fleet._user_defined_strategy``.
+    A model whose parameters go unused in some steps only (Cascade R-CNN's later stages without positive RoIs)
+    needs it, or Paddle's reducer stops with "parameter ... has been ready before"."""
+    from paddle.distributed import fleet
+
+    strategy = getattr(fleet.fleet, "_user_defined_strategy", None)
+    if strategy is not None:
+        strategy.find_unused_parameters = bool(find_unused_parameters)
+    return fleet.distributed_model(model)
+
+
 def no_grad_sync(model: Any) -> Any:
     """A context in which backward passes of ``model`` add to the local gradients without all-reducing them
     (the micro-steps of a gradient accumulation): ``paddle.DataParallel.no_sync()``, which

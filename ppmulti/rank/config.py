@@ -38,12 +38,12 @@ HONOURED_KEYS = {
     "save_prediction_only": "engine/evaluator.py: bbox.json without scoring (training refuses it: rank/entry.py)",
     "metric": "COCO only: anything else is refused below (check_values)",
     "print_params": "engine/builder.py: the model's parameter count after the start line",
+    "find_unused_parameters": "compat.distributed_model: the ranks' DataParallel (Cascade R-CNN, DETR, DINO)",
 }
 # Keys PaddleDetection reads that ppmulti does not: -o with a true value stops with the reason (false asks for
 # nothing, so PaddleDetection's runtime.yml values such as print_flops: false pass).
 REFUSED_KEYS = {
     "print_flops": "counting FLOPs needs PaddleSlim, which ppmulti does not install",
-    "find_unused_parameters": "ppmulti builds its fleet strategy before the config is read and does not take it",
     "seed": "ppmulti's seed is a flag: --seed N",
     "ema_filter_no_grad": "ppdet 2.6's ModelEMA fails on it as soon as a weight is frozen (it appends to a set) "
                           "and changes nothing otherwise",

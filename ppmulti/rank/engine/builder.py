@@ -204,6 +204,7 @@ class _Build:
         from paddle.distributed import fleet
         from ppdet.core.workspace import create
 
+        from ppmulti.rank import compat
         from ppmulti.rank.ranklog import prints_to_log
 
         cfg = self.cfg
@@ -250,7 +251,7 @@ class _Build:
             self.conv_kernel = setup_cpu_ops(self.model, bf16=self.amp.mode == "bfloat16")
         self.train_model = self.model
         if self.world > 1:
-            self.train_model = fleet.distributed_model(self.model)
+            self.train_model = compat.distributed_model(self.model, bool(cfg.get("find_unused_parameters")))
             self.optimizer = fleet.distributed_optimizer(self.optimizer)
 
     def _agree_classes(self) -> None:
