@@ -235,7 +235,7 @@ class _Build:
         self.model.load_meanstd(cfg["TestReader"]["sample_transforms"])
         if cfg.get("print_params"):   # PaddleDetection's count: weights, not BatchNorm's running statistics
             n = sum(int(p.size) for name, p in self.model.named_parameters()
-                    if not any(x in name for x in ("_mean", "_variance", "aux_")))
+                    if not any(x in name for x in (*compat.batchnorm_state_names(), "aux_")))
             self.plan_notes.append(f"model params: {n / 1e6:.3f} M (print_params)")
         self._load_initial_weights()
         if self.opts.freeze:
