@@ -48,3 +48,45 @@ def test_describe_mentions_all_numbers():
     text = scale_lr(0.01, 64, 16, dataset_size=640, warmup_steps=40).describe()
     for part in ("0.0025", "0.01", "16", "64"):
         assert part in text
+
+
+def test_paddledetection_tagged_linear_warmup_is_read_and_scaled():
+    """PaddleDetection's configs write ``- !LinearWarmup {...}``, which ppdet's loader makes an object: the warmup
+    is found (not silently 0 steps), replaced by ppdet's dict form, and the scaled step count is what ppdet's
+    LearningRate then builds."""
+    import yaml
+
+    from ppmulti.rank import compat
+    from ppmulti.rank.engine.lr import linear_warmup
+
+    compat.import_ppdet()
+    from ppdet.optimizer import LearningRate
+
+    text = ("schedulers:\n"
+            "- !PiecewiseDecay {gamma: 0.1, milestones: [8, 11]}\n"
+            "- !LinearWarmup {start_factor: 0.1, steps: 1000}\n")
+    schedulers = yaml.load(text, Loader=yaml.Loader)["schedulers"]
+    assert type(schedulers[1]).__name__ == "LinearWarmup"
+    warmup = linear_warmup(schedulers)
+    assert warmup == {"name": "LinearWarmup", "steps": 1000, "start_factor": 0.1, "epochs": None}
+    assert schedulers[1] is warmup and type(schedulers[0]).__name__ == "PiecewiseDecay"
+
+    plan = scale_lr(0.02, 16, 8, dataset_size=800, warmup_steps=warmup["steps"], total_steps=12 * 100)
+    warmup["steps"] = plan.warmup_steps
+    assert plan.warmup_steps == 400   # a third of the run (1200 steps) at most
+    scheduler = LearningRate(base_lr=plan.lr, schedulers=schedulers)(step_per_epoch=100)
+    values = [scheduler.get_lr()]
+    for _ in range(plan.warmup_steps + 1):
+        scheduler.step()
+        values.append(scheduler.get_lr())
+    assert values[0] == pytest.approx(0.01 * 0.1)          # the scaled lr x start_factor
+    assert values[plan.warmup_steps] == pytest.approx(0.01)   # reached at the scaled warmup's end
+    assert values[plan.warmup_steps // 2] < 0.01
+
+
+def test_linear_warmup_absent_or_in_dict_form():
+    from ppmulti.rank.engine.lr import linear_warmup
+
+    assert linear_warmup([{"name": "CosineDecay", "max_epochs": 10}]) is None
+    dict_form = {"name": "LinearWarmup", "start_factor": 0.0, "epochs": 5}
+    assert linear_warmup([{"name": "CosineDecay"}, dict_form]) is dict_form

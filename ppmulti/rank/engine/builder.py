@@ -24,8 +24,8 @@ from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, E
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
-from ppmulti.rank.engine.lr import (Accumulation, BatchPlan, LRPlan, optimizer_steps, plan_batch, scale_lr,
-                                    yolov5_warmup_batches, yolov5_weight_decay)
+from ppmulti.rank.engine.lr import (Accumulation, BatchPlan, LRPlan, linear_warmup, optimizer_steps, plan_batch,
+                                    scale_lr, yolov5_warmup_batches, yolov5_weight_decay)
 from ppmulti.rank.engine.trainer import Trainer, TrainOptions, freeze_backbone
 
 log = logging.getLogger("ppmulti")
@@ -309,10 +309,7 @@ class _Build:
             self.cfg["ref_batch"] = ref_batch
             if dist.is_main():
                 config_mod.dump(self.cfg, self.run_dir / "config.yml")
-        warmup = None
-        for sched in lr_cfg.get("schedulers", []) or []:
-            if isinstance(sched, dict) and sched.get("name") == "LinearWarmup":
-                warmup = sched
+        warmup = linear_warmup(lr_cfg.get("schedulers") or [])
         plan = scale_lr(base_lr, ref_batch, self.batch.effective_batch, dataset_size,
                         warmup_steps=None if warmup is None else warmup.get("steps", 500),
                         warmup_epochs=None if warmup is None else warmup.get("epochs"),

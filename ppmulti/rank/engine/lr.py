@@ -231,6 +231,25 @@ def scale_lr(base_lr: float, ref_batch: int, effective_batch: int, dataset_size:
     return LRPlan(base_lr, base_lr * k, ref_batch, effective_batch, ref_steps, steps)
 
 
+def linear_warmup(schedulers: list) -> dict | None:
+    """The schedule's LinearWarmup as ppdet's dict form (``name: LinearWarmup``), or None.
+
+    PaddleDetection's own configs write it as a YAML-tagged object (``- !LinearWarmup {steps: 1000, ...}``),
+    which ppdet's loader turns into an instance; ppmulti's configs write the dict. An instance is replaced in
+    ``schedulers`` by the equivalent dict (ppdet's LearningRate builds either), so the warmup is read and
+    scaled the same way whichever form the config used.
+    """
+    for i, sched in enumerate(schedulers):
+        if isinstance(sched, dict):
+            if sched.get("name") == "LinearWarmup":
+                return sched
+        elif type(sched).__name__ == "LinearWarmup":
+            schedulers[i] = {"name": "LinearWarmup", "steps": sched.steps, "start_factor": sched.start_factor,
+                             "epochs": sched.epochs}
+            return schedulers[i]
+    return None
+
+
 class LinearDecay:
     """YOLOv5's default schedule for ppdet's ``LearningRate``: after the warmup the lr falls linearly from
     base_lr to base_lr x min_lr_ratio (YOLOv5's lrf) at the last step. ppdet 2.6 ships only cosine,
