@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEMO_CONFIG, one_line_error, run_tool
+from conftest import DEMO_CONFIG, REPO, one_line_error, run_tool
 
 from ppmulti.rank import compat
 
@@ -37,9 +37,13 @@ def model(request, small_demo):
 
 def _export(model, out: Path, *flags: str) -> Path:
     _, config, over, weights, _ = model
-    proc = run_tool(["tools/export.py", "-c", str(config), *(["-o", *over] if over else []), "--weights",
-                     str(weights), "--output_dir", str(out), "--format", "onnx", *flags])
+    out.mkdir(parents=True, exist_ok=True)
+    proc = run_tool([str(REPO / "tools" / "export.py"), "-c", str(config), *(["-o", *over] if over else []),
+                     "--weights", str(weights), "--output_dir", str(out), "--format", "onnx", *flags], cwd=out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # run from the output directory: the export writes its one folder there and nothing else (ppdet's Trainer
+    # would add vdl_log_dir/ when the config's use_vdl is on)
+    assert sorted(p.name for p in out.iterdir()) == [Path(config).stem], sorted(out.iterdir())
     onnx_file = Path(proc.stdout.strip().splitlines()[-1].split(" written to ", 1)[1])
     assert onnx_file.name == "model.onnx" and onnx_file.is_file()
     # the Paddle inference model it was converted from stays beside it

@@ -172,6 +172,7 @@ def probe_ppdet(ns, train_argv: list[str]) -> dict:
 
     opts, cfg = _ppdet_config(ns, train_argv)
     host_normalize(cfg)   # ppdet's Trainer feeds the model the loader's batch as it is
+    cfg["use_vdl"] = False   # else ppdet's Trainer writes a VisualDL log into the working directory
     compat.set_device("cpu")
     threads = dist.set_cpu_threads(1)
     paddle.seed(opts.seed)

@@ -229,6 +229,9 @@ def export_model(cfg, model, output_dir: str) -> Path:
     from ppmulti.rank.compat import exported_program_name, full_graph_to_static
 
     cfg["model"] = model  # ppdet's Trainer takes a ready model from the config
+    # ppdet's Trainer opens a VisualDL writer in the working directory (vdl_log_dir/scalar) when use_vdl is on,
+    # as ppmulti's runtime.yml has it for training's own log; an export logs nothing
+    cfg["use_vdl"] = False
     trainer = Trainer(cfg, mode="test")
     with full_graph_to_static():
         trainer.export(output_dir)
