@@ -3,12 +3,12 @@ segmentation configs are refused at start, by name."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.yamlread import load_config_chain
 
 # ppdet 2.6.0's architectures (ppdet/modeling/architectures) and PaddleDetection release/2.6's configs/ that are not
 # box detectors. Read by hand from both; a name ppdet 2.6.0 does not have (PETR, VitPose) is still refused by name.
@@ -44,50 +44,12 @@ def kind(cfg: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-class _TolerantLoader(yaml.SafeLoader):
-    """YAML as PaddleDetection writes it, each ``!Tag`` read as its plain mapping, list or value: ppdet's own loader
-    builds tagged objects while it reads, which fails for some configs ppdet 2.6.0 does not know (e.g. release/2.6's
-    HigherHRNet dataset) before their family could be named."""
-
-
-def _untagged(loader: yaml.SafeLoader, _suffix: str, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        return loader.construct_mapping(node, deep=True)
-    if isinstance(node, yaml.SequenceNode):
-        return loader.construct_sequence(node, deep=True)
-    return loader.construct_scalar(node)
-
-
-_TolerantLoader.add_multi_constructor("!", _untagged)
-
-
-def read_tree(path: Path, depth: int = 0) -> dict[str, Any]:
-    """A config file with its ``_BASE_`` files merged under it (later files and the file itself win, nested
-    sections merged key by key, as ppdet's load_config does), tags ignored. Raises OSError or yaml.YAMLError."""
-    data = yaml.load(Path(path).read_text(), Loader=_TolerantLoader) or {}
-    if not isinstance(data, dict) or depth > 20:
-        return {}
-    merged: dict[str, Any] = {}
-    for base in data.pop("_BASE_", None) or []:
-        _merge(merged, read_tree(Path(path).parent / str(base), depth + 1))
-    _merge(merged, data)
-    return merged
-
-
-def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
-    for key, value in other.items():
-        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
 def refuse_unsupported(path: Any) -> None:
     """One line, before ppdet reads the config or anything is built, for a config of a family ppmulti does not
     train. A file that cannot be read here is left to ppdet's loader, which names the problem."""
     try:
-        cfg = read_tree(Path(path))
-    except (OSError, yaml.YAMLError):
+        cfg, _ = load_config_chain(path)
+    except (OSError, yaml.YAMLError, UserError):
         return
     found = kind(cfg)
     if found is not None:
