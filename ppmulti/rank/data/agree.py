@@ -114,16 +114,24 @@ def section_classes(cfg, section_name: str, check_annotations: bool = True) -> D
                            tuple(names))
     if name not in COCO_SOURCES:
         return None
-    path = _coco_path(section)
-    if path is None or not path.is_file():
+    read = _coco_file(section, section_name)
+    if read is None:
         return None
-    data = _read_json(path)
-    classes = coco_classes(data, f"{_what(section_name)}'s {path}")
+    data, classes = read
     if check_annotations:
         err = unknown_category(data, classes)
         if err is not None:
             raise err
     return classes
+
+
+def _coco_file(section, section_name: str) -> tuple[dict, DataClasses] | None:
+    """A COCO section's annotation json and its classes; None when the file is not there."""
+    path = _coco_path(section)
+    if path is None or not path.is_file():
+        return None
+    data = _read_json(path)
+    return data, coco_classes(data, f"{_what(section_name)}'s {path}")
 
 
 def dataset_classes(dataset, section_name: str, section=None) -> DataClasses | None:
@@ -151,12 +159,8 @@ def explain_parse_error(cfg, section_name: str) -> UserError | None:
     section = cfg.get(section_name)
     if section is None or section.get("name") not in COCO_SOURCES:
         return None
-    path = _coco_path(section)
-    if path is None or not path.is_file():
-        return None
-    data = _read_json(path)
-    classes = coco_classes(data, f"{_what(section_name)}'s {path}")
-    return unknown_category(data, classes)
+    read = _coco_file(section, section_name)
+    return None if read is None else unknown_category(*read)
 
 
 def max_label(dataset) -> int:
