@@ -131,9 +131,6 @@ def test_the_tool_converts_without_torch(tmp_path, monkeypatch, capsys):
 def test_the_torch_free_path_gives_the_outputs_of_the_torch_path(tmp_path):
     """Today's converter read the .pt with torch.load; the torch-free reader must give a model the same outputs."""
     torch = pytest.importorskip("torch", reason="compares with the torch.load path")
-    import pickle
-    import types
-
     import paddle
 
     import ppmulti.rank.models  # noqa: F401
@@ -141,25 +138,10 @@ def test_the_torch_free_path_gives_the_outputs_of_the_torch_path(tmp_path):
 
     from ppmulti.common.paths import CONFIGS
     from ppmulti.rank import config as config_mod
-    from test_pretrained import _torch_state, release, yolov5_state
+    from test_pretrained import _torch_state, release, torch_load_standins, yolov5_state
 
     path = release(tmp_path / "yolov5n.pt", yolov5_state(nc=80, seed=3))
-
-    class Stub:
-        def __init__(self, *args):
-            pass
-
-        def __setstate__(self, d):
-            self.__dict__.update(d)
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            keep = module.startswith(("torch", "collections", "builtins")) and not module.startswith("torch.nn")
-            return super().find_class(module, name) if keep else Stub
-
-    mod = types.ModuleType("stub_pickle")
-    mod.Unpickler, mod.load = Unpickler, pickle.load
-    ckpt = torch.load(path, weights_only=False, pickle_module=mod)
+    ckpt = torch_load_standins(torch, path)
     by_torch = {k: v.detach().float().numpy() for k, v in _torch_state(ckpt["model"]).items()}
     by_reader = read_torch_state(str(path))
     cfg = config_mod.load(CONFIGS / "yolov5/yolov5_n_300e_coco.yml", {"num_classes": 80})

@@ -138,10 +138,18 @@ def test_torch_and_the_torch_free_reader_give_the_same_state(tmp_path, state):
     torch = pytest.importorskip("torch", reason="compares with what torch.load reads from the same file")
     path = release(tmp_path / "yolov5n.pt", state)
     ours = read_pt(str(path)).state
+    theirs = _torch_state(torch_load_standins(torch, path)["model"])
+    assert set(ours) == set(theirs)
+    for key in ours:
+        np.testing.assert_array_equal(ours[key], theirs[key].detach().float().numpy())
+
+
+def torch_load_standins(torch, path):
+    """``torch.load`` of a YOLOv5 file without YOLOv5's code: its module classes as inert stand-ins."""
     import pickle
     import types
 
-    class Stub:   # torch.load of a YOLOv5 file without YOLOv5's code: classes as inert stand-ins
+    class Stub:
         def __init__(self, *args):
             pass
 
@@ -150,16 +158,12 @@ def test_torch_and_the_torch_free_reader_give_the_same_state(tmp_path, state):
 
     class Unpickler(pickle.Unpickler):
         def find_class(self, module, name):
-            return super().find_class(module, name) if module.startswith(("torch", "collections", "builtins")) \
-                and not module.startswith("torch.nn") else Stub
+            keep = module.startswith(("torch", "collections", "builtins")) and not module.startswith("torch.nn")
+            return super().find_class(module, name) if keep else Stub
 
     mod = types.ModuleType("stub_pickle")
     mod.Unpickler, mod.load = Unpickler, pickle.load
-    obj = torch.load(path, weights_only=False, pickle_module=mod)
-    theirs = _torch_state(obj["model"])
-    assert set(ours) == set(theirs)
-    for key in ours:
-        np.testing.assert_array_equal(ours[key], theirs[key].detach().float().numpy())
+    return torch.load(path, weights_only=False, pickle_module=mod)
 
 
 def _torch_state(module, prefix=""):
