@@ -25,7 +25,7 @@ HONOURED_KEYS = {
     "epoch": "the loop's epochs", "snapshot_epoch": "hooks/evaluation.py and hooks/checkpoint.py",
     "log_iter": "the console and VisualDL logging interval", "worker_num": "data loader workers",
     "use_ema": "hooks/ema.py", "ema_decay": "hooks/ema.py", "ema_decay_type": "hooks/ema.py",
-"ema_black_list": "hooks/ema.py", "cycle_epoch": "hooks/ema.py",
+    "ema_black_list": "hooks/ema.py", "cycle_epoch": "hooks/ema.py",
     "eval_height": "eval size (sync_eval_size)", "eval_width": "eval size (sync_eval_size)",
     "eval_size": "ppdet's __shared__ heads (PP-YOLOE's anchors)",
     "ref_batch": "engine/lr.py: the batch base_lr is tuned for", "save_dir": "where run directories go",
