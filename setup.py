@@ -43,6 +43,8 @@ PADDLE_26_REQUIRES = [
     "pyclipper<1.4",                      # 1.4.0: SIGSEGV the same way
     "pycocotools<2.0.11",                 # 2.0.11+: SIGSEGV in inflateReset2 after `import paddle`
     "lap<0.5.13",                         # the same
+    "pyarrow<23",                         # 23.0+: `import pandas` (which imports pyarrow) dies the same way (MLflow
+                                          # brings pyarrow; ppdet imports pandas)
 ]
 
 # paddledet 2.6.0 is NOT listed: its metadata pins numpy<1.24 (no wheel for 3.12+), opencv-python<=4.6.0 and the
@@ -63,6 +65,7 @@ REQUIRES = PADDLE_REQUIRES + (PADDLE_26_REQUIRES if PADDLE_26 else []) + [
     "matplotlib",                         # results.png, PR_curve.png, evolve plots
     "visualdl",                           # training dashboards
     "filelock>=3.11",                     # shared evolve.csv across workers (thread-local locks: workers are threads)
+    "optuna>=4",                          # evolution's population: a study in SQLite (default) or PostgreSQL/MySQL
     # oneDNN 3.2's C++ headers (188 KB, no library): ppmulti/rank/ops builds its CPU convolution against the
     # libdnnl inside Paddle's wheel, which ships without them
     "onednn-devel-cpu-gomp==2023.2.0; platform_machine == 'x86_64' and sys_platform == 'linux'",
@@ -80,6 +83,12 @@ EXPORT = ([f"paddle2onnx==1.3.1; {BELOW_313}"] if PADDLE_26 else [f"paddle2onnx=
 TEST = ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"]
 DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5"]
 LINT = ["ruff==0.17.6"]
+# evolution across machines on PostgreSQL (the driver), the study's dashboard in a browser, and the trackers beside
+# VisualDL (`--logger tensorboard,mlflow`)
+POSTGRESQL = ["psycopg2-binary"]
+DASHBOARD = ["optuna-dashboard"]
+TENSORBOARD = ["tensorboard"]
+MLFLOW = ["mlflow"]
 
 setup(
     name="ppmulti",
@@ -91,6 +100,8 @@ setup(
     # tested on 3.10-3.13; Paddle has no wheels for 3.14 yet
     python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
-    extras_require={"test": TEST, "export": EXPORT, "docs": DOCS, "lint": LINT, "dev": TEST + EXPORT + DOCS + LINT},
+    extras_require={"test": TEST, "export": EXPORT, "docs": DOCS, "lint": LINT, "postgresql": POSTGRESQL,
+                    "dashboard": DASHBOARD, "tensorboard": TENSORBOARD, "mlflow": MLFLOW,
+                    "dev": TEST + EXPORT + DOCS + LINT + POSTGRESQL + DASHBOARD + TENSORBOARD + MLFLOW},
     entry_points={"console_scripts": ["ppmulti = ppmulti.cli:main"]},
 )
