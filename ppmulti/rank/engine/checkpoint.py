@@ -141,7 +141,7 @@ def load_weights(model, path: str | os.PathLike) -> tuple[list[str], list[str]]:
     if p.endswith((".pt", ".pth")):   # a YOLOv5 .pt: converted once, cached beside it
         from ppmulti.rank.models.convert import pdparams_for
 
-        p = pdparams_for(p)[0]
+        p = pdparams_for(p, prefer="ema")[0]   # a checkpoint's ema, as YOLOv5's val/detect load it
     if not p.endswith(WEIGHTS):
         p += WEIGHTS
     if not os.path.isfile(p):

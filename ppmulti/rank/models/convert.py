@@ -193,13 +193,15 @@ def read_torch_state(path: str) -> dict[str, Any]:
 CONVERTER = "1"   # bump when the conversion changes: cached conversions are named by it
 
 
-def converted_path(pt: str) -> Path:
+def converted_path(pt: str, prefer: str = "model") -> Path:
     """Where the conversion of ``pt`` is cached: a hidden file beside it named by its sha256 (so a changed .pt is
-    converted again), or ppmulti's user cache when that folder is not writable."""
+    converted again) and, for a checkpoint's ema (what evaluation loads), by ``.ema``; or ppmulti's user cache when
+    that folder is not writable."""
     from ppmulti.common.download import sha256_of
 
     digest = sha256_of(pt)[:16]
-    name = f".{Path(pt).name}.{digest}.v{CONVERTER}.pdparams"
+    part = ".ema" if prefer == "ema" else ""
+    name = f".{Path(pt).name}.{digest}{part}.v{CONVERTER}.pdparams"
     beside = Path(pt).resolve().parent
     if os.access(beside, os.W_OK):
         return beside / name
@@ -208,17 +210,18 @@ def converted_path(pt: str) -> Path:
     return user_cache_dir() / "weights" / name
 
 
-def pdparams_for(pt: str) -> tuple[str, PtWeights | None]:
+def pdparams_for(pt: str, prefer: str = "model") -> tuple[str, PtWeights | None]:
     """The ppmulti .pdparams of a YOLOv5 .pt: converted once (on one rank of a node at a time; the others then
-    read it) and cached beside it; returns (path, what the .pt held, None when read from the cache)."""
+    read it) and cached beside it; returns (path, what the .pt held, None when read from the cache). ``prefer``
+    as read_pt takes it: a checkpoint's ``model`` (what training fine-tunes) or its ``ema`` (what tools evaluate)."""
     from ppmulti.common.atomic import atomic_save
     from ppmulti.common.download import file_lock
 
-    out = converted_path(pt)
+    out = converted_path(pt, prefer)
     with file_lock(str(out)):
         if out.is_file():
             return str(out), None
-        weights = read_pt(pt)
+        weights = read_pt(pt, prefer=prefer)
         conv = convert_state_dict(weights.state)
         import paddle
 
