@@ -70,6 +70,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                    help="mixed precision: float16 on GPUs, bfloat16 convolutions on CPUs with AVX512-BF16/AMX; "
                         "default: the config's amp key (-o amp=true), on for --cfg/--data/--hyp runs on GPUs")
+    p.add_argument("--logger", dest="logger", action="extend", nargs="+", default=None,
+                   metavar="NAME", help="where rank 0 logs the run: visualdl (default), tensorboard (tb), mlflow, "
+                                        "comma-separated or several, e.g. --logger visualdl,tensorboard,mlflow; "
+                                        "none logs to no tracker")
 
 
 def add_yolov5_flags(p: argparse.ArgumentParser) -> None:

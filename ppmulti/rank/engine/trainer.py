@@ -56,6 +56,7 @@ class TrainOptions:
     nominal_batch: int | None = None   # YOLOv5 command lines: 64, accumulate max(round(64 / global batch), 1)
     multi_scale: bool = False       # --multi-scale: every step a random size in [0.5, 1.5] x imgsz, same on all ranks
     image_weights: bool = False     # --image-weights: each epoch's images drawn by class weights (YOLOv5's rule)
+    loggers: tuple[str, ...] | None = None   # --logger: trackers (hooks/trackers.py); None: VisualDL unless use_vdl off
 
 
 @dataclass
