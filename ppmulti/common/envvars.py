@@ -162,6 +162,10 @@ PPMULTI_RUN_ID = "PPMULTI_RUN_ID"
 # A base URL that serves weight files by name: downloads of YOLOv5's release assets and of PaddleDetection's
 # pretrain_weights URLs fetch MIRROR/<file name> instead (an offline cluster's own HTTP server).
 PPMULTI_WEIGHTS_MIRROR = "PPMULTI_WEIGHTS_MIRROR"
+# --- OpenCV's FFmpeg (ppmulti/rank/compat.py quiet_opencv, for detect's videos and streams) ---
+# Its av_log level, read when a capture opens: -8 (quiet) keeps FFmpeg's own lines about an unreachable stream off
+# stderr, where detect prints one line of its own instead.
+OPENCV_FFMPEG_LOGLEVEL = "OPENCV_FFMPEG_LOGLEVEL"
 
 # Everything a launcher or a worker leaves behind that would steer a *new* launch started from inside
 # a worker (evolution, a re-exec): Paddle's launcher lets these override its flags or its mode.

@@ -606,6 +606,20 @@ def set_num_threads(threads: int) -> None:
     paddle.base.core.set_num_threads(threads)
 
 
+
+def quiet_opencv() -> None:
+    """Silence OpenCV's and its FFmpeg's own log lines (a missing webcam, a refused connection), so that a source
+    that cannot be opened is one line of ppmulti's. OpenCV 4.x has ``cv2.setLogLevel``, 5.x
+    ``cv2.utils.logging.setLogLevel``; FFmpeg's level is an environment variable read when a capture opens (a user's
+    own value is kept)."""
+    import cv2
+
+    from ppmulti.common.envvars import OPENCV_FFMPEG_LOGLEVEL
+
+    os.environ.setdefault(OPENCV_FFMPEG_LOGLEVEL, "-8")
+    set_level = getattr(cv2, "setLogLevel", None) or cv2.utils.logging.setLogLevel
+    set_level(0)   # LOG_LEVEL_SILENT in both
+
 def set_defined_flags(flags: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Set the Paddle flags this build defines: (set, absent). The cuDNN flags exist only in CUDA builds, and
     ``FLAGS_cpu_deterministic`` only before Paddle 3; ``paddle.set_flags`` raises ValueError for a flag it lacks."""
