@@ -383,18 +383,27 @@ class _Build:
             load_initial_weights(self.model, self.cfg, self.opts.weights)
 
     def _maybe_sync_bn(self) -> None:
+        """--sync-bn or ppdet's ``norm_type: sync_bn``: BatchNorm statistics over all ranks' batches. GPUs take
+        Paddle's SyncBatchNorm; elsewhere (CPU ranks over gloo) Paddle has no kernel, so ppmulti's collective one
+        (ops.sync_bn) replaces every BatchNorm, with the same parameters and state-dict keys."""
         import paddle
 
-        wanted = self.opts.sync_bn or (self.cfg.get("norm_type") == "sync_bn" and self.device != "cpu")
+        wanted = self.opts.sync_bn or self.cfg.get("norm_type") == "sync_bn"
         if not wanted or self.world <= 1:
             if self.opts.sync_bn and self.world <= 1:
                 log.info("--sync-bn with one rank: nothing to synchronise, plain BatchNorm")
             return
-        if self.device == "cpu":
-            raise UserError("--sync-bn: Paddle has no CPU kernel for sync_batch_norm, so BatchNorm "
-                            "cannot be synchronised across CPU ranks; drop --sync-bn or train on GPUs")
-        self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        log.info("BatchNorm layers converted to SyncBatchNorm across %d ranks", self.world)
+        source = "--sync-bn" if self.opts.sync_bn else "norm_type: sync_bn"
+        if self.device == "gpu":
+            self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+            self.plan_notes.append(f"BatchNorm layers converted to Paddle's SyncBatchNorm across {self.world} "
+                                   f"ranks ({source})")
+            return
+        from ppmulti.rank.ops.sync_bn import convert_sync_batchnorm
+
+        n = convert_sync_batchnorm(self.model)
+        self.plan_notes.append(f"{n} BatchNorm layers synchronised across {self.world} ranks ({source}; "
+                               f"all-reduced statistics on {self.device})")
 
 
 def _write_record(path: Path, record: dict) -> None:

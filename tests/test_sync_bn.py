@@ -1,0 +1,91 @@
+"""SyncBatchNorm on CPU ranks (ppmulti.rank.ops.sync_bn): held against plain BatchNorm on the whole batch, and in a
+2-rank training with --sync-bn."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_tool
+from launching import FIXTURES
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+
+
+def _reference(name: str):
+    """What one process computes with plain BatchNorm on the concatenated batch of both ranks (the same loss:
+    the sum of both ranks' sum(y * g))."""
+    import paddle
+
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        import sync_bn_ranks as ranks
+    finally:
+        sys.path.remove(str(FIXTURES))
+    _, make, shape, offset = next(c for c in ranks.CASES if c[0] == name)
+    bn = make()
+    ranks.init_params(bn, shape[1])
+    out = {}
+    for step in range(ranks.STEPS):
+        x, g = ranks.case_data(name, shape, offset, step)
+        xt = paddle.to_tensor(x, stop_gradient=False)
+        y = bn(xt)
+        (y * paddle.to_tensor(g)).sum().backward()
+        out.update({f"y{step}": y.numpy(), f"dx{step}": xt.grad.numpy(), f"dweight{step}": bn.weight.grad.numpy(),
+                    f"dbias{step}": bn.bias.grad.numpy(), f"mean{step}": bn._mean.numpy(),
+                    f"var{step}": bn._variance.numpy()})
+        bn.clear_gradients()
+    bn.eval()
+    out["eval"] = bn(paddle.to_tensor(ranks.case_data(name, shape, offset, ranks.STEPS)[0])).numpy()
+    out["keys"] = np.array(sorted(paddle.nn.Sequential(bn).state_dict().keys()))
+    return out
+
+
+def test_two_ranks_match_batchnorm_on_the_whole_batch(tmp_path):
+    out = tmp_path / "ranks.npz"
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(FIXTURES / "sync_bn_ranks.py"),
+                     str(out)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = np.load(out)
+    assert int(got["world"]) == 2
+    for name in ("bn2d", "bn1d"):
+        want = _reference(name)
+        for key, value in want.items():
+            if key == "keys":   # checkpoints load either way
+                assert list(got[f"{name}_keys"]) == list(value)
+                continue
+            np.testing.assert_allclose(got[f"{name}_{key}"], value, rtol=1e-5, atol=1e-5, err_msg=f"{name} {key}")
+        # the control: each rank's half alone normalises differently
+        assert not np.allclose(got[f"{name}_mean0"], _half_batch_mean(name), atol=1e-3)
+
+
+def _half_batch_mean(name: str) -> np.ndarray:
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        import sync_bn_ranks as ranks
+    finally:
+        sys.path.remove(str(FIXTURES))
+    _, make, shape, offset = next(c for c in ranks.CASES if c[0] == name)
+    x = ranks.case_data(name, shape, offset, 0)[0][: shape[0] // 2]
+    momentum = make()._momentum
+    return (1 - momentum) * x.mean(axis=tuple(d for d in range(x.ndim) if d != 1))
+
+
+def test_two_rank_training_with_sync_bn(small_demo, tmp_path):
+    """`ppmulti launch --nproc_per_node 2 tools/train.py --data ... --cfg yolov5n.yaml --sync-bn` on CPU ranks."""
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(REPO / "tools" / "train.py"),
+                     "--batch", "8", "--data", str(small_demo / "data.yaml"), "--cfg", "yolov5n.yaml",
+                     "--weights", "", "--device", "cpu", "--img", "64", "--epochs", "1", "--workers", "0",
+                     "--sync-bn", "--project", str(tmp_path / "runs"), "--name", "sbn"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "runs" / "sbn"
+    assert json.loads((run / "metrics.json").read_text())["world_size"] == 2
+    log = (run / "train.log").read_text()
+    assert "BatchNorm layers synchronised across 2 ranks" in log
+    import paddle
+
+    state = paddle.load(str(run / "weights" / "last.pdparams"))
+    assert any(k.endswith(".bn._variance") for k in state)   # BatchNorm's own keys: loads without --sync-bn
