@@ -117,6 +117,10 @@ PET_MASTER_PORT = "PET_MASTER_PORT"
 PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"                # elasticPolicy only
 POD_IP_DUMMY = "POD_IP_DUMMY"
 HOSTNAME = "HOSTNAME"                                  # a pod's name (JOB-worker-N), set by the container runtime
+# --- MLflow's, as its users set them (read by ppmulti/rank/engine/hooks/mlflow_log.py; the URI is never printed
+# with its credentials) ---
+MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+MLFLOW_EXPERIMENT_NAME = "MLFLOW_EXPERIMENT_NAME"
 # ppmulti's node rendezvous secret (ppmulti/procs/launch/rendezvous.py); never printed, never given to the ranks
 PPMULTI_RDZV_TOKEN = "PPMULTI_RDZV_TOKEN"
 
