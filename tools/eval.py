@@ -17,7 +17,6 @@ from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 # YOLOv5 val.py flags without an equivalent here; each is refused by name rather than ignored.
 UNSUPPORTED = {
     "--augment": "test-time augmentation",
-    "--verbose": "per-class mAP",
     "--save-hybrid": "label+prediction txt files",
     "--half": "FP16 inference", "--dnn": "OpenCV DNN for ONNX",
 }
@@ -58,6 +57,10 @@ def build_parser(prog: str = "tools/eval.py") -> argparse.ArgumentParser:
                    help="write labels/<image stem>.txt of the detections: class xc yc w h, normalised (YOLO format)")
     g.add_argument("--save-conf", "--save_conf", dest="save_conf", action="store_true",
                    help="add each box's confidence to the --save-txt lines")
+    g.add_argument("--verbose", action="store_true",
+                   help="print every class's row of the table (default: only under 50 classes)")
+    g.add_argument("--noplots", action="store_true",
+                   help="no confusion_matrix.png, PR/F1/P/R_curve.png in the results directory")
     add_ppdet_flags(p, "eval")
     return p
 
@@ -105,10 +108,11 @@ def run(args) -> int:
     if args.save_dir_wanted:
         stem = Path(model.weights).stem if model.weights else "model"
         outputs = ValOutputs(Path(args.project or "runs/val"), args.name or "exp", args.exist_ok, args.save_txt,
-                             args.save_conf, f"{stem}_predictions.json" if args.save_json is True else None)
+                             args.save_conf, f"{stem}_predictions.json" if args.save_json is True else None,
+                             plots=not args.noplots)
     metrics_file = args.save_json if isinstance(args.save_json, str) else None
     result = evaluate(model.config, overrides(args), model.weights, metrics_file, edit=val_edit(args, model),
-                      outputs=outputs)
+                      outputs=outputs, verbose=args.verbose)
     if dist.is_main():
         if outputs is not None:
             print(f"Results saved to {result['save_dir']}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """Distributed COCO evaluation: each rank predicts its shard, rank 0 scores all of it once with pycocotools (and,
-as the config asks, prints the per-category AP table, writes bbox.json, or only writes it)."""
+as the config asks, prints the per-category AP table, writes bbox.json, or only writes it) and computes YOLOv5's
+diagnostics of the same detections (engine.diagnostics: P, R, the per-class table, the confusion matrix)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,15 @@ class EvalResult:
     class_maps: list[float] | None = None   # mAP50-95 per class id (YOLOv5's maps; --image-weights reads it)
     class_ap: dict[str, float] | None = None   # classwise: AP (IoU 0.50:0.95) per category name
     predictions: str | None = None             # where bbox.json was written (output_eval, save_prediction_only)
+    precision: float | None = None   # YOLOv5's P and R: the means over classes at the max-mean-F1 confidence
+    recall: float | None = None
 
     def as_dict(self) -> dict:
         out = {"mAP50": self.mAP50, "mAP50_95": self.mAP50_95, "images": self.images,
                "seconds": round(self.seconds, 3),
                "per_rank_images_per_s": [round(v, 3) for v in self.per_rank_images_per_s]}
+        if self.precision is not None:
+            out["precision"], out["recall"] = round(self.precision, 5), round(self.recall, 5)
         if self.class_ap is not None:
             out["class_AP"] = {k: (None if math.isnan(v) else round(v, 4)) for k, v in self.class_ap.items()}
         if self.predictions is not None:
@@ -85,6 +90,8 @@ class CocoEvaluator:
         self.last_pr = None   # rank 0: the PR curve of the last scoring (engine.plots.PRCurve)
         self.last_class_maps: list[float] | None = None   # rank 0: mAP50-95 per class id of the last scoring
         self.last_class_ap: dict[str, float] = {}          # rank 0: AP per category name of the last scoring
+        self.last_diagnostics = None   # rank 0: engine.diagnostics.Diagnostics of the last scoring (every rank's)
+        self.table = "all"   # what evaluate() prints of YOLOv5's table: "all" (its row), "classes" (all rows), None
 
     def predict(self, model) -> tuple[list[dict], int, float]:
         """This rank's detections in COCO json form, the number of images, and the seconds taken."""
@@ -128,6 +135,11 @@ class CocoEvaluator:
                 m50_95, m50, summary = self.score(all_dets)
                 result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary,
                                     self.last_class_maps, predictions=written)
+                diag = self.last_diagnostics = self.diagnose(all_dets)
+                means = diag.means()
+                result.precision, result.recall = means["precision"], means["recall"]
+                if self.table:
+                    _say(diag.table(per_class=self.table == "classes" and len(diag.names) > 1))
                 if self.cfg.get("classwise"):
                     result.class_ap = self.last_class_ap
                     _say(classwise_table(self.last_class_ap))
@@ -148,15 +160,48 @@ class CocoEvaluator:
         atomic_write_text(path, json.dumps([{k: d[k] for k in keys} for d in detections]) + "\n")
         return str(path)
 
+    def diagnose(self, detections: list[dict]):
+        """YOLOv5's diagnostics (engine.diagnostics) of every rank's detections against the labels of every image
+        of the eval set (crowd boxes left out: YOLOv5 has none), class ids as the model numbers them."""
+        import numpy as np
+
+        from ppmulti.rank.engine.diagnostics import diagnose
+
+        gt = self._gt()
+        catid2clsid = self.dataset.catid2clsid
+        cats = {c["id"]: c["name"] for c in gt.loadCats(gt.getCatIds())}
+        names = [str(cats.get(self.clsid2catid.get(i), i)) for i in range(max(catid2clsid.values(), default=-1) + 1)]
+        by_image: dict[int, list] = {}
+        for d in detections:
+            if d["category_id"] in catid2clsid:
+                x, y, w, h = d["bbox"]
+                by_image.setdefault(int(d["image_id"]), []).append(
+                    [x, y, x + w, y + h, d["score"], catid2clsid[d["category_id"]]])
+        images = []
+        for record in self.dataset.roidbs:
+            im_id = int(np.asarray(record["im_id"]).reshape(-1)[0])
+            labels = [[catid2clsid[a["category_id"]], *a["bbox"][:2], a["bbox"][0] + a["bbox"][2],
+                       a["bbox"][1] + a["bbox"][3]] for a in gt.loadAnns(gt.getAnnIds(imgIds=[im_id]))
+                      if not a.get("iscrowd") and a["category_id"] in catid2clsid]
+            images.append((np.asarray(by_image.get(im_id, []), dtype=np.float64).reshape(-1, 6),
+                           np.asarray(labels, dtype=np.float64).reshape(-1, 5)))
+        return diagnose(images, names)
+
+    def _gt(self):
+        if self._coco_gt is None:
+            from pycocotools.coco import COCO
+
+            with contextlib.redirect_stdout(io.StringIO()):
+                self._coco_gt = COCO(self.anno_file)
+        return self._coco_gt
+
     def score(self, detections: list[dict]) -> tuple[float, float, str]:
         """(mAP50-95, mAP50, printed summary) of detections against the annotation file."""
-        from pycocotools.coco import COCO
         from pycocotools.cocoeval import COCOeval
 
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            if self._coco_gt is None:
-                self._coco_gt = COCO(self.anno_file)
+            self._gt()
             self.last_pr = None
             self.last_class_maps = None
             self.last_class_ap = {c["name"]: float("nan") for c in self._coco_gt.loadCats(self._coco_gt.getCatIds())}

@@ -62,10 +62,12 @@ class ValOutputs:
     save_txt: bool = False
     save_conf: bool = False
     predictions: str | None = None
+    plots: bool = True   # confusion_matrix.png, PR/F1/P/R_curve.png (off: --noplots)
 
 
 def evaluate(config: str, overrides: list[str], weights: str | None, save_json: str | None = None,
-             edit: Callable[[Any], None] | None = None, outputs: ValOutputs | None = None) -> dict:
+             edit: Callable[[Any], None] | None = None, outputs: ValOutputs | None = None,
+             verbose: bool = False) -> dict:
     """COCO bbox mAP of the weights on the config's EvalDataset (sharded across ranks when launched); ``edit``
     changes the loaded config first (tools/eval.py's YOLOv5 val.py flags); ``outputs``: what rank 0 writes
     into a results directory (its path in the result as ``save_dir``)."""
@@ -78,6 +80,8 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
         setup_cpu_ops(model)
     config_mod.check_dataset(cfg, "EvalDataset")
     evaluator = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0))
+    # YOLOv5 val.py's table: every class's row under 50 classes or with --verbose, else the 'all' row
+    evaluator.table = "classes" if verbose or len(evaluator.dataset.catid2clsid) < 50 else "all"
     result = evaluator.evaluate(model).as_dict()
     if save_json and dist.is_main():
         atomic_write_text(save_json, json.dumps(result, indent=2) + "\n")
@@ -97,6 +101,12 @@ def write_val_outputs(evaluator, result: dict, outputs: ValOutputs) -> Path:
     detections = [{k: d[k] for k in keys} for d in evaluator.last_detections]
     if outputs.predictions:
         atomic_write_text(save_dir / outputs.predictions, json.dumps(detections) + "\n")
+    if outputs.plots and evaluator.last_diagnostics is not None:
+        from ppmulti.rank.engine.plots import PR_PNG, plot_diagnostics, plot_pr
+
+        if evaluator.last_pr is not None:
+            plot_pr(evaluator.last_pr, save_dir / PR_PNG)
+        plot_diagnostics(evaluator.last_diagnostics, save_dir)
     if outputs.save_txt:
         import numpy as np
 

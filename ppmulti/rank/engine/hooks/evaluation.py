@@ -23,18 +23,31 @@ class EvaluationHook(Hook):
         last = stats.epoch + 1 == epochs
         if not ((trainer.opts.validate and (stats.epoch + 1) % snapshot == 0) or last):
             return
+        self.table = "classes" if last else "all"   # YOLOv5 prints every class's row after the last epoch
         result = self.evaluate(trainer)
+        self.table_done = last
         stats.metrics = result.as_dict()
         stats.pr_curve = self.evaluator.last_pr
         trainer.last_metrics = stats.metrics
         trainer.class_maps = getattr(result, "class_maps", None)   # per-class mAP50-95 (--image-weights)
+        trainer.last_diagnostics = getattr(self.evaluator, "last_diagnostics", None)   # rank 0 (PlotsHook)
+
+    def after_train(self, trainer) -> None:
+        """A run stopped early (--patience) ends with the per-class table of its last evaluation too."""
+        diag = getattr(self.evaluator, "last_diagnostics", None)
+        if diag is not None and not getattr(self, "table_done", True):
+            from ppmulti.rank.engine.evaluator import _say
+
+            _say(diag.table(per_class=len(diag.names) > 1))
 
     def evaluate(self, trainer):
-        """Score the inference weights (EMA's when on) and put the trained weights back."""
+        """Score the inference weights (EMA's when on) and put the trained weights back; rank 0 prints YOLOv5's
+        table as ``self.table`` asks (CocoEvaluator.table)."""
         from ppmulti.rank.engine.evaluator import CocoEvaluator
 
         if self.evaluator is None:
             self.evaluator = CocoEvaluator(trainer.cfg, worker_num=trainer.cfg.get("worker_num", 0))
+        self.evaluator.table = getattr(self, "table", "all")
         model = trainer.model
         raw = None
         if getattr(trainer, "ema", None) is not None:

@@ -1,4 +1,5 @@
-"""results.png and PR_curve.png, drawn by rank 0 on evaluated epochs."""
+"""results.png and PR_curve.png, drawn by rank 0 on evaluated epochs; YOLOv5's confusion matrix and F1, P, R curves
+of the last evaluation at the end."""
 
 from __future__ import annotations
 
@@ -28,6 +29,15 @@ class PlotsHook(Hook):
             from ppmulti.rank.engine.plots import PR_PNG, plot_pr
 
             self._guard(plot_pr, curve, Path(trainer.run_dir) / PR_PNG)
+
+    def after_train(self, trainer) -> None:
+        """confusion_matrix.png, F1_curve.png, P_curve.png, R_curve.png of the run's last evaluation (every rank's
+        images), drawn once, as YOLOv5 draws them after its final validation."""
+        diag = getattr(trainer, "last_diagnostics", None)
+        if dist.is_main() and diag is not None:
+            from ppmulti.rank.engine.plots import plot_diagnostics
+
+            self._guard(plot_diagnostics, diag, Path(trainer.run_dir))
 
     def _results(self, trainer) -> None:
         from ppmulti.rank.engine.plots import RESULTS_PNG, plot_results

@@ -13,6 +13,10 @@ from ppmulti.rank import dist
 from ppmulti.rank.engine.hooks.base import Hook
 
 RESULT_FIELDS = ["epoch", "loss", "lr", "mAP50", "mAP50_95", "images_per_s", "epoch_seconds"]
+# YOLOv5's names, filled on evaluated epochs: P and R at the max-mean-F1 confidence (every family), and the
+# validation losses where the family's loss has YOLOv5's three parts (its model's loss_box, loss_obj, loss_cls)
+EVAL_FIELDS = {"precision": "metrics/precision", "recall": "metrics/recall"}
+VAL_LOSS_FIELDS = {"loss_box": "val/box_loss", "loss_obj": "val/obj_loss", "loss_cls": "val/cls_loss"}
 
 
 class ResultsHook(Hook):
@@ -39,6 +43,12 @@ class ResultsHook(Hook):
         if stats.metrics:
             row["mAP50"] = f"{stats.metrics['mAP50']:.5f}"
             row["mAP50_95"] = f"{stats.metrics['mAP50_95']:.5f}"
+        for key, column in EVAL_FIELDS.items():
+            row[column] = "" if not stats.metrics or stats.metrics.get(key) is None else f"{stats.metrics[key]:.5f}"
+        val_losses = (stats.metrics or {}).get("val_losses") or {}
+        for key, column in VAL_LOSS_FIELDS.items():
+            if key in val_losses:
+                row[column] = f"{val_losses[key]:.5f}"
         self.rows.append(row)
         fields = list(RESULT_FIELDS)
         for r in self.rows:
