@@ -598,6 +598,44 @@ def paddle_to_onnx(model_dir: Path | str, opset: int) -> bytes:
     return data
 
 
+def paddle_half_unavailable(version: tuple[int, ...] | None = None, cuda: bool | None = None) -> str | None:
+    """Why this Paddle (``version``, a CUDA build or not; default: the installed one) cannot write a float16
+    inference model, or None where ``paddle_model_to_half`` can. Paddle 3 writes PIR programs (``model.json``),
+    which its ``convert_to_mixed_precision`` cannot parse ("Failed to parse program_desc"); its GPU predictor
+    turns a float32 model to FP16 as it loads it. Paddle 2.6's converts ``model.pdmodel`` for a GPU only, and only
+    a CUDA build does it (a CPU build logs an error and writes the weights float32); no CPU build has float16
+    kernels for conv2d, sigmoid or batch_norm, so nothing float16 runs on a CPU (both seen, 2.6.2 and 3.3.1)."""
+    if paddle3(version):
+        return ("Paddle 3 keeps inference models float32 (model.json) and runs them in FP16 on a GPU as the "
+                "predictor loads them: paddle.inference.Config.enable_use_gpu(256, 0, PrecisionType.Half)")
+    if cuda is None:
+        import paddle
+
+        cuda = paddle.is_compiled_with_cuda()
+    if not cuda:
+        return ("Paddle 2.6 converts a model to float16 only in a GPU build (paddlepaddle-gpu), for a GPU; "
+                "Paddle's CPU kernels have no float16 convolution")
+    return None
+
+
+def paddle_model_to_half(model_dir: Path | str) -> None:
+    """Rewrite the Paddle 2.6 inference model in ``model_dir`` (``model.pdmodel`` + ``model.pdiparams``) in
+    float16 for a GPU with ``paddle.inference.convert_to_mixed_precision`` (CUDA builds; see
+    ``paddle_half_unavailable``): float16 weights and ops where the GPU has float16 kernels, float32 inputs and
+    outputs (``keep_io_types``), so the same preprocessing feeds it."""
+    import tempfile
+
+    import paddle.inference as pi
+
+    model_dir = Path(model_dir)
+    names = (exported_program_name(), "model.pdiparams")
+    with tempfile.TemporaryDirectory(prefix=".half-", dir=model_dir) as tmp:
+        pi.convert_to_mixed_precision(*(str(model_dir / n) for n in names), *(str(Path(tmp) / n) for n in names),
+                                      pi.PrecisionType.Half, pi.PlaceType.GPU, True)
+        for name in names:
+            os.replace(Path(tmp) / name, model_dir / name)
+
+
 def set_num_threads(threads: int) -> None:
     """OpenMP and MKL threads of this process: Paddle 2.6.2 has no public API for it, only
     ``paddle.base.core.set_num_threads`` (``paddle.fluid.core`` before Paddle 2.5)."""
