@@ -120,6 +120,9 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
                    help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
                         "the same command resumes; ppmulti evolve runs one worker per device")
+    g.add_argument("--storage", default=None, metavar="URL",
+                   help="with --evolve: Optuna storage of the population (default sqlite:///PROJECT/NAME/evolve.db; "
+                        "postgresql://user@host/db shares it across machines)")
 
 
 def reject_unknown(extra: list[str]) -> None:
