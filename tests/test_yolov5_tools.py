@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, one_line_error, run_tool
 
 from ppmulti.common.errors import UserError
-from ppmulti.rank.engine import detect, labels
+from ppmulti.rank.engine import detect, labels, sources
 
 
 def _tool(name: str):
@@ -31,19 +31,20 @@ def test_detect_flags_as_yolov5_spells_them():
         ["--weights", "w.pdparams", "--source", "imgs", "--img", "320", "--conf-thres", "0.4", "--iou-thres", "0.5",
          "--max-det", "50", "--classes", "0", "2", "--agnostic-nms", "--save-txt", "--save-conf", "--nosave",
          "--line-thickness", "1", "--hide-labels", "--hide-conf", "--project", "p", "--name", "n", "--exist-ok",
-         "--device", "cpu"])
+         "--device", "cpu", "--save-crop", "--save-csv", "--vid-stride", "3"])
     got = {k: getattr(args, k) for k in ("weights", "source", "imgsz", "conf_thres", "iou_thres", "max_det",
                                          "classes", "agnostic_nms", "save_txt", "save_conf", "nosave",
                                          "line_thickness", "hide_labels", "hide_conf", "project", "name", "exist_ok",
-                                         "use_gpu")}
+                                         "use_gpu", "save_crop", "save_csv", "vid_stride")}
     assert got == {"weights": "w.pdparams", "source": "imgs", "imgsz": 320, "conf_thres": 0.4, "iou_thres": 0.5,
                    "max_det": 50, "classes": [0, 2], "agnostic_nms": True, "save_txt": True, "save_conf": True,
                    "nosave": True, "line_thickness": 1, "hide_labels": True, "hide_conf": True, "project": "p",
-                   "name": "n", "exist_ok": True, "use_gpu": False}
+                   "name": "n", "exist_ok": True, "use_gpu": False, "save_crop": True, "save_csv": True,
+                   "vid_stride": 3}
     defaults = _tool("detect").parse(["--weights", "w.onnx"])   # YOLOv5 detect.py's defaults
     assert (defaults.source, defaults.imgsz, defaults.conf_thres, defaults.iou_thres, defaults.max_det,
-            defaults.project, defaults.name, defaults.line_thickness) == \
-        ("data/images", None, 0.25, 0.45, 1000, "runs/detect", "exp", 3)
+            defaults.project, defaults.name, defaults.line_thickness, defaults.vid_stride, defaults.save_crop,
+            defaults.save_csv) == ("data/images", None, 0.25, 0.45, 1000, "runs/detect", "exp", 3, 1, False, False)
     assert _tool("detect").parse(["--weights", "w", "--imgsz", "64", "64"]).imgsz == 64
 
 
@@ -51,7 +52,7 @@ def test_detect_flags_as_yolov5_spells_them():
     (["--source", "x.jpg"], "no weights given"),
     (["--weights", "w", "--view-img"], "--view-img is a YOLOv5 detect.py flag that ppmulti does not support"),
     (["--weights", "w", "--half"], "--half is a YOLOv5 detect.py flag"),
-    (["--weights", "w", "--vid-stride", "2"], "--vid-stride is a YOLOv5 detect.py flag"),
+    (["--weights", "w", "--vid-stride", "0"], "--vid-stride 0: use a value of at least 1"),
     (["--weights", "w", "--imgsz", "640", "480"], "square inputs only"),
     (["--weights", "w", "--conf-thres", "2"], "--conf-thres 2.0: use a value in [0, 1]"),
     (["--weights", "w", "--classes", "-1"], "class indices start at 0"),
@@ -123,29 +124,32 @@ def test_sources_a_file_a_folder_a_glob_and_a_list(tmp_path, monkeypatch):
         (tmp_path / name).write_bytes(b"x")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "d.bmp").write_bytes(b"x")
-    assert detect.resolve_source(str(tmp_path / "b.jpg")) == [tmp_path / "b.jpg"]
-    assert detect.resolve_source(str(tmp_path)) == [tmp_path / n for n in ("a.png", "b.jpg", "c.JPEG")]
-    assert detect.resolve_source(str(tmp_path / "*.jpg")) == [tmp_path / "b.jpg"]
-    assert detect.resolve_source(str(tmp_path / "**" / "*.bmp")) == [tmp_path / "sub" / "d.bmp"]
+
+    def images(text):
+        return sources.resolve_source(text).images
+
+    assert images(str(tmp_path / "b.jpg")) == [tmp_path / "b.jpg"]
+    assert images(str(tmp_path)) == [tmp_path / n for n in ("a.png", "b.jpg", "c.JPEG")]
+    assert images(str(tmp_path / "*.jpg")) == [tmp_path / "b.jpg"]
+    assert images(str(tmp_path / "**" / "*.bmp")) == [tmp_path / "sub" / "d.bmp"]
     listing = tmp_path / "list.txt"
     listing.write_text(f"{tmp_path / 'a.png'}\nsub/d.bmp\n\n")   # absolute, and relative to the list's folder
     monkeypatch.chdir(REPO)
-    assert detect.resolve_source(str(listing)) == [tmp_path / "a.png", tmp_path / "sub" / "d.bmp"]
+    assert images(str(listing)) == [tmp_path / "a.png", tmp_path / "sub" / "d.bmp"]
 
 
 @pytest.mark.parametrize("source, message", [
-    ("0", "a webcam, screen or stream list"), ("screen", "a webcam"), ("list.streams", "a webcam"),
-    ("rtsp://cam/1", "a URL or stream"), ("https://x/y.jpg", "a URL or stream"),
-    ("{tmp}/clip.mp4", "clip.mp4 is a video; ppmulti's detect reads image files only"),
-    ("{tmp}", "b.avi and 1 more are videos"), ("{tmp}/none", "no such file or folder"),
-    ("{tmp}/*.md", "no images"), ("{tmp}/bad.txt", "1 listed paths are not files"),
+    ("screen", "screen capture and .streams lists are not supported"), ("list.streams", "pass one stream URL"),
+    ("https://x/y.jpg", "an image URL; download the image"),
+    ("{tmp}/none", "no such file or folder"), ("{tmp}/*.md", "no images .* or videos"),
+    ("{tmp}/bad.txt", "1 listed paths are not files"),
 ])
 def test_sources_refused_by_name(tmp_path, source, message):
     for name in ("clip.mp4", "b.avi", "x.jpg", "notes.md"):
         (tmp_path / name).write_bytes(b"x")
     (tmp_path / "bad.txt").write_text("missing.jpg\n")
     with pytest.raises(UserError, match=message):
-        detect.resolve_source(source.format(tmp=tmp_path))
+        sources.resolve_source(source.format(tmp=tmp_path))
 
 
 # ----------------------------------------------------------------------------- NMS and labels (golden)
@@ -194,7 +198,7 @@ def test_bad_input_is_one_line(tmp_path):
         (["tools/detect.py", "--weights", str(tmp_path / "none.onnx"), "--source", str(tmp_path / "x.jpg")],
          ["none.onnx: file not found"]),
         (["tools/detect.py", "--weights", "w.pdparams", "--source", str(tmp_path / "clip.mp4")],
-         ["clip.mp4 is a video"]),
+         ["clip.mp4 cannot be opened: the file is damaged"]),
         (["tools/export.py", "--weights", "w.pdparams", "--include", "tflite"], ["--include tflite"]),
         (["tools/val.py", "--weights", str(tmp_path / "none.pdparams"), "--data", "d.yaml"],
          ["none.pdparams: file not found"]),

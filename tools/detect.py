@@ -1,5 +1,6 @@
 """Detect objects as YOLOv5's detect.py does: `python tools/detect.py --weights RUN/weights/best.pdparams (or
-best.onnx) --source IMAGES`, annotated images and YOLO-format labels in runs/detect/exp*."""
+best.onnx) --source IMAGES|VIDEO|URL|0`, annotated images and videos, YOLO-format labels, crops and a CSV in
+runs/detect/exp*."""
 
 import argparse
 import sys
@@ -13,10 +14,8 @@ from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra, squa
 
 # YOLOv5 detect.py flags without an equivalent here; each is refused by name rather than ignored.
 UNSUPPORTED = {
-    "--view-img": "showing results in a window", "--save-csv": "a CSV of the detections (use --save-txt)",
-    "--save-crop": "cropped boxes", "--augment": "test-time augmentation", "--visualize": "feature maps",
+    "--view-img": "showing results in a window", "--augment": "test-time augmentation", "--visualize": "feature maps",
     "--update": "stripping optimizers from .pt files", "--half": "FP16 inference", "--dnn": "OpenCV DNN for ONNX",
-    "--vid-stride": "videos (images only)",
     "--data": "class names from a data yaml (they come from the weights' run, its config.yml)",
 }
 
@@ -30,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
             action.help = ("a .pdparams file, a run directory (weights/best) or a .onnx file exported by "
                            "tools/export.py; the model comes from the weights' run (its config.yml) unless -c")
     p.add_argument("--source", default="data/images",
-                   help="an image, a folder, a glob ('imgs/*.jpg') or a .txt file of image paths "
-                        "(videos, streams and webcams are refused; default: data/images)")
+                   help="an image or video file, a folder, a glob ('imgs/*.jpg'), a .txt file of paths, a stream "
+                        "URL (rtsp://, rtmp://, http(s)://) or a webcam index (0) (default: data/images)")
     p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", nargs="+", type=int,
                    help="inference size in pixels, square, a multiple of 32 (default: the run's; an ONNX file's "
                         "own size)")
@@ -46,7 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write labels/<image stem>.txt: class xc yc w h, normalised (YOLO format)")
     p.add_argument("--save-conf", "--save_conf", dest="save_conf", action="store_true",
                    help="add each box's confidence to the --save-txt lines")
-    p.add_argument("--nosave", action="store_true", help="do not write annotated images")
+    p.add_argument("--save-crop", "--save_crop", dest="save_crop", action="store_true",
+                   help="write each box's part of the image to crops/CLASS/NAME.jpg")
+    p.add_argument("--save-csv", "--save_csv", dest="save_csv", action="store_true",
+                   help="write predictions.csv: Image Name, Prediction, Confidence (one row per box)")
+    p.add_argument("--nosave", action="store_true", help="do not write annotated images and videos")
+    p.add_argument("--vid-stride", "--vid_stride", dest="vid_stride", type=int, default=1,
+                   help="detect on every Nth frame of a video or stream (default 1)")
     p.add_argument("--classes", nargs="+", type=int, help="keep these class indices only: --classes 0 2 3")
     p.add_argument("--agnostic-nms", "--agnostic_nms", dest="agnostic_nms", action="store_true",
                    help="NMS across classes")
@@ -72,8 +77,9 @@ def parse(argv) -> argparse.Namespace:
                         "exported .onnx)")
     for flag, value, low, high in (("--conf-thres", args.conf_thres, 0.0, 1.0),
                                    ("--iou-thres", args.iou_thres, 0.0, 1.0),
-                                   ("--max-det", args.max_det, 1, None), ("--line-thickness", args.line_thickness, 1,
-                                                                           None)):
+                                   ("--max-det", args.max_det, 1, None),
+                                   ("--line-thickness", args.line_thickness, 1, None),
+                                   ("--vid-stride", args.vid_stride, 1, None)):
         if value < low or (high is not None and value > high):
             raise UserError(f"{flag} {value}: use a value {'in [0, 1]' if high else f'of at least {low}'}")
     args.imgsz = square_size(args.imgsz)
@@ -93,8 +99,19 @@ def is_onnx(weights: str) -> bool:
 
 
 def run(args) -> int:
-    images = _images(args.source)
+    from ppmulti.rank.engine.sources import resolve_source
+
+    source = resolve_source(args.source)   # names checked before anything heavy is imported
     check_stack()   # one line about a broken install, before ppdet is imported
+    from ppmulti.rank.engine.sources import FrameReader
+
+    with FrameReader(source, args.vid_stride) as frames:   # sources opened before the model loads; closed on exit
+        if frames.stream_info:
+            print(frames.stream_info, file=sys.stderr)
+        return _detect(args, frames)
+
+
+def _detect(args, frames) -> int:
     from ppmulti.common.rundir import new_run_dir
     from ppmulti.rank.engine.detect import DetectOptions, NmsOptions, OnnxBackend, PaddleBackend, run_detect
     from ppmulti.rank.eval_setup import detect_edit, resolve_model, resolve_onnx_model
@@ -120,20 +137,21 @@ def run(args) -> int:
     opts = DetectOptions(NmsOptions(args.conf_thres, args.iou_thres, tuple(args.classes) if args.classes else None,
                                     args.agnostic_nms, args.max_det),
                          save_dir, save_img=not args.nosave, save_txt=args.save_txt, save_conf=args.save_conf,
-                         line_thickness=args.line_thickness, hide_labels=args.hide_labels, hide_conf=args.hide_conf)
-    counts = run_detect(backend, images, opts)
-    print(f"{counts['images']} images, {counts['detections']} detections in {counts['seconds']:.1f}s", file=sys.stderr)
+                         save_crop=args.save_crop, save_csv=args.save_csv, line_thickness=args.line_thickness,
+                         hide_labels=args.hide_labels, hide_conf=args.hide_conf)
+    counts = run_detect(backend, frames, opts)
+    parts = [f"{counts['images']} images"] if counts["images"] or not (counts["video_frames"] or
+                                                                        counts["stream_frames"]) else []
+    parts += [f"{counts[k]} {what} frames" for k, what in (("video_frames", "video"), ("stream_frames", "stream"))
+              if counts[k]]
+    print(f"{', '.join(parts)}, {counts['detections']} detections in {counts['seconds']:.1f}s", file=sys.stderr)
+    for path, written in counts["videos"]:
+        print(f"{written} frames written to {path}", file=sys.stderr)
     if args.save_txt:
         written = len(list((save_dir / "labels").glob("*.txt")))
         print(f"{written} labels saved to {save_dir / 'labels'}", file=sys.stderr)
     print(f"Results saved to {save_dir}")
-    return 0
-
-
-def _images(source: str):
-    from ppmulti.rank.engine.detect import resolve_source
-
-    return resolve_source(source)
+    return 130 if counts["interrupted"] else 0   # the shell's code for a run stopped by Ctrl-C
 
 
 def main(argv=None) -> int:

@@ -1,64 +1,25 @@
-"""YOLOv5 detect.py's behaviour: image sources, one NMS for Paddle and ONNX weights, label files, annotated images."""
+"""YOLOv5 detect.py's behaviour: one NMS for Paddle and ONNX weights on every frame of a source (images, videos,
+streams), label files, crops, a CSV, annotated images and videos."""
 
 from __future__ import annotations
 
-import glob
+import csv
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from ppmulti.common.errors import UserError
-from ppmulti.common.paths import IMAGE_SUFFIXES
 from ppmulti.rank.engine.labels import clip_boxes, label_lines
+from ppmulti.rank.engine.sources import Frame
 
 log = logging.getLogger("ppmulti")
 
-VIDEO_SUFFIXES = (".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv")
-STREAM_PREFIXES = ("rtsp://", "rtmp://", "http://", "https://")
 MAX_WH = 7680        # class offset for batched NMS: larger than any image side
 MAX_NMS = 30000      # candidates kept for NMS, by score (YOLOv5's cap)
-IMAGES_ONLY = "ppmulti's detect reads image files only (a file, a folder, a glob or a .txt list of paths)"
-
-
-# ----------------------------------------------------------------------------- sources
-
-
-def resolve_source(source: str) -> list[Path]:
-    """YOLOv5's ``--source`` as a list of images: a file, a folder, a glob, or a .txt file of paths (one per line,
-    relative to the current directory or to the list's folder). Webcams, streams, URLs and videos are refused by
-    name."""
-    text = str(source).strip()
-    if text.isnumeric() or text == "screen" or text.lower().endswith(".streams"):
-        raise UserError(f"--source {text}: a webcam, screen or stream list; {IMAGES_ONLY}")
-    if text.lower().startswith(STREAM_PREFIXES):
-        raise UserError(f"--source {text}: a URL or stream; {IMAGES_ONLY} (download the images first)")
-    path = Path(text)
-    if path.suffix.lower() == ".txt" and path.is_file():
-        entries = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-        files = [p if p.exists() else path.parent / p for p in map(Path, entries)]
-        missing = [str(p) for p in files if not p.is_file()]
-        if missing:
-            raise UserError(f"--source {text}: {len(missing)} listed paths are not files, e.g. {missing[0]}")
-    elif "*" in text or "?" in text:
-        files = [Path(p) for p in sorted(glob.glob(text, recursive=True)) if Path(p).is_file()]
-    elif path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-    elif path.is_file():
-        files = [path]
-    else:
-        raise UserError(f"--source {text}: no such file or folder")
-    videos = [p for p in files if p.suffix.lower() in VIDEO_SUFFIXES]
-    if videos:
-        what = f"{videos[0]} and {len(videos) - 1} more are videos" if len(videos) > 1 else f"{videos[0]} is a video"
-        raise UserError(f"--source {text}: {what}; {IMAGES_ONLY}")
-    images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
-    if not images:
-        raise UserError(f"--source {text}: no images ({'/'.join(IMAGE_SUFFIXES)}) found")
-    return images
 
 
 # ----------------------------------------------------------------------------- post-processing
@@ -163,24 +124,43 @@ def draw(img, dets: np.ndarray, names: dict[int, str], thickness: int, hide_labe
 
 @dataclass
 class Prediction:
-    """One image's model outputs: raw (``boxes`` [N, 4], ``scores`` [C, N]) or after NMS (``dets`` [K, 6])."""
+    """One frame's model outputs: raw (``boxes`` [N, 4], ``scores`` [C, N]) or after NMS (``dets`` [K, 6])."""
 
-    path: Path
     boxes: np.ndarray | None = None
     scores: np.ndarray | None = None
     dets: np.ndarray | None = None
 
 
-def _feeds(cfg, images: Sequence[Path]) -> Iterator[tuple[Path, dict]]:
-    """The images through the config's TestReader, one at a time: (path, batch of arrays and tensors)."""
-    from ppdet.core.workspace import create
+class FrameFeeder:
+    """The config's TestReader pre-processing on a decoded frame: its sample transforms after ``Decode`` (the frame
+    comes decoded, as ``Decode`` leaves an image: RGB with its size), then its batch transforms, one frame a batch.
+    The same arrays as the TestReader makes from an image file."""
 
-    dataset = create("TestDataset")()
-    dataset.set_images([str(p) for p in images])
-    loader = create("TestReader")(dataset, 0)
-    imid2path = dataset.get_imid2path()
-    for data in loader:
-        yield Path(imid2path[int(data["im_id"].numpy().reshape(-1)[0])]), data
+    def __init__(self, cfg):
+        from ppdet.data.reader import BatchCompose, Compose
+
+        reader = cfg["TestReader"]
+        sample = list(reader.get("sample_transforms") or [])
+        first = next(iter(sample[0])) if sample else None
+        if first != "Decode":
+            raise UserError(f"TestReader.sample_transforms starts with {first or 'nothing'}, not Decode: detect feeds "
+                            f"decoded frames after Decode; put Decode first in the config")
+        num_classes = int(cfg["num_classes"])
+        self.sample = Compose(sample[1:], num_classes=num_classes)
+        self.batch = BatchCompose(list(reader.get("batch_transforms") or []), num_classes,
+                                  bool(reader.get("collate_batch", True)))
+        self.count = 0
+
+    def __call__(self, bgr: np.ndarray) -> dict[str, np.ndarray]:
+        import cv2
+
+        image = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        height, width = image.shape[:2]
+        self.count += 1
+        sample = {"im_id": np.array([self.count]), "curr_iter": 0, "image": image, "h": height, "w": width,
+                  "im_shape": np.array([height, width], dtype=np.float32),
+                  "scale_factor": np.array([1.0, 1.0], dtype=np.float32)}
+        return self.batch([self.sample(sample)])
 
 
 class PaddleBackend:
@@ -191,14 +171,15 @@ class PaddleBackend:
 
         self.cfg, self.model = build_model(config, overrides, weights, edit)
         leave_nms_out(self.model)
+        self.feed = FrameFeeder(self.cfg)
 
-    def predict(self, images: Sequence[Path]) -> Iterator[Prediction]:
+    def predict(self, bgr: np.ndarray) -> Prediction:
         import paddle
 
+        data = {k: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in self.feed(bgr).items()}
         with paddle.no_grad():
-            for path, data in _feeds(self.cfg, images):
-                outs = self.model(data)
-                yield Prediction(path, boxes=outs["bbox"].numpy()[0], scores=outs["bbox_num"].numpy()[0])
+            outs = self.model(data)
+        return Prediction(boxes=outs["bbox"].numpy()[0], scores=outs["bbox_num"].numpy()[0])
 
 
 class OnnxBackend:
@@ -231,18 +212,20 @@ class OnnxBackend:
         self.size = height if isinstance(height, int) and height == width else None
         outputs = self.session.get_outputs()
         self.nms_inside = len(outputs) == 2 and len(outputs[0].shape) == 2
+        self.inputs = [i.name for i in self.session.get_inputs()]
         self.cfg = config_mod.load(config, overrides)
         edit(self.cfg)
+        self._feed: FrameFeeder | None = None   # built at the first frame: tools/detect.py edits cfg after this
 
-    def predict(self, images: Sequence[Path]) -> Iterator[Prediction]:
-        wanted = [i.name for i in self.session.get_inputs()]
-        for path, data in _feeds(self.cfg, images):
-            feed = {name: data[name].numpy().astype(np.float32) for name in wanted}
-            first, second = self.session.run(None, feed)
-            if self.nms_inside:
-                yield Prediction(path, dets=first)
-            else:
-                yield Prediction(path, boxes=first[0], scores=second[0])
+    def feed(self, bgr: np.ndarray) -> dict[str, np.ndarray]:
+        if self._feed is None:
+            self._feed = FrameFeeder(self.cfg)
+        return self._feed(bgr)
+
+    def predict(self, bgr: np.ndarray) -> Prediction:
+        data = self.feed(bgr)
+        first, second = self.session.run(None, {name: data[name].astype(np.float32) for name in self.inputs})
+        return Prediction(dets=first) if self.nms_inside else Prediction(boxes=first[0], scores=second[0])
 
 
 # ----------------------------------------------------------------------------- the run
@@ -250,16 +233,100 @@ class OnnxBackend:
 
 @dataclass
 class DetectOptions:
-    """What to write: annotated images (unless ``nosave``), label files, their look."""
+    """What to write: annotated images and videos (unless ``nosave``), label files, crops, the CSV, their look."""
 
     nms: NmsOptions
     save_dir: Path
     save_img: bool = True
     save_txt: bool = False
     save_conf: bool = False
+    save_crop: bool = False
+    save_csv: bool = False
     line_thickness: int = 3
     hide_labels: bool = False
     hide_conf: bool = False
+
+
+CSV_NAME = "predictions.csv"
+CSV_COLUMNS = ("Image Name", "Prediction", "Confidence")   # YOLOv5's, one row per detection
+VIDEO_FOURCC = "mp4v"   # YOLOv5's codec for its .mp4 results
+CROP_GAIN, CROP_PAD = 1.02, 10   # YOLOv5's save_one_box: a crop a little larger than its box
+
+
+def crop_box(bgr: np.ndarray, box) -> np.ndarray:
+    """The part of a frame under one x1y1x2y2 box, grown as YOLOv5's save_one_box grows it (sides x1.02 + 10 px),
+    kept inside the frame."""
+    x1, y1, x2, y2 = (float(v) for v in box[:4])
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    w, h = (x2 - x1) * CROP_GAIN + CROP_PAD, (y2 - y1) * CROP_GAIN + CROP_PAD
+    height, width = bgr.shape[:2]
+    left, top = min(max(int(cx - w / 2), 0), width), min(max(int(cy - h / 2), 0), height)
+    right, bottom = min(max(int(cx + w / 2), 0), width), min(max(int(cy + h / 2), 0), height)
+    return bgr[top:bottom, left:right]
+
+
+class _VideoOut:
+    """One annotated video at a time (YOLOv5's vid_writer): NAME.mp4 with the frames' size and the source's rate,
+    written as a hidden partial file and renamed when complete, so a crash leaves no half-written NAME.mp4."""
+
+    def __init__(self):
+        self.item: str | None = None
+        self.writer = None
+        self.partial: Path | None = None
+        self.final: Path | None = None
+        self.written = 0
+        self.done: list[tuple[Path, int]] = []
+
+    def write(self, frame: Frame, image: np.ndarray, save_dir: Path) -> None:
+        import cv2
+
+        if frame.item != self.item:
+            self.close()
+            self.item = frame.item
+            self.final = save_dir / f"{frame.stem}.mp4"
+            self.partial = save_dir / f".{frame.stem}.partial.mp4"
+            height, width = image.shape[:2]
+            self.writer = cv2.VideoWriter(str(self.partial), cv2.VideoWriter_fourcc(*VIDEO_FOURCC),
+                                          frame.fps or 30.0, (width, height))
+            if not self.writer.isOpened():
+                raise UserError(f"{self.final}: OpenCV cannot write an {VIDEO_FOURCC} .mp4 here; pass --nosave to "
+                                f"write labels only")
+            self.written = 0
+        self.writer.write(image)
+        self.written += 1
+
+    def close(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.release()
+        self.writer = None
+        self.partial.replace(self.final)
+        self.done.append((self.final, self.written))
+
+
+class _Crops:
+    """crops/CLASS/NAME.jpg, NAME2.jpg, ... (YOLOv5's increment_path), numbers kept in memory, not re-listed."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.next: dict[Path, int] = {}
+
+    def save(self, bgr: np.ndarray, box, class_name: str, stem: str) -> None:
+        from PIL import Image
+
+        crop = crop_box(bgr, box)
+        if crop.size == 0:
+            return
+        base = self.root / class_name / f"{stem}.jpg"
+        n = self.next.get(base, 1)
+        while True:
+            path = base if n == 1 else base.with_name(f"{stem}{n}.jpg")
+            if not path.exists():
+                break
+            n += 1
+        self.next[base] = n + 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.ascontiguousarray(crop[..., ::-1])).save(path, quality=95, subsampling=0)
 
 
 def class_names(cfg) -> dict[int, str]:
@@ -274,37 +341,75 @@ def class_names(cfg) -> dict[int, str]:
     return {int(c): str(catid2name.get(cat, c)) for c, cat in clsid2catid.items()}
 
 
-def run_detect(backend, images: Sequence[Path], opts: DetectOptions) -> dict:
-    """Detect on every image, write what ``opts`` asks, log one line per image; returns counts."""
+def label_path(labels_dir: Path, frame: Frame) -> Path:
+    """YOLOv5's label file: labels/NAME.txt for an image, labels/NAME_FRAME.txt for a video's or a stream's frame."""
+    return labels_dir / (f"{frame.stem}.txt" if frame.mode == "image" else f"{frame.stem}_{frame.frame}.txt")
+
+
+def run_detect(backend, frames: Iterable[Frame], opts: DetectOptions) -> dict:
+    """Detect on every frame, write what ``opts`` asks, log one line per frame (YOLOv5's ``image 1/3 ...`` and
+    ``video 1/1 (frame 3/30) ...``); Ctrl-C stops it with everything written so far closed and kept. Returns
+    counts: images, video frames, stream frames, detections, seconds, videos written [(path, frames)], interrupted."""
     from PIL import Image
 
     names = class_names(backend.cfg)
     labels_dir = opts.save_dir / "labels"
     if opts.save_txt:
         labels_dir.mkdir(parents=True, exist_ok=True)
-    total = len(images)
-    tic = time.time()
-    found = 0
-    t0 = time.time()
-    for n, pred in enumerate(backend.predict(images), 1):
-        img = Image.open(pred.path).convert("RGB")
-        width, height = img.size
-        dets = nms_done(pred.dets, opts.nms) if pred.dets is not None else nms_raw(pred.boxes, pred.scores, opts.nms)
-        dets = clip_boxes(dets, width, height)
-        found += len(dets)
-        if opts.save_txt:
-            label = labels_dir / f"{pred.path.stem}.txt"
-            lines = label_lines(dets, width, height, opts.save_conf)
-            if lines:
-                label.write_text("\n".join(lines) + "\n")
-            elif label.exists():
-                label.unlink()   # --exist-ok into an earlier run: no stale boxes for an image with none now
-        if opts.save_img:
-            draw(img, dets, names, opts.line_thickness, opts.hide_labels, opts.hide_conf)
-            img.save(opts.save_dir / pred.path.name)
-        counts = np.unique(dets[:, 5].astype(int), return_counts=True) if len(dets) else ([], [])
-        what = ", ".join(f"{k} {names.get(int(c), c)}" for c, k in zip(*counts)) or "(no detections)"
-        log.info("image %d/%d %s: %dx%d %s, %.1fms", n, total, pred.path, width, height, what,
-                 (time.time() - t0) * 1000)   # reading, inference, NMS and writing
-        t0 = time.time()
-    return {"images": total, "detections": found, "seconds": round(time.time() - tic, 3)}
+    counts = {"image": 0, "video": 0, "stream": 0}
+    videos, crops = _VideoOut(), _Crops(opts.save_dir / "crops")
+    csv_file = csv_writer = None
+    if opts.save_csv:   # appended to, as YOLOv5 does (--exist-ok into an earlier run keeps its rows)
+        csv_path = opts.save_dir / CSV_NAME
+        fresh = not csv_path.is_file() or csv_path.stat().st_size == 0
+        csv_file = open(csv_path, "a", newline="")
+        csv_writer = csv.writer(csv_file)
+        if fresh:
+            csv_writer.writerow(CSV_COLUMNS)
+    found, interrupted = 0, False
+    tic = t0 = time.time()
+    try:
+        for frame in frames:
+            bgr = frame.image
+            height, width = bgr.shape[:2]
+            pred = backend.predict(bgr)
+            dets = nms_done(pred.dets, opts.nms) if pred.dets is not None else \
+                nms_raw(pred.boxes, pred.scores, opts.nms)
+            dets = clip_boxes(dets, width, height)
+            found += len(dets)
+            counts[frame.mode] += 1
+            if opts.save_txt:
+                label = label_path(labels_dir, frame)
+                lines = label_lines(dets, width, height, opts.save_conf)
+                if lines:
+                    label.write_text("\n".join(lines) + "\n")
+                elif label.exists():
+                    label.unlink()   # --exist-ok into an earlier run: no stale boxes for a frame with none now
+            if csv_writer is not None:
+                csv_writer.writerows((frame.name, names.get(int(d[5]), str(int(d[5]))), f"{d[4]:.2f}") for d in dets)
+                csv_file.flush()
+            if opts.save_crop:
+                for d in dets:
+                    crops.save(bgr, d, names.get(int(d[5]), str(int(d[5]))), frame.stem)
+            if opts.save_img:
+                img = Image.fromarray(np.ascontiguousarray(bgr[..., ::-1]))
+                draw(img, dets, names, opts.line_thickness, opts.hide_labels, opts.hide_conf)
+                if frame.mode == "image":
+                    img.save(opts.save_dir / frame.name)
+                else:
+                    videos.write(frame, np.ascontiguousarray(np.asarray(img)[..., ::-1]), opts.save_dir)
+            per_class = np.unique(dets[:, 5].astype(int), return_counts=True) if len(dets) else ([], [])
+            what = ", ".join(f"{k} {names.get(int(c), c)}" for c, k in zip(*per_class)) or "(no detections)"
+            log.info("%s: %dx%d %s, %.1fms", frame.prefix, width, height, what,
+                     (time.time() - t0) * 1000)   # reading, inference, NMS and writing
+            t0 = time.time()
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("stopped by Ctrl-C after %d frames; what was detected so far is saved", sum(counts.values()))
+    finally:
+        videos.close()
+        if csv_file is not None:
+            csv_file.close()
+    return {"images": counts["image"], "video_frames": counts["video"], "stream_frames": counts["stream"],
+            "detections": found, "seconds": round(time.time() - tic, 3), "videos": videos.done,
+            "interrupted": interrupted}
