@@ -83,8 +83,6 @@ def test_export_flags_as_yolov5_spells_them():
 @pytest.mark.parametrize("argv, message", [
     (["--weights", "w", "--include", "torchscript"], "--include torchscript: a YOLOv5 format ppmulti does not write"),
     (["--weights", "w", "--include", "pdf"], "--include pdf: unknown format; use onnx or paddle"),
-    (["--weights", "w", "--half"], "--half: ppmulti exports float32 only"),
-    (["--weights", "w", "--simplify"], "--simplify is a YOLOv5 export.py flag"),
     (["--weights", "w", "--format", "onnx"], "--format goes with -c CONFIG"),
     (["--weights", "w.onnx", "--include", "onnx"], "already exported"),
     (["--include", "onnx"], "no weights given"),

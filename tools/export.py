@@ -20,7 +20,6 @@ OTHER_FORMATS = ("torchscript", "openvino", "engine", "coreml", "saved_model", "
 UNSUPPORTED = {
     "--inplace": "a PyTorch Detect() setting", "--keras": "TensorFlow", "--optimize": "TorchScript for mobile",
     "--int8": "INT8 quantization", "--per-tensor": "TensorFlow quantization",
-    "--simplify": "onnx-simplifier (paddle2onnx's graph is exported as converted)",
     "--mlmodel": "CoreML", "--verbose": "TensorRT", "--workspace": "TensorRT", "--cache": "TensorRT",
     "--agnostic-nms": "TensorFlow's NMS (--nms puts per-class NMS into the ONNX graph)",
     "--topk-per-class": "TF.js NMS", "--topk-all": "TF.js NMS", "--iou-thres": "TF.js NMS",
@@ -55,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", nargs="+", type=int,
                    help="input size in pixels, square, a multiple of 32 (default: the run's)")
     p.add_argument("--device", help="cpu or one GPU id to build the model on (the files are the same)")
-    p.add_argument("--half", action="store_true", help="FP16 export: refused (ppmulti exports float32)")
+    p.add_argument("--half", action="store_true",
+                   help="FP16 export. ONNX: float16 weights and arithmetic, float32 inputs and outputs; Paddle's "
+                        "inference model: only where Paddle writes float16 (a GPU build of Paddle 2.6)")
+    p.add_argument("--simplify", action="store_true",
+                   help="ONNX: slim the graph with onnxslim, as YOLOv5 does (pip install onnxslim)")
     g = p.add_argument_group("the model without -c: the run's config.yml beside --weights, else --cfg/--data")
     g.add_argument("--cfg", help="model: a name (yolov5s, ppyoloe_s), a YOLOv5 model yaml or a ppdet .yml")
     g.add_argument("--data", help="a YOLOv5 data yaml (its nc and names) when the weights have no run directory")
@@ -66,9 +69,6 @@ def parse(argv) -> argparse.Namespace:
     """The command line, checked: unknown formats and flags refused by name; the mode (-c: ppdet's, else YOLOv5's)."""
     args, extra = build_parser().parse_known_args(argv)
     refuse_extra(extra, UNSUPPORTED, "export.py", "tools/export.py")
-    if args.half:
-        raise UserError("--half: ppmulti exports float32 only (YOLOv5 itself exports FP16 only from a GPU); "
-                        "remove --half")
     args.formats = include_formats(args.include, args.format)
     args.yolov5 = not args.config
     if args.yolov5:
@@ -120,11 +120,16 @@ def run(args) -> int:
     check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank.engine.onnx_export import OnnxOptions
 
-    opts = OnnxOptions(nms=args.nms, dynamic=args.dynamic, batch=args.batch, opset=args.opset)
+    opts = OnnxOptions(nms=args.nms, dynamic=args.dynamic, batch=args.batch, opset=args.opset,
+                       simplify=args.simplify, half=args.half)
     if "onnx" in args.formats:
         opts.check()   # before the model is built
     elif args.dynamic or args.batch != 1:
         raise UserError("--dynamic and --batch-size apply to ONNX; Paddle's inference model takes any batch")
+    elif args.simplify:
+        raise UserError("--simplify applies to ONNX: add --include onnx (or --format onnx with -c)")
+    if args.half and "paddle" in args.formats:
+        check_paddle_half()
     if args.yolov5:
         return run_yolov5(args, opts)
     from ppmulti.rank.eval_setup import detect_edit
@@ -139,8 +144,22 @@ def run(args) -> int:
     from ppmulti.rank.engine.inference import export
 
     dst = export(args.config, overrides(args), args.weights, args.output_dir, nms=args.nms, edit=edit)
+    if args.half:
+        from ppmulti.rank import compat
+
+        compat.paddle_model_to_half(dst)
     print(f"inference model written to {dst}")
     return 0
+
+
+def check_paddle_half() -> None:
+    """One line, before the model is built, where this Paddle cannot write a float16 inference model."""
+    from ppmulti.rank import compat
+
+    why = compat.paddle_half_unavailable()
+    if why:
+        raise UserError(f"--half for Paddle's inference model: {why}. Export it without --half, or "
+                        f"--include onnx --half (--format onnx with -c) for a float16 ONNX file")
 
 
 def run_yolov5(args, opts) -> int:
@@ -164,6 +183,10 @@ def run_yolov5(args, opts) -> int:
                 model_dir = next(p for p in Path(tmp).iterdir() if p.is_dir())   # the ONNX's own Paddle model
             else:
                 model_dir = export(model.config, overrides(args), str(weights), tmp, nms=args.nms, edit=edit)
+            if args.half:
+                from ppmulti.rank import compat
+
+                compat.paddle_model_to_half(model_dir)
             dst = beside_weights(weights, "paddle")
             if dst.exists():
                 shutil.rmtree(dst)

@@ -1,9 +1,11 @@
-"""ONNX export: the inference model converted by paddle2onnx, NMS in or out of the graph, fixed or dynamic batch."""
+"""ONNX export: the inference model converted by paddle2onnx, NMS in or out of the graph, fixed or dynamic batch,
+simplified by onnxslim (--simplify) and in float16 (--half)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -17,18 +19,23 @@ log = logging.getLogger("ppmulti")
 INSTALL = 'pip install -e ".[export]"'
 P2O_PYTHON_LIMIT = (3, 13)   # the first Python without a paddle2onnx wheel (setup.py's export extra says the same)
 ONNX_FILE = "model.onnx"
+SLIM_INSTALL = "pip install onnxslim"   # YOLOv5's simplifier; pure Python (onnx, sympy, ml_dtypes)
 
 
 @dataclass(frozen=True)
 class OnnxOptions:
     """What the ONNX graph holds. ``nms``: ppdet's multiclass NMS as ONNX NonMaxSuppression (outputs: detections
     [N, 6] class, score, x1, y1, x2, y2 and their count per image [B]); without it, the decoded boxes [B, N, 4]
-    and scores [B, C, N]. ``dynamic``: a symbolic batch dimension, else ``batch`` images exactly."""
+    and scores [B, C, N]. ``dynamic``: a symbolic batch dimension, else ``batch`` images exactly. ``simplify``:
+    the graph slimmed by onnxslim (constants folded, shape arithmetic removed). ``half``: float16 weights and
+    arithmetic, float32 inputs and outputs (``to_half``)."""
 
     nms: bool = True
     dynamic: bool = False
     batch: int = 1
     opset: int = 11
+    simplify: bool = False
+    half: bool = False
 
     def check(self) -> None:
         if self.batch < 1:
@@ -62,6 +69,61 @@ def require_paddle2onnx() -> str:
     return text
 
 
+def require_onnxslim() -> None:
+    """onnxslim importable, or one line saying how to install it."""
+    try:
+        import onnxslim  # noqa: F401
+    except ImportError:
+        raise UserError(f"--simplify needs onnxslim (the simplifier YOLOv5 uses): {SLIM_INSTALL}") from None
+
+
+def require_float16() -> None:
+    """onnxruntime's float16 converter importable, or one line saying how to install it."""
+    try:
+        from onnxruntime.transformers import float16  # noqa: F401
+    except ImportError:
+        raise UserError(f"--half needs onnxruntime (its float16 converter): {INSTALL}") from None
+
+
+def simplify(data: bytes) -> bytes:
+    """The ONNX model slimmed by onnxslim, as YOLOv5's --simplify does: constant subgraphs folded, shape
+    arithmetic and identities dropped; the outputs stay the same numbers (a paddle2onnx YOLOv5n graph goes
+    from 1135 nodes to 269)."""
+    import onnx
+    import onnxslim
+
+    return onnxslim.slim(onnx.load_from_string(data)).SerializeToString()
+
+
+def to_half(data: bytes) -> bytes:
+    """The ONNX model with float16 weights and arithmetic, by onnxruntime's float16 converter (onnxconverter-common's
+    converter, as onnxruntime maintains it: onnxconverter-common 1.16.0 writes a graph that onnxruntime refuses
+    for paddle2onnx 2.1.0's output, a Cast whose type disagrees with its declared output). Inputs and outputs stay
+    float32 (``keep_io_types``: casts at the edges), so the same preprocessing feeds both models; ops without
+    float16 kernels (NonMaxSuppression, TopK, Range ...) stay float32 behind casts. The tensor shapes the converter
+    infers are dropped again: onnxruntime infers its own, and refuses those of paddle2onnx 1.3.1's NMS subgraph
+    ("Gather ... data tensor must have rank >= 1")."""
+    import onnx
+    from onnxruntime.transformers import float16
+
+    model = onnx.load_from_string(data)
+    with warnings.catch_warnings():   # "the float32 number 9.9e-08 will be truncated to 1e-07", once per constant
+        warnings.filterwarnings("ignore", message=".*will be truncated to")
+        model = float16.convert_float_to_float16(model, keep_io_types=True)
+    del model.graph.value_info[:]
+    return model.SerializeToString()
+
+
+def check_loads(data: bytes, what: str) -> None:
+    """onnxruntime (CPU) builds a session from the model, else a RuntimeError naming the step that broke it."""
+    import onnxruntime
+
+    try:
+        onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    except Exception as exc:   # noqa: BLE001 - onnxruntime raises its own types for invalid graphs
+        raise RuntimeError(f"{what}: onnxruntime cannot load the result: {str(exc).splitlines()[0]}") from exc
+
+
 def fix_batch(data: bytes, batch: int) -> bytes:
     """The ONNX model with the batch dimension of every input set to ``batch`` (ppdet exports it symbolic).
     Only the declared input shapes change, so onnxruntime refuses another batch; the graph stays as converted
@@ -87,6 +149,10 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
 
     opts.check()
     version = require_paddle2onnx()
+    if opts.simplify:
+        require_onnxslim()
+    if opts.half:
+        require_float16()
     cfg, model = inference.build_model(config, overrides, weights, edit)
     if not opts.nms:
         inference.leave_nms_out(model)
@@ -95,8 +161,15 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
     dst = Path(dst) if dst is not None else model_dir / ONNX_FILE
     if not opts.dynamic:
         data = fix_batch(data, opts.batch)
+    if opts.simplify:
+        data = simplify(data)
+        check_loads(data, "--simplify (onnxslim)")
+    if opts.half:
+        data = to_half(data)
+        check_loads(data, "--half (float16 conversion)")
     with atomic_path(dst) as tmp:
         Path(tmp).write_bytes(data)
-    log.info("paddle2onnx %s: %s (opset %d, NMS %s, batch %s)", version, dst, opts.opset,
-             "in the graph" if opts.nms else "left out", "dynamic" if opts.dynamic else opts.batch)
+    log.info("paddle2onnx %s: %s (opset %d, NMS %s, batch %s%s%s)", version, dst, opts.opset,
+             "in the graph" if opts.nms else "left out", "dynamic" if opts.dynamic else opts.batch,
+             ", simplified" if opts.simplify else "", ", float16" if opts.half else "")
     return dst
