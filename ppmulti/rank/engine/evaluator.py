@@ -33,6 +33,7 @@ class EvalResult:
     predictions: str | None = None             # where bbox.json was written (output_eval, save_prediction_only)
     precision: float | None = None   # YOLOv5's P and R: the means over classes at the max-mean-F1 confidence
     recall: float | None = None
+    val_losses: dict[str, float] | None = None   # YOLOv5's family: loss_box, loss_obj, loss_cls on the val split
 
     def as_dict(self) -> dict:
         out = {"mAP50": self.mAP50, "mAP50_95": self.mAP50_95, "images": self.images,
@@ -40,6 +41,8 @@ class EvalResult:
                "per_rank_images_per_s": [round(v, 3) for v in self.per_rank_images_per_s]}
         if self.precision is not None:
             out["precision"], out["recall"] = round(self.precision, 5), round(self.recall, 5)
+        if self.val_losses is not None:
+            out["val_losses"] = {k: round(v, 6) for k, v in self.val_losses.items()}
         if self.class_ap is not None:
             out["class_AP"] = {k: (None if math.isnan(v) else round(v, 4)) for k, v in self.class_ap.items()}
         if self.predictions is not None:
@@ -91,6 +94,8 @@ class CocoEvaluator:
         self.last_class_maps: list[float] | None = None   # rank 0: mAP50-95 per class id of the last scoring
         self.last_class_ap: dict[str, float] = {}          # rank 0: AP per category name of the last scoring
         self.last_diagnostics = None   # rank 0: engine.diagnostics.Diagnostics of the last scoring (every rank's)
+        self.val_loss_state = None   # this rank's (sums, batches) of YOLOv5's validation losses (engine.val_loss)
+        self._labels: dict[int, object] | None = None   # im_id -> labels (M, 5), from the annotation file
         self.table = "all"   # what evaluate() prints of YOLOv5's table: "all" (its row), "classes" (all rows), None
 
     def predict(self, model) -> tuple[list[dict], int, float]:
@@ -105,25 +110,35 @@ class CocoEvaluator:
         from ppmulti.rank import heartbeat
         from ppmulti.rank.engine.progress import track
 
-        with paddle.no_grad():
+        from ppmulti.rank.engine.val_loss import ValLoss
+
+        val_loss = ValLoss.for_model(model, self.labels_of)   # YOLOv5's family: its losses on the same pass
+        with paddle.no_grad(), val_loss or contextlib.nullcontext():
             for data in track(self.loader, "eval", total=len(self.loader)):  # a bar on a rank-0 terminal
                 heartbeat.beat("evaluation")   # per batch: a long evaluation is moving, not hung
                 outs = model(data)
+                if val_loss is not None:
+                    val_loss.add(data)
                 outs_np = {"bbox": outs["bbox"].numpy(), "bbox_num": outs["bbox_num"].numpy(),
                            "im_id": data["im_id"].numpy()}
                 images += outs_np["im_id"].shape[0]
                 detections.extend(get_infer_results(outs_np, self.clsid2catid).get("bbox", []))
+        self.val_loss_state = None if val_loss is None else val_loss.state()
         return detections, images, time.time() - tic
 
     def evaluate(self, model) -> EvalResult:
         """Score ``model`` on the whole eval set; every rank returns the same result."""
+        from ppmulti.rank.engine.val_loss import combine
+
         detections, images, seconds = self.predict(model)
-        gathered = dist.all_gather_object((detections, images, seconds))
+        gathered = dist.all_gather_object((detections, images, seconds, self.val_loss_state))
         result = None
         if dist.is_main():
-            all_dets = [d for dets, _, _ in gathered for d in dets]
-            total = sum(n for _, n, _ in gathered)
-            rates = [n / s if s > 0 else 0.0 for _, n, s in gathered]
+            all_dets = [d for dets, _, _, _ in gathered for d in dets]
+            total = sum(n for _, n, _, _ in gathered)
+            rates = [n / s if s > 0 else 0.0 for _, n, s, _ in gathered]
+            val_losses = combine([state for _, _, _, state in gathered])
+            gathered = [g[:3] for g in gathered]
             self.last_detections = all_dets   # rank 0: every rank's detections (tools/eval.py's --save-txt)
             written = self.write_predictions(all_dets)
             if self.cfg.get("save_prediction_only"):
@@ -135,6 +150,7 @@ class CocoEvaluator:
                 m50_95, m50, summary = self.score(all_dets)
                 result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary,
                                     self.last_class_maps, predictions=written)
+                result.val_losses = val_losses
                 diag = self.last_diagnostics = self.diagnose(all_dets)
                 means = diag.means()
                 result.precision, result.recall = means["precision"], means["recall"]
@@ -180,12 +196,26 @@ class CocoEvaluator:
         images = []
         for record in self.dataset.roidbs:
             im_id = int(np.asarray(record["im_id"]).reshape(-1)[0])
-            labels = [[catid2clsid[a["category_id"]], *a["bbox"][:2], a["bbox"][0] + a["bbox"][2],
-                       a["bbox"][1] + a["bbox"][3]] for a in gt.loadAnns(gt.getAnnIds(imgIds=[im_id]))
-                      if not a.get("iscrowd") and a["category_id"] in catid2clsid]
             images.append((np.asarray(by_image.get(im_id, []), dtype=np.float64).reshape(-1, 6),
-                           np.asarray(labels, dtype=np.float64).reshape(-1, 5)))
+                           self.labels_of(im_id)))
         return diagnose(images, names)
+
+    def labels_of(self, im_id: int):
+        """An image's labels (M, 5: class id, x1, y1, x2, y2 in original pixels) from the annotation file, crowd
+        boxes left out (YOLOv5 has none)."""
+        import numpy as np
+
+        if self._labels is None:
+            gt = self._gt()
+            catid2clsid = self.dataset.catid2clsid
+            by_image: dict[int, list] = {}
+            for a in gt.loadAnns(gt.getAnnIds()):
+                if not a.get("iscrowd") and a["category_id"] in catid2clsid:
+                    x, y, w, h = a["bbox"]
+                    by_image.setdefault(int(a["image_id"]), []).append([catid2clsid[a["category_id"]], x, y,
+                                                                        x + w, y + h])
+            self._labels = {k: np.asarray(v, dtype=np.float64).reshape(-1, 5) for k, v in by_image.items()}
+        return self._labels.get(int(im_id), np.zeros((0, 5)))
 
     def _gt(self):
         if self._coco_gt is None:
