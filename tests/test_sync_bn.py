@@ -12,7 +12,34 @@ import pytest
 from conftest import REPO, run_tool
 from launching import FIXTURES
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+
+def test_conversion_keeps_parameters_keys_and_single_process_batchnorm():
+    """What a checkpoint, the optimizer and EMA see does not change; alone (or in evaluation) it is BatchNorm."""
+    import paddle
+    import paddle.nn as nn
+
+    from ppmulti.rank.ops.sync_bn import CollectiveSyncBatchNorm, convert_sync_batchnorm
+
+    paddle.seed(1)
+    model = nn.Sequential(nn.ReLU(), nn.BatchNorm2D(3, momentum=0.7), nn.Sequential(nn.SyncBatchNorm(3, epsilon=1e-3)))
+    plain = nn.Sequential(nn.ReLU(), nn.BatchNorm2D(3, momentum=0.7), nn.Sequential(nn.BatchNorm2D(3, epsilon=1e-3)))
+    for layer in (model[1], plain[1]):
+        layer.weight.set_value(paddle.to_tensor([0.5, 1.0, 2.0]))
+    plain.set_state_dict(model.state_dict())
+    keys, weight = list(model.state_dict()), model[1].weight
+    assert convert_sync_batchnorm(model) == 2
+    assert isinstance(model[1], CollectiveSyncBatchNorm) and isinstance(model[2][0], CollectiveSyncBatchNorm)
+    assert list(model.state_dict()) == keys and model[1].weight is weight
+    assert (model[1]._momentum, model[2][0]._epsilon) == (0.7, 1e-3)
+    assert convert_sync_batchnorm(model) == 0    # converting again changes nothing
+    x = paddle.rand([2, 3, 5, 5]) * 3.0 - 1.0
+    for _ in range(2):   # training in one process: plain BatchNorm, running statistics included
+        np.testing.assert_allclose(model(x).numpy(), plain(x).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model[1]._variance.numpy(), plain[1]._variance.numpy(), rtol=1e-5)
+    model.eval()
+    plain.eval()
+    np.testing.assert_allclose(model(x).numpy(), plain(x).numpy(), rtol=1e-5, atol=1e-5)
+
 
 
 def _reference(name: str):
@@ -44,6 +71,8 @@ def _reference(name: str):
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_ranks_match_batchnorm_on_the_whole_batch(tmp_path):
     out = tmp_path / "ranks.npz"
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(FIXTURES / "sync_bn_ranks.py"),
@@ -74,6 +103,8 @@ def _half_batch_mean(name: str) -> np.ndarray:
     return (1 - momentum) * x.mean(axis=tuple(d for d in range(x.ndim) if d != 1))
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_rank_training_with_sync_bn(small_demo, tmp_path):
     """`ppmulti launch --nproc_per_node 2 tools/train.py --data ... --cfg yolov5n.yaml --sync-bn` on CPU ranks."""
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(REPO / "tools" / "train.py"),

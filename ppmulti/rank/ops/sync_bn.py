@@ -8,6 +8,7 @@ import math
 import paddle
 import paddle.distributed as pdist
 import paddle.nn as nn
+import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
 log = logging.getLogger("ppmulti")
@@ -19,10 +20,26 @@ def _channel_axis(data_format: str, ndim: int) -> int:
     return ndim - 1 if data_format.startswith("N") and data_format.endswith("C") and ndim > 2 else 1
 
 
-def _stat_shape(channel_axis: int, ndim: int, channels: int) -> list[int]:
-    shape = [1] * ndim
-    shape[channel_axis] = channels
-    return shape
+def _channel_sum(t, axis: int):
+    """Per-channel sum, reduced along contiguous axes (a reduction over [0, 2, 3] at once is slower on CPU)."""
+    if axis == 1:
+        return t.reshape([t.shape[0], t.shape[1], -1]).sum(-1).sum(0)
+    return t.reshape([-1, t.shape[-1]]).sum(0)
+
+
+_UNIT_EPS = 1e-5
+
+
+def _affine(t, scale, shift, data_format: str):
+    """``t * scale + shift`` per channel, as one inference-mode batch_norm: Paddle's broadcast of a [1, C, 1, 1]
+    operand is about ten times slower on CPU than its fused BatchNorm kernel."""
+    c = scale.shape[0]
+    return F.batch_norm(t, paddle.zeros([c], dtype=t.dtype), paddle.ones([c], dtype=t.dtype),
+                        weight=scale * _UNIT_SCALE, bias=shift, training=False, epsilon=_UNIT_EPS,
+                        data_format=data_format)
+
+
+_UNIT_SCALE = (1.0 + _UNIT_EPS) ** 0.5   # undoes batch_norm's 1/sqrt(1 + eps) on a unit variance
 
 
 class _SyncBatchNormFn(PyLayer):
@@ -33,50 +50,52 @@ class _SyncBatchNormFn(PyLayer):
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        axis = _channel_axis(layer._data_format, x.ndim)
-        axes = [d for d in range(x.ndim) if d != axis]
+        w_fixed, b_fixed, w_dtype = weight.stop_gradient, bias.stop_gradient, weight.dtype
+        fmt = layer._data_format
+        axis = _channel_axis(fmt, x.ndim)
         channels = x.shape[axis]
-        shape = _stat_shape(axis, x.ndim, channels)
-        xf = x.astype("float32") if x.dtype != paddle.float32 else x
+        in_dtype = x.dtype
+        if in_dtype != paddle.float32:   # statistics in float32, as Paddle's kernels keep them
+            x, weight, bias = x.astype("float32"), weight.astype("float32"), bias.astype("float32")
         count = paddle.full([1], math.prod(x.shape) // channels, dtype="float32")
-        stats = paddle.concat([xf.sum(axis=axes), (xf * xf).sum(axis=axes), count])
+        stats = paddle.concat([_channel_sum(x, axis), _channel_sum(paddle.square(x), axis), count])
         pdist.all_reduce(stats)
         n = stats[2 * channels]
         mean = stats[:channels] / n
         # E[x^2] - E[x]^2 in float32: the activations BatchNorm sees are not far enough from zero for the
         # cancellation to matter; clipped so that rounding never makes it negative
         var = paddle.clip(stats[channels:2 * channels] / n - mean * mean, min=0.0)
-        invstd = paddle.rsqrt(var + layer._epsilon)
-        xhat = (xf - mean.reshape(shape)) * invstd.reshape(shape)
-        y = xhat * weight.astype("float32").reshape(shape) + bias.astype("float32").reshape(shape)
+        y = F.batch_norm(x, mean, var, weight=weight, bias=bias, training=False, epsilon=layer._epsilon,
+                         data_format=fmt)
         # Paddle's running statistics, as its batch_norm and sync_batch_norm kernels keep them: the weight of the
         # old value is the momentum, and the variance is the biased one that normalised the batch
         momentum = float(layer._momentum)
         with paddle.no_grad():
-            paddle.assign((layer._mean * momentum + mean.astype(layer._mean.dtype) * (1.0 - momentum)), layer._mean)
-            paddle.assign((layer._variance * momentum + var.astype(layer._variance.dtype) * (1.0 - momentum)),
-                          layer._variance)
-        ctx.save_for_backward(xhat, invstd, weight)
-        ctx.facts = (axes, shape, channels, n, x.dtype, weight.dtype, weight.stop_gradient, bias.stop_gradient)
-        return y.astype(x.dtype) if x.dtype != paddle.float32 else y
+            paddle.assign(layer._mean * momentum + mean * (1.0 - momentum), layer._mean)
+            paddle.assign(layer._variance * momentum + var * (1.0 - momentum), layer._variance)
+        invstd = paddle.rsqrt(var + layer._epsilon)
+        ctx.save_for_backward(x, mean, invstd, weight)
+        ctx.facts = (fmt, axis, channels, n, in_dtype, w_dtype, w_fixed, b_fixed)
+        return y if in_dtype == paddle.float32 else y.astype(in_dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        xhat, invstd, weight = ctx.saved_tensor()
-        axes, shape, channels, n, x_dtype, w_dtype, w_fixed, b_fixed = ctx.facts
-        dyf = dy.astype("float32") if dy.dtype != paddle.float32 else dy
-        sum_dy = dyf.sum(axis=axes)
-        sum_dy_xhat = (dyf * xhat).sum(axis=axes)
+        x, mean, invstd, weight = ctx.saved_tensor()
+        fmt, axis, channels, n, in_dtype, w_dtype, w_fixed, b_fixed = ctx.facts
+        if dy.dtype != paddle.float32:
+            dy = dy.astype("float32")
+        xhat = _affine(x, invstd, -mean * invstd, fmt)
+        sum_dy = _channel_sum(dy, axis)
+        sum_dy_xhat = _channel_sum(dy * xhat, axis)
         terms = paddle.concat([sum_dy, sum_dy_xhat])
         pdist.all_reduce(terms)
-        mean_dy = (terms[:channels] / n).reshape(shape)
-        mean_dy_xhat = (terms[channels:] / n).reshape(shape)
-        scale = (weight.astype("float32") * invstd).reshape(shape)
-        dx = (dyf - mean_dy - xhat * mean_dy_xhat) * scale
-        dx = dx.astype(x_dtype) if x_dtype != paddle.float32 else dx
-        dweight = None if w_fixed else sum_dy_xhat.astype(w_dtype)
-        dbias = None if b_fixed else sum_dy.astype(w_dtype)
-        return dx, dweight, dbias
+        # dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), the means over every rank's batch
+        scale = weight * invstd
+        dx = (_affine(dy, scale, -scale * terms[:channels] / n, fmt)
+              + _affine(xhat, -scale * terms[channels:] / n, paddle.zeros_like(scale), fmt))
+        if in_dtype != paddle.float32:
+            dx, sum_dy_xhat, sum_dy = dx.astype(in_dtype), sum_dy_xhat.astype(w_dtype), sum_dy.astype(w_dtype)
+        return dx, None if w_fixed else sum_dy_xhat, None if b_fixed else sum_dy
 
 
 class CollectiveSyncBatchNorm(nn.SyncBatchNorm):
