@@ -94,6 +94,8 @@ class CocoEvaluator:
         self.last_class_maps: list[float] | None = None   # rank 0: mAP50-95 per class id of the last scoring
         self.last_class_ap: dict[str, float] = {}          # rank 0: AP per category name of the last scoring
         self.last_diagnostics = None   # rank 0: engine.diagnostics.Diagnostics of the last scoring (every rank's)
+        self.keep_batches = 0   # rank 0 keeps this many first batches for val_batch*.jpg (engine.pictures)
+        self.last_val_batches: list = []   # rank 0: those batches of the last prediction (pictures.ValBatch)
         self.val_loss_state = None   # this rank's (sums, batches) of YOLOv5's validation losses (engine.val_loss)
         self._labels: dict[int, object] | None = None   # im_id -> labels (M, 5), from the annotation file
         self.table = "all"   # what evaluate() prints of YOLOv5's table: "all" (its row), "classes" (all rows), None
@@ -113,6 +115,8 @@ class CocoEvaluator:
         from ppmulti.rank.engine.val_loss import ValLoss
 
         val_loss = ValLoss.for_model(model, self.labels_of)   # YOLOv5's family: its losses on the same pass
+        self.last_val_batches = []
+        keep = self.keep_batches if dist.is_main() else 0
         with paddle.no_grad(), val_loss or contextlib.nullcontext():
             for data in track(self.loader, "eval", total=len(self.loader)):  # a bar on a rank-0 terminal
                 heartbeat.beat("evaluation")   # per batch: a long evaluation is moving, not hung
@@ -121,6 +125,8 @@ class CocoEvaluator:
                     val_loss.add(data)
                 outs_np = {"bbox": outs["bbox"].numpy(), "bbox_num": outs["bbox_num"].numpy(),
                            "im_id": data["im_id"].numpy()}
+                if len(self.last_val_batches) < keep:
+                    self.last_val_batches.append(self._val_batch(data, outs_np))
                 images += outs_np["im_id"].shape[0]
                 detections.extend(get_infer_results(outs_np, self.clsid2catid).get("bbox", []))
         self.val_loss_state = None if val_loss is None else val_loss.state()
@@ -199,6 +205,34 @@ class CocoEvaluator:
             images.append((np.asarray(by_image.get(im_id, []), dtype=np.float64).reshape(-1, 6),
                            self.labels_of(im_id)))
         return diagnose(images, names)
+
+    def _val_batch(self, data: dict, outs: dict):
+        """One batch for val_batch*_labels.jpg / _pred.jpg: its first 16 images back to pixels, their labels and
+        detections moved into the input's pixels (the letterbox keeps the top left: scale_factor alone)."""
+        import numpy as np
+
+        from ppmulti.rank.config import reader_ops
+        from ppmulti.rank.engine import pictures
+
+        norm = (reader_ops(self.cfg, "NormalizeImage", "EvalReader") or [{}])[-1]
+        images = pictures.to_uint8(data["image"].numpy()[:pictures.MAX_TILES], norm.get("mean", (0, 0, 0)),
+                                   norm.get("std", (1, 1, 1)), 255.0 if norm.get("is_scale", True) else 1.0)
+        ids = outs["im_id"].reshape(-1)[:len(images)]
+        scales = data["scale_factor"].numpy().reshape(-1, 2)
+        if not hasattr(self, "_files"):
+            self._files = {int(np.asarray(r["im_id"]).reshape(-1)[0]): str(r.get("im_file", ""))
+                           for r in self.dataset.roidbs}
+        starts = np.concatenate(([0], np.cumsum(outs["bbox_num"].reshape(-1))))
+        labels, preds = [], []
+        for i, im_id in enumerate(ids):
+            sy, sx = scales[i]
+            gain = np.array([sx, sy, sx, sy])
+            gt = self.labels_of(int(im_id))
+            labels.append(np.c_[gt[:, :1], gt[:, 1:] * gain, np.full(len(gt), np.nan)])
+            det = np.asarray(outs["bbox"][starts[i]:starts[i + 1]], dtype=np.float64).reshape(-1, 6)
+            det = det[det[:, 0] >= 0]   # ppdet's NMS pads an empty result with class -1
+            preds.append(np.c_[det[:, :1], det[:, 2:] * gain, det[:, 1]])
+        return pictures.ValBatch(images, labels, preds, [self._files.get(int(i), "") for i in ids])
 
     def labels_of(self, im_id: int):
         """An image's labels (M, 5: class id, x1, y1, x2, y2 in original pixels) from the annotation file, crowd

@@ -82,6 +82,7 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
     evaluator = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0))
     # YOLOv5 val.py's table: every class's row under 50 classes or with --verbose, else the 'all' row
     evaluator.table = "classes" if verbose or len(evaluator.dataset.catid2clsid) < 50 else "all"
+    evaluator.keep_batches = 3 if outputs is not None and outputs.plots else 0   # val_batch0-2_*.jpg
     result = evaluator.evaluate(model).as_dict()
     if save_json and dist.is_main():
         atomic_write_text(save_json, json.dumps(result, indent=2) + "\n")
@@ -107,6 +108,9 @@ def write_val_outputs(evaluator, result: dict, outputs: ValOutputs) -> Path:
         if evaluator.last_pr is not None:
             plot_pr(evaluator.last_pr, save_dir / PR_PNG)
         plot_diagnostics(evaluator.last_diagnostics, save_dir)
+        from ppmulti.rank.engine.pictures import draw_val_batches
+
+        draw_val_batches(evaluator.last_val_batches, evaluator.last_diagnostics.names, save_dir)
     if outputs.save_txt:
         import numpy as np
 

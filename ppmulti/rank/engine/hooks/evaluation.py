@@ -31,6 +31,7 @@ class EvaluationHook(Hook):
         trainer.last_metrics = stats.metrics
         trainer.class_maps = getattr(result, "class_maps", None)   # per-class mAP50-95 (--image-weights)
         trainer.last_diagnostics = getattr(self.evaluator, "last_diagnostics", None)   # rank 0 (PlotsHook)
+        trainer.last_val_batches = getattr(self.evaluator, "last_val_batches", None)
 
     def after_train(self, trainer) -> None:
         """A run stopped early (--patience) ends with the per-class table of its last evaluation too."""
@@ -48,6 +49,7 @@ class EvaluationHook(Hook):
         if self.evaluator is None:
             self.evaluator = CocoEvaluator(trainer.cfg, worker_num=trainer.cfg.get("worker_num", 0))
         self.evaluator.table = getattr(self, "table", "all")
+        self.evaluator.keep_batches = 0 if getattr(trainer.opts, "noplots", False) else 3   # val_batch*.jpg
         model = trainer.model
         raw = None
         if getattr(trainer, "ema", None) is not None:
