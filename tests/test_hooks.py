@@ -352,7 +352,7 @@ def test_reporting_hooks_come_by_default_only_as_the_builder_asks_and_only_when_
     assert [type(h).__name__ for h in chosen.hooks] == ["Recorder"]
     built = toy_trainer(epochs=1, steps=1, run_dir=tmp_path / "built", report_by_default=True, noplots=True)
     built.train()
-    assert [type(h).__name__ for h in built.hooks] == ["ConsoleLogHook", "ResultsHook", "VisualDLHook"]
+    assert [type(h).__name__ for h in built.hooks] == ["ConsoleLogHook", "ResultsHook", "TrackersHook"]
     assert (tmp_path / "built/results.csv").is_file() and (tmp_path / "built/metrics.json").is_file()
     assert list((tmp_path / "built/vdl").iterdir())
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from ppmulti.common import gpu_switches, ppdet_flags, train_flags
+from ppmulti.common import gpu_switches, ppdet_flags, trackers, train_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run, run_of
 from ppmulti.rank.engine.lr import NOMINAL_BATCH
@@ -20,6 +20,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     overrides = [item for group in (args.opt or []) for item in group]
     overrides += ppdet_flags.resolve(args, "train")   # PaddleDetection's flags, as the -o keys they stand for
     check_train_overrides(overrides)
+    loggers = _loggers(args)
     if getattr(args, "enable_ce", None):
         if args.seed != 0:
             raise UserError(f"--enable_ce seeds with 0 (PaddleDetection's continuous evaluation) but --seed "
@@ -48,6 +49,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         record = _read_record(run_of(resume))
         if record is not None:
             args = _with_record(args, record)
+            loggers = _loggers(args)
             yolo_style, noval = True, bool(getattr(args, "noval", False))
     if not config:
         raise UserError("no config given: pass -c CONFIG (e.g. -c configs/yolo.yml) "
@@ -77,14 +79,21 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         switches=gpu_switches.resolve(getattr(args, "deterministic", None),
                                                       bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
                                                       os.environ),
-                        record=run_record(args) if train_flags.yolo_style(args) else None)
+                        record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers)
+
+
+def _loggers(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """--logger's trackers; a missing package is one line here, before any download, process or model."""
+    loggers = trackers.parse(getattr(args, "logger", None))
+    trackers.check_installed(loggers or ())
+    return loggers
 
 
 # the flags a bare YOLOv5 --resume takes back from the run's opt.yaml unless given again (YOLOv5 restores them all;
 # the model, data, size and hyperparameters are in config.yml already)
 RESUMED_FLAGS = ("noval", "nosave", "save_period", "patience", "freeze", "noplots", "seed", "deterministic",
                  "cudnn_benchmark", "amp", "sync_bn", "workers", "cache", "rect", "multi_scale",
-                 "image_weights")
+                 "image_weights", "logger")
 
 
 def _with_record(args: argparse.Namespace, record: dict) -> argparse.Namespace:

@@ -17,7 +17,7 @@ from ppmulti.rank.data.device import input_norm, to_model_input
 from ppmulti.rank.data.feed import Feed
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, Hook, PlotsHook, ResultsHook,
-                                       StepOutputs, VisualDLHook)
+                                       StepOutputs, TrackersHook)
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.lr import Accumulation, BatchPlan, LRPlan, optimizer_steps, split_batch
@@ -179,9 +179,9 @@ class Trainer:
         self.hooks = sorted([*self.hooks, *hooks], key=lambda h: h.priority)   # stable: ties keep their order
 
     def default_hooks(self) -> None:
-        """The reporting hooks: console and train.log, results.csv/metrics.json, plots, VisualDL."""
+        """The reporting hooks: console and train.log, results.csv/metrics.json, plots, the trackers (--logger)."""
         self._hooks_chosen = True
-        self._add(ConsoleLogHook(), ResultsHook(), VisualDLHook())
+        self._add(ConsoleLogHook(), ResultsHook(), TrackersHook())
         if not self.opts.noplots:
             self._add(PlotsHook())
 

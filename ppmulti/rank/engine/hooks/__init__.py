@@ -24,7 +24,8 @@ prio hook              module       does                                        
 60   CheckpointHook    checkpoint   weights/last|best|epochN; the save on a signal (core)   checkpoint: best mAP
 70   ResultsHook       results      results.csv rows, metrics.json                          -
 80   PlotsHook         plots        results.png, PR_curve.png                               -
-90   VisualDLHook      visualdl     run_dir/vdl                                             -
+90   TrackersHook      trackers     --logger: VisualDL (run_dir/vdl; VisualDLHook alone),   trackers: MLflow
+                                    TensorBoard, MLflow: scalars, hyperparameters, pictures run id
 95   (your Hook)                    the default priority of a hook you register
 100  StopOnSignalHook  signals      SIGINT/SIGTERM: ranks agree, trainer.stop_training,     -
                                     raises Interrupted after the save (core)
@@ -41,8 +42,10 @@ from ppmulti.rank.engine.hooks.plots import PlotsHook
 from ppmulti.rank.engine.hooks.results import RESULT_FIELDS, ResultsHook
 from ppmulti.rank.engine.hooks.resume import ResumeHook
 from ppmulti.rank.engine.hooks.signals import Interrupted, Interruption, StopOnSignalHook
+from ppmulti.rank.engine.hooks.trackers import TrackersHook
 from ppmulti.rank.engine.hooks.visualdl import HPARAM_METRICS, VisualDLHook, run_hparams
 
 __all__ = ["HOOK_POINTS", "Hook", "StepOutputs", "host_losses", "CheckpointHook", "ConsoleLogHook", "EarlyStopHook",
            "EMAHook", "MixedPrecisionHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook",
-           "Interrupted", "Interruption", "StopOnSignalHook", "HPARAM_METRICS", "VisualDLHook", "run_hparams"]
+           "Interrupted", "Interruption", "StopOnSignalHook", "HPARAM_METRICS", "TrackersHook", "VisualDLHook",
+           "run_hparams"]
