@@ -160,3 +160,34 @@ def test_table_has_yolov5s_columns_and_rows():
     assert sum(int(line.split()[2]) for line in lines[2:]) == int(all_row[2])
     assert len(diag.table(per_class=False).splitlines()) == 2
 
+
+
+@pytest.mark.slow
+def test_yolov5_run_columns_noplots_and_val_pictures(yolov5_run, small_demo, tmp_path):
+    """The session's YOLOv5n run (--noplots, validated every epoch): YOLOv5's columns filled on every epoch and no
+    pictures; then val.py on its weights prints the table and draws the pictures into runs/val/exp."""
+    import csv
+    import json
+
+    from conftest import REPO, run_tool
+
+    rows = list(csv.DictReader((yolov5_run.path / "results.csv").open()))
+    columns = ["metrics/precision", "metrics/recall", "val/box_loss", "val/obj_loss", "val/cls_loss"]
+    assert len(rows) == 4 and all(0 <= float(r[c]) for r in rows for c in columns), rows
+    assert all(0 < float(r["val/box_loss"]) < 1 for r in rows)
+    assert not list(yolov5_run.path.glob("*.jpg")) and not (yolov5_run.path / "confusion_matrix.png").exists()
+
+    proc = run_tool([str(REPO / "tools/val.py"), "--weights", str(yolov5_run.path / "weights/best.pdparams"),
+                     "--data", str(small_demo / "data.yaml"), "--img", "128", "--device", "cpu"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = [line.split() for line in proc.stderr.splitlines()]
+    at = lines.index(["Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95"])
+    val = json.loads((small_demo / "annotations" / "instances_val.json").read_text())
+    assert lines[at + 1][:3] == ["all", "16", str(len(val["annotations"]))]
+    assert [row[0] for row in lines[at + 2:at + 5]] == ["rectangle", "ellipse", "triangle"]   # under 50 classes
+    assert float(lines[at + 1][3]) == pytest.approx(result["precision"], abs=1e-3)
+    out = tmp_path / "runs" / "val" / "exp"
+    for name in ("confusion_matrix.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png",
+                 "val_batch0_labels.jpg", "val_batch0_pred.jpg", "val_batch1_labels.jpg", "val_batch1_pred.jpg"):
+        assert (out / name).stat().st_size > 1000, name

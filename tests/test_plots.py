@@ -82,6 +82,15 @@ def _png_size(path) -> tuple[int, int]:
         return im.size
 
 
+def _jpg_size(path) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.load()
+        assert im.format == "JPEG"
+        return im.size
+
+
 def test_plots_are_drawn_from_results_csv_and_a_curve(tmp_path):
     from ppmulti.rank.engine.plots import plot_pr, plot_results, pr_curve
 
@@ -103,13 +112,18 @@ def test_plots_are_drawn_from_results_csv_and_a_curve(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_two_rank_training_writes_plots_plain_lines_and_visualdl(two_rank_run):
+def test_two_rank_training_writes_plots_plain_lines_and_visualdl(two_rank_run, small_demo):
     from visualdl import LogReader
 
     out = two_rank_run.path
-    for name in ("results.png", "PR_curve.png"):
+    for name in ("results.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png",
+                 "confusion_matrix.png"):
         width, height = _png_size(out / name)
         assert width >= 400 and height >= 300, (name, width, height)
+    # YOLOv5's pictures of the data: labels, the first three training batches, rank 0's first evaluation batch
+    for name in ("labels.jpg", "labels_correlogram.jpg", "train_batch0.jpg", "train_batch1.jpg", "train_batch2.jpg",
+                 "val_batch0_labels.jpg", "val_batch0_pred.jpg"):
+        assert _jpg_size(out / name)[0] >= 128, name
     # output is a pipe here: plain per-interval lines, no bar redraws
     stdout, stderr = two_rank_run.stdout, two_rank_run.stderr
     assert "\r" not in stdout and "\r" not in stderr
@@ -132,3 +146,11 @@ def test_two_rank_training_writes_plots_plain_lines_and_visualdl(two_rank_run):
     assert hparams["config"].string_value == DEMO_CONFIG.name
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["per_rank_images_per_s"]) == 2
+    # YOLOv5's table after the last epoch, over both ranks' images: all 16 and every label of the val split
+    val = json.loads((small_demo / "annotations" / "instances_val.json").read_text())
+    table = re.search(r"INFO +Class +Images +Instances +P +R +mAP50 +mAP50-95\n.*INFO +all +(\d+) +(\d+) (.*)\n",
+                      log_text)
+    assert table, log_text[-2000:]
+    assert int(table.group(1)) == len(val["images"]) == 16
+    assert int(table.group(2)) == len(val["annotations"])
+    assert 0 <= metrics["precision"] <= 1 and 0 <= metrics["recall"] <= 1
