@@ -102,6 +102,7 @@ def run(args) -> int:
     from ppmulti.rank.engine.sources import resolve_source
 
     source = resolve_source(args.source)   # names checked before anything heavy is imported
+    _console()
     check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank.engine.sources import FrameReader
 
@@ -109,6 +110,20 @@ def run(args) -> int:
         if frames.stream_info:
             print(frames.stream_info, file=sys.stderr)
         return _detect(args, frames)
+
+
+def _console() -> None:
+    """A line a frame on stderr, as YOLOv5 prints them, whichever Paddle is installed (Paddle 3 configures the root
+    logger, Paddle 2.6 does not, and ppmulti's INFO lines were lost there)."""
+    import logging
+
+    log = logging.getLogger("ppmulti")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def _detect(args, frames) -> int:
