@@ -220,3 +220,57 @@ def test_one_training_logs_the_same_to_visualdl_tensorboard_and_an_mlflow_server
     assert {"results", "PR_curve"} <= set(images)
     assert images == sorted(p.stem for p in [*run.glob("*.png"), *run.glob("*.jpg")])
     assert hparams["hyp/lr0"] == pytest.approx(hyp["lr0"]) and hparams["opt/epochs"] == 1
+
+
+# ----------------------------------------------------------------------------- toy runs (engine parts, no ppdet)
+@pytest.mark.slow
+def test_logger_wins_over_use_vdl_and_tensorboard_writes_into_the_run_directory(tmp_path):
+    from toys import toy_trainer
+
+    from ppmulti.rank.engine.hooks import TrackersHook
+
+    for name, loggers in (("default", None), ("tb", ("tensorboard",)), ("both", ("visualdl", "tensorboard"))):
+        run = tmp_path / name
+        toy_trainer(epochs=2, steps=2, run_dir=run, hooks=[TrackersHook()], cfg={"use_vdl": False},
+                    loggers=loggers).train()
+        assert (run / "vdl").exists() == (name == "both"), name
+        assert bool(list(run.glob("events.out.tfevents.*"))) == (name != "default"), name
+    scalars, _, hparams = _tensorboard(tmp_path / "tb")
+    assert set(scalars["epoch/lr"]) == {1, 2} and set(scalars["train/loss"]) == {2, 4}   # log_iter 2, 2 steps
+    assert hparams["opt/config"] == "toy.yml" and hparams["world_size"] == 1
+    assert set(_visualdl(tmp_path / "both" / "vdl")) == set(_tensorboard(tmp_path / "both")[0])
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_mlflow_run_and_a_failed_one_says_so(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason='pip install "ppmulti[mlflow]"')
+    from mlflow.tracking import MlflowClient
+    from toys import toy_trainer
+
+    from ppmulti.rank.engine.hooks import CheckpointHook, Hook, ResumeHook, TrackersHook
+    from ppmulti.rank.engine.trainer import TrainOptions
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "proj" / "exp"
+    toy_trainer(epochs=2, steps=2, run_dir=run, hooks=[CheckpointHook(), TrackersHook()], loggers=("mlflow",)).train()
+    toy_trainer(epochs=3, steps=2, run_dir=run, loggers=("mlflow",), resume=str(run), hooks=[
+        ResumeHook(TrainOptions(config="toy.yml", resume=str(run))), CheckpointHook(), TrackersHook()]).train()
+
+    class Boom(Hook):
+        def after_epoch(self, trainer, stats):
+            raise RuntimeError("a failure in the middle of training")
+
+    with pytest.raises(RuntimeError):
+        toy_trainer(epochs=2, steps=2, run_dir=tmp_path / "proj" / "exp2", hooks=[TrackersHook(), Boom()],
+                    loggers=("mlflow",)).train()
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("proj")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(runs) == ["exp", "exp2"]                       # the resume added no run of its own
+    resumed = runs["exp"]
+    assert resumed.info.status == "FINISHED" and runs["exp2"].info.status == "FAILED"
+    assert set(m.step for m in client.get_metric_history(resumed.info.run_id, "epoch/lr")) == {1, 2, 3}
+    assert resumed.data.params["opt/resume"] == str(run)          # a key the resume brought is added
+    assert resumed.data.params["opt/config"] == "toy.yml"
