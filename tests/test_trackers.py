@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -242,7 +243,7 @@ def test_logger_wins_over_use_vdl_and_tensorboard_writes_into_the_run_directory(
 
 
 @pytest.mark.slow
-def test_a_resumed_run_continues_its_mlflow_run_and_a_failed_one_says_so(tmp_path, monkeypatch):
+def test_a_resumed_run_continues_its_mlflow_run_and_a_failed_one_says_so(tmp_path, monkeypatch, caplog):
     pytest.importorskip("mlflow", reason='pip install "ppmulti[mlflow]"')
     from mlflow.tracking import MlflowClient
     from toys import toy_trainer
@@ -266,9 +267,27 @@ def test_a_resumed_run_continues_its_mlflow_run_and_a_failed_one_says_so(tmp_pat
         toy_trainer(epochs=2, steps=2, run_dir=tmp_path / "proj" / "exp2", hooks=[TrackersHook(), Boom()],
                     loggers=("mlflow",)).train()
     client = MlflowClient(tracking_uri=uri)
+
+    class DeleteRun(Hook):   # the MLflow run deleted from the server after epoch 1: the training goes on
+        priority = 85
+
+        def after_epoch(self, trainer, stats):
+            if stats.epoch == 0:
+                hook = next(h for h in trainer.hooks if isinstance(h, TrackersHook))
+                client.delete_run(hook.mlflow_run_id)
+
+    with caplog.at_level(logging.WARNING, logger="ppmulti"):
+        gone = toy_trainer(epochs=2, steps=2, run_dir=tmp_path / "proj" / "exp3", loggers=("mlflow",),
+                           hooks=[TrackersHook(), DeleteRun()])
+        gone.train()
+    assert gone.state.epoch == 2
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("MLflow:")]
+    assert len(warnings) == 1 and "MLflow: flush failed (MlflowException: " in warnings[0], warnings
+    assert "the rest of the run is not logged there" in warnings[0]
+
     experiment = client.get_experiment_by_name("proj")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert sorted(runs) == ["exp", "exp2"]                       # the resume added no run of its own
+    assert sorted(runs) == ["exp", "exp2"]                       # the resume added no run of its own (exp3: deleted)
     resumed = runs["exp"]
     assert resumed.info.status == "FINISHED" and runs["exp2"].info.status == "FAILED"
     assert set(m.step for m in client.get_metric_history(resumed.info.run_id, "epoch/lr")) == {1, 2, 3}
