@@ -489,3 +489,90 @@ def test_yolov5_command_line_downloads_converts_and_fine_tunes_on_two_ranks(tmp_
            "yolo_head.convs.2" in logs
     cfg = (tmp_path / "runs" / "train" / "exp" / "config.yml").read_text()
     assert "width_mult: 0.25" in cfg   # the model the .pt holds (yolov5n), as YOLOv5 builds it from the checkpoint
+
+
+# ------------------------------------------------------------------ --weights x.pt in val, detect and export
+def _eval_args(**kw):
+    base = dict(weights=None, cfg=None, config=None, data=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_a_pt_gives_the_tools_its_model_classes_names_and_anchors(env, state):
+    from ppmulti.rank.eval_setup import pt_model, resolve_model
+
+    W.save({"epoch": 9, "model": module_tree(state, nc=80), "ema": module_tree({**state, "model.24.anchors": GRID * 2}),
+            "optimizer": {"state": {}, "param_groups": []}}, env / "last.pt")
+    model = resolve_model(_eval_args(weights="last.pt"))
+    assert model.config.endswith("yolov5_n_300e_coco.yml") and model.weights == "last.pt" and model.from_pt
+    assert (model.weights_classes, model.names[:2], model.overrides["num_classes"]) == (80, ["c0", "c1"], 80)
+    assert model.overrides["YOLOv5Head"]["anchors"][0] == [[20.0, 26.0], [32.0, 60.0], [66.0, 46.0]]   # the ema's
+    assert model.note == "model: yolov5n from last.pt (YOLOv5 train.py checkpoint, 80 classes, its own anchors)"
+    given = pt_model(_eval_args(weights="last.pt", cfg="yolov5s"), env / "last.pt")   # --cfg wins, as given
+    assert given.config.endswith("yolov5_s_300e_coco.yml") and given.overrides == {}
+    with pytest.raises(UserError, match=r"--weights mine.pt: file not found \(the names YOLOv5's release "):
+        resolve_model(_eval_args(weights="mine.pt"))
+    W.save({"model": W.Module("models.yolo.DetectionModel", yaml={**YOLOV5N, "width_multiple": 0.3},
+                              parameters={"w": W.Tensor(np.zeros(2, np.float32))})}, env / "odd.pt")
+    with pytest.raises(UserError, match=r"--weights odd.pt: its model is not a YOLOv5 v6/v7 n/s/m/l/x.*--cfg"):
+        resolve_model(_eval_args(weights="odd.pt"))
+    W.save({"model": W.Module("models.yolo.SegmentationModel")}, env / "seg.pt")
+    with pytest.raises(UserError, match=r"seg.pt.*segmentation model"):
+        resolve_model(_eval_args(weights="seg.pt"))
+
+
+def _detecting(state, nc: int = 3, cls: int = 1) -> dict:
+    """``state`` with a Detect head that sees class ``cls`` with full confidence in every cell (weights 0, biases
+    saturated), so that detect's output is known without a trained model; the layers before it are scaled so that
+    their activations stay finite (BN: identity; convolutions: 1 / sqrt(fan-in))."""
+    out = {}
+    for key, value in state.items():
+        leaf = key.rsplit(".", 1)[-1]
+        if ".bn." in key and leaf != "num_batches_tracked":
+            value = np.full_like(value, 1.0 if leaf in ("weight", "running_var") else 0.0)
+        elif key.endswith("conv.weight"):
+            value = value / np.sqrt(np.prod(value.shape[1:]))
+        out[key] = value
+    for i in range(3):
+        weight = out[f"model.24.m.{i}.weight"]
+        out[f"model.24.m.{i}.weight"] = np.zeros((3 * (5 + nc),) + weight.shape[1:], np.float32)
+        bias = np.full((3, 5 + nc), -12.0, np.float32)
+        bias[:, :4], bias[:, 4], bias[:, 5 + cls] = 0.0, 12.0, 12.0
+        out[f"model.24.m.{i}.bias"] = bias.reshape(-1)
+    return out
+
+
+@pytest.mark.slow
+def test_val_detect_and_export_take_a_release_pt_by_name(tmp_path, state):
+    """`val.py --weights yolov5n.pt --data data.yaml` with no --cfg and the .pt on no disk: downloaded once from a
+    loopback mirror, its ema converted once beside it; detect draws the .pt's class names, export writes them."""
+    from conftest import REPO, clean_env, run_tool
+
+    from ppmulti.common.synthdata import generate
+
+    generate(tmp_path / "data", fmt="yolo", n_train=2, n_val=4, size=64, seed=5)
+    body = release(tmp_path / "src.pt", _detecting(yolov5_state(nc=3)), nc=3).read_bytes()
+    env = {**clean_env(), XDG_CACHE_HOME: str(tmp_path / "cache")}
+    cache = tmp_path / "cache" / "ppmulti" / "weights"
+
+    def tool(*argv):
+        proc = run_tool([str(REPO / "tools" / argv[0]), "--weights", "yolov5n.pt", *argv[1:]], cwd=tmp_path,
+                        env=env)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        return proc.stdout + proc.stderr
+
+    with serve({"yolov5n.pt": body}) as (url, hits):
+        env[PPMULTI_WEIGHTS_MIRROR] = url
+        out = tool("val.py", "--data", "data/data.yaml", "--img", "64", "--workers", "0")
+        assert "model: yolov5n from yolov5n.pt (YOLOv5 release, 3 classes)" in out
+        assert '"images": 4' in out
+        out = tool("detect.py", "--source", "data/images/val", "--imgsz", "64", "--max-det", "2", "--save-txt")
+        assert "64x64 2 c1," in out   # the .pt's own name for class 1
+        labels = (tmp_path / "runs" / "detect" / "exp" / "labels" / "000000.txt").read_text().split("\n")
+        assert [line.split()[0] for line in labels if line] == ["1", "1"]
+        tool("export.py", "--include", "paddle", "--imgsz", "64")
+    assert hits == ["/v7.0/yolov5n.pt"]   # one download for all three tools
+    assert (cache / "yolov5n.pt").read_bytes() == body and len(list(cache.glob(".yolov5n.pt.*.ema.v1.pdparams"))) == 1
+    import yaml
+
+    assert yaml.safe_load((cache / "yolov5n_paddle_model" / "infer_cfg.yml").read_text())["label_list"] == \
+        ["c0", "c1", "c2"]

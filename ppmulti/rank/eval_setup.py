@@ -30,15 +30,33 @@ class EvalModel:
     weights_classes: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    names: list[str] | None = None   # class names a YOLOv5 .pt carries (for detect/export without --data)
+    from_pt: bool = False
+
+
+PT_SUFFIXES = (".pt", ".pth")
+
+
+def pt_file(weights: str) -> Path:
+    """``--weights x.pt`` as training takes it: the file on disk, else a YOLOv5 release asset (yolov5s.pt) from the
+    cache, downloaded into it once."""
+    from ppmulti.common import download
+
+    p = Path(weights)
+    if p.is_file():
+        return p
+    found = download.cached_yolov5(weights) or download.yolov5_weights(weights)
+    if found is None:
+        raise UserError(f"--weights {weights}: file not found (the names YOLOv5's release downloads are "
+                        f"{', '.join(download.YOLOV5_ASSETS)})")
+    return Path(found)
 
 
 def weights_file(weights: str) -> Path:
     """``--weights`` as a .pdparams path: a file, a stem without the suffix, or a run directory (weights/best)."""
     p = Path(weights)
-    if p.suffix in (".pt", ".pth"):
-        raise UserError(f"--weights {weights}: a PyTorch checkpoint; convert it once with `python "
-                        f"tools/convert_yolov5.py {weights} OUT.pdparams --cfg yolov5s` (no torch needed), "
-                        f"then pass OUT.pdparams")
+    if p.suffix in PT_SUFFIXES:
+        return pt_file(weights)
     if p.is_dir():
         if (p / "weights" / "best.pdparams").is_file():
             return p / "weights" / "best.pdparams"
@@ -87,6 +105,8 @@ def resolve_model(args: argparse.Namespace) -> EvalModel:
     if args.config and args.cfg:
         raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
     path = weights_file(args.weights) if args.weights else None
+    if path is not None and path.suffix in PT_SUFFIXES:
+        return pt_model(args, path)
     state = load_state(path) if path else {}
     nc = weights_classes(state)
     weights = str(path) if path else None
@@ -107,6 +127,46 @@ def resolve_model(args: argparse.Namespace) -> EvalModel:
     return EvalModel(model_names()[name], weights, nc, {"num_classes": nc},
                      note=f"model: {name} inferred from {path.name} ({nc} classes, COCO anchors; "
                           f"pass --cfg MODEL.yaml for other anchors)")
+
+
+def pt_model(args: argparse.Namespace, path: Path) -> EvalModel:
+    """A YOLOv5 .pt (read without torch; its ema when it has one, as YOLOv5's val/detect load it): -c or --cfg
+    when given, else the model size, classes, names and anchors the checkpoint holds. The loader converts it once
+    and caches the conversion beside it (ppmulti/rank/models/convert.py)."""
+    from ppmulti.rank.engine.pretrained import _own_anchors
+    from ppmulti.rank.models.convert import read_pt
+    from ppmulti.rank.yolo_config import model_names, resolve_cfg
+
+    read = read_pt(str(path), prefer="ema", arrays=False)
+    nc = read.num_classes
+    head = read.state.get("model.24.m.0.weight")
+    if nc is None and head is not None:
+        nc = int(head.shape[0]) // YOLOV5_ANCHORS_PER_LEVEL - 5
+    names = read.names if read.names and len(read.names) == nc else None
+    if args.config:
+        return EvalModel(args.config, str(path), nc, from_pt=True)
+    if args.cfg:
+        choice = resolve_cfg(args.cfg)
+        return EvalModel(choice.config, str(path), nc, dict(choice.overrides), names=names, from_pt=True)
+    if read.cfg is None:
+        raise UserError(f"--weights {args.weights}: its model is not a YOLOv5 v6/v7 n/s/m/l/x (the checkpoint "
+                        f"holds no model yaml of those sizes); pass --cfg MODEL.yaml")
+    overrides: dict[str, Any] = {"num_classes": nc} if nc is not None else {}
+    anchors = _own_anchors(read)
+    if anchors is not None:   # AutoAnchor's, kept in the checkpoint: YOLOv5 detects with them
+        overrides["YOLOv5Head"] = {"anchors": anchors}
+    return EvalModel(model_names()[read.cfg], str(path), nc, overrides, names=names, from_pt=True,
+                     note=f"model: {read.cfg} from {path.name} (YOLOv5 {read.kind}, {nc} classes"
+                          f"{', its own anchors' if anchors is not None else ''})")
+
+
+def _names_dataset(cfg, names: list[str]) -> None:
+    """The .pt's class names as the TestDataset categories that detect draws and export writes."""
+    from ppmulti.rank.data.yolo import cache_json, coco_json
+
+    test = cfg["TestDataset"]
+    test.clear()
+    test.update({"name": "ImageFolder", "anno_path": cache_json(coco_json([], names), "names")})
 
 
 def _nms_sections(cfg) -> list[dict]:
@@ -130,6 +190,9 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
 
         if model.overrides:
             merge_config(copy.deepcopy(model.overrides))
+        if model.from_pt and not args.data and not args.config:
+            raise UserError(f"--weights {args.weights}: pass --data DATA.yaml, the data to evaluate on (YOLOv5's "
+                            f"val.py takes coco128.yaml when none is given; ppmulti downloads no data set)")
         if args.data:
             if "EvalDataset" in cfg:
                 cfg["EvalDataset"].clear()   # so that a --data without a val split cannot leave the old one in place
@@ -196,6 +259,8 @@ def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None
                 and model.weights_classes != int(cfg["num_classes"]):
             raise UserError(f"{model.weights} predicts {model.weights_classes} classes but config {model.config} "
                             f"has num_classes={cfg['num_classes']}; pass the config the weights were trained with")
+        if model is not None and model.names:
+            _names_dataset(cfg, model.names)
         if imgsz:
             apply_imgsz(cfg, int(imgsz))
         if one_image:
