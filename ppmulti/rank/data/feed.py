@@ -14,13 +14,24 @@ batches while the last ones train and while the epoch is evaluated.
 A sampler that reads training results at each epoch's start (--image-weights: the last evaluation's per-class
 mAP) declares ``drawn_at_epoch_start = True`` and keeps a fresh iterator per epoch, as does any loader that is
 not a ppdet reader (a list, a test's iterable).
+
+Without workers (``worker_num: 0``), Paddle's single-process iterator makes the batches in a thread of its own,
+and when the dataset or a transform raises there, the trainer waits on its queue forever (Paddle 2.6 and 3.x
+alike). So a reader without workers is iterated by ``ThreadBatches`` instead: the same batches (the reader's
+dataset, batch sampler and collate function), made one or two ahead in a thread, whose error is raised in the
+trainer, after one line naming the image.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import logging
+import queue
+import threading
+from typing import Any, Iterator, Mapping
 
 from ppmulti.rank import compat
+
+log = logging.getLogger("ppmulti")
 
 
 class EpochTaggedSampler:
@@ -67,6 +78,114 @@ class EpochTaggedDataset:
         return len(self.dataset)
 
 
+class ThreadBatches:
+    """Batches of ``dataset`` in ``batch_sampler``'s order through ``collate_fn`` (Paddle's default collate when
+    None), made ``ahead`` at most in one thread, handed over as Paddle tensors (as a DataLoader without workers
+    hands them): what ``Feed`` iterates for a reader without workers. An exception in the thread is raised by
+    ``next()``; ``close()`` (or dropping the iterator) stops the thread."""
+
+    def __init__(self, dataset: Any, batch_sampler: Any, collate_fn: Any, ahead: int = 2):
+        if collate_fn is None:
+            from paddle.io.dataloader.collate import default_collate_fn as collate_fn
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(ahead)))
+        self._stop = threading.Event()
+        self._done = False
+        # the thread holds the queue and the event, not this object, so that dropping the iterator stops it
+        self._thread = threading.Thread(target=_make_batches,
+                                        args=(self._queue, self._stop, dataset, batch_sampler, collate_fn),
+                                        name="ppmulti-batches", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> "ThreadBatches":
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        kind, value = self._queue.get()
+        if kind == "batch":
+            return _to_tensors(value)
+        self._done = True
+        self.close()
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.1)   # frees a put that waits
+            except queue.Empty:
+                pass
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+
+def _make_batches(out: queue.Queue, stop: threading.Event, dataset: Any, batch_sampler: Any,
+                  collate_fn: Any) -> None:
+    """ThreadBatches' thread: ("batch", b) for each batch, then ("end", None), or ("error", exc) where one raised."""
+
+    def put(item: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for indices in batch_sampler:
+            samples = []
+            for key in indices:
+                try:
+                    samples.append(dataset[key])
+                except Exception as exc:
+                    text = str(exc).strip()
+                    log.error("loading %s failed: %s%s", _sample_name(dataset, key), type(exc).__name__,
+                              f": {text.splitlines()[0]}" if text else "")
+                    raise
+            if not put(("batch", collate_fn(samples))):
+                return
+        put(("end", None))
+    except BaseException as exc:   # noqa: BLE001 -- handed to the trainer's thread, raised there
+        put(("error", exc))
+
+
+def _sample_name(dataset: Any, key: Any) -> str:
+    """The image behind ``dataset[key]`` (a ppdet record's im_file) for the error line, else the sample's index."""
+    if isinstance(key, tuple) and isinstance(dataset, EpochTaggedDataset):
+        dataset, key = dataset.dataset, key[1]
+    try:
+        record = dataset.roidbs[int(key)]
+        return f"image {record['im_file']}"
+    except Exception:   # noqa: BLE001 -- a dataset without ppdet's records
+        return f"sample {key}"
+
+
+def _to_tensors(batch: Any) -> Any:
+    """numpy arrays in a (nested) batch as Paddle tensors, other values as they are (Paddle's DataLoader's rule)."""
+    import numpy as np
+    import paddle
+
+    if isinstance(batch, np.ndarray):
+        return paddle.to_tensor(batch)
+    if isinstance(batch, Mapping):
+        return {k: _to_tensors(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [_to_tensors(v) for v in batch]
+    return batch
+
+
+def batches_of(dataloader: Any) -> Any:
+    """An iterator over a paddle.io.DataLoader: its own with workers, ``ThreadBatches`` without."""
+    if getattr(dataloader, "num_workers", 1) == 0:
+        return ThreadBatches(dataloader.dataset, dataloader.batch_sampler, dataloader.collate_fn)
+    return iter(dataloader)
+
+
 class Feed:
     """A trainer's batches, epoch by epoch: ``for step, batch in feed.epoch(e, skip, end)`` yields epoch
     ``e``'s steps from ``skip`` on. One loader iterator serves consecutive epochs up to ``end`` (the run's
@@ -94,8 +213,8 @@ class Feed:
         if self._batches is None or self._next != (epoch, skip):
             self.close()
             tagged = EpochTaggedSampler(self._sampler(), epoch, max(end or 0, epoch + 1), skip)
-            self._batches = iter(compat.loader_like(self.loader, EpochTaggedDataset(self.loader.dataloader.dataset),
-                                                          tagged))
+            self._batches = batches_of(compat.loader_like(self.loader,
+                                                          EpochTaggedDataset(self.loader.dataloader.dataset), tagged))
         self._next = None   # mid-epoch: a stop here leaves the iterator unusable for a later request
         for step in range(skip, len(self._sampler())):
             yield step, next(self._batches)
@@ -105,12 +224,23 @@ class Feed:
         sampler = self._sampler()
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)   # a new shuffle every epoch, identical across ranks
-        for step, data in enumerate(compat.epoch_batches(self.loader)):   # drawn after set_epoch
-            if step >= skip:
-                yield step, data
+        made = getattr(self.loader, "dataloader", None)
+        if made is not None and getattr(made, "num_workers", 1) == 0:
+            batches = batches_of(compat.loader_like(self.loader, made.dataset, sampler))
+        else:
+            batches = compat.epoch_batches(self.loader)   # drawn after set_epoch
+        try:
+            for step, data in enumerate(batches):
+                if step >= skip:
+                    yield step, data
+        finally:
+            if isinstance(batches, ThreadBatches):
+                batches.close()
 
     def close(self) -> None:
         """Stop the run-long iterator's workers (and its prefetching thread)."""
         batches, self._batches, self._next = self._batches, None, None
-        if batches is not None:
+        if isinstance(batches, ThreadBatches):
+            batches.close()
+        elif batches is not None:
             compat.close_batches(batches)
