@@ -106,10 +106,14 @@ def run(args) -> int:
     check_stack()   # one line about a broken install, before ppdet is imported
     from ppmulti.rank.engine.sources import FrameReader
 
-    with FrameReader(source, args.vid_stride) as frames:   # sources opened before the model loads; closed on exit
-        if frames.stream_info:
-            print(frames.stream_info, file=sys.stderr)
-        return _detect(args, frames)
+    try:
+        with FrameReader(source, args.vid_stride) as frames:   # opened before the model loads; closed on any exit
+            if frames.stream_info:
+                print(frames.stream_info, file=sys.stderr)
+            return _detect(args, frames)
+    except KeyboardInterrupt:   # while the model loads (run_detect handles its own): one line, not a traceback
+        print("stopped by Ctrl-C before the first frame", file=sys.stderr)
+        return 130
 
 
 def _console() -> None:
