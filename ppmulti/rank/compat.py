@@ -802,6 +802,22 @@ def batchnorm_state_names() -> tuple[str, str]:
     return "_mean", "_variance"
 
 
+def batchnorm_data_format(layer: Any) -> str:
+    """The layout a BatchNorm normalises in ("NCHW", "NHWC", "NCL", ...): Paddle 2.6.2 keeps it in ``_data_format``."""
+    return layer._data_format
+
+
+def batchnorm_running_stats(layer: Any) -> tuple[Any, Any]:
+    """A BatchNorm's running mean and variance tensors (the buffers named by ``batchnorm_state_names``)."""
+    return layer._mean, layer._variance
+
+
+def share_batchnorm_running_stats(src: Any, dst: Any) -> None:
+    """Make BatchNorm ``dst`` keep its running statistics in ``src``'s tensors, as Paddle's own
+    ``SyncBatchNorm.convert_sync_batchnorm`` hands them over (assigning the ``_mean`` / ``_variance`` buffers)."""
+    dst._mean, dst._variance = src._mean, src._variance
+
+
 @dataclass
 class Conv2DFacts:
     """What a ``paddle.nn.Conv2D`` was built with, in the form its forward uses (Paddle 2.6.2's ``_ConvNd``)."""

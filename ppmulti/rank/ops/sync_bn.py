@@ -11,6 +11,8 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
+from ppmulti.rank import compat
+
 log = logging.getLogger("ppmulti")
 
 __all__ = ["CollectiveSyncBatchNorm", "convert_sync_batchnorm"]
@@ -51,7 +53,9 @@ class _SyncBatchNormFn(PyLayer):
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
         w_fixed, b_fixed, w_dtype = weight.stop_gradient, bias.stop_gradient, weight.dtype
-        fmt = layer._data_format
+        fmt = compat.batchnorm_data_format(layer)
+        eps, momentum = compat.batchnorm_eps_momentum(layer)
+        running_mean, running_var = compat.batchnorm_running_stats(layer)
         axis = _channel_axis(fmt, x.ndim)
         channels = x.shape[axis]
         in_dtype = x.dtype
@@ -65,15 +69,14 @@ class _SyncBatchNormFn(PyLayer):
         # E[x^2] - E[x]^2 in float32: the activations BatchNorm sees are not far enough from zero for the
         # cancellation to matter; clipped so that rounding never makes it negative
         var = paddle.clip(stats[channels:2 * channels] / n - mean * mean, min=0.0)
-        y = F.batch_norm(x, mean, var, weight=weight, bias=bias, training=False, epsilon=layer._epsilon,
-                         data_format=fmt)
+        y = F.batch_norm(x, mean, var, weight=weight, bias=bias, training=False, epsilon=eps, data_format=fmt)
         # Paddle's running statistics, as its batch_norm and sync_batch_norm kernels keep them: the weight of the
         # old value is the momentum, and the variance is the biased one that normalised the batch
-        momentum = float(layer._momentum)
+        momentum = float(momentum)
         with paddle.no_grad():
-            paddle.assign(layer._mean * momentum + mean * (1.0 - momentum), layer._mean)
-            paddle.assign(layer._variance * momentum + var * (1.0 - momentum), layer._variance)
-        invstd = paddle.rsqrt(var + layer._epsilon)
+            paddle.assign(running_mean * momentum + mean * (1.0 - momentum), running_mean)
+            paddle.assign(running_var * momentum + var * (1.0 - momentum), running_var)
+        invstd = paddle.rsqrt(var + eps)
         ctx.save_for_backward(x, mean, invstd, weight)
         ctx.facts = (fmt, axis, channels, n, in_dtype, w_dtype, w_fixed, b_fixed)
         return y if in_dtype == paddle.float32 else y.astype(in_dtype)
@@ -107,9 +110,10 @@ class CollectiveSyncBatchNorm(nn.SyncBatchNorm):
     def forward(self, x):
         self._check_data_format()
         if not self.training or pdist.get_world_size() <= 1:
-            return nn.functional.batch_norm(x, self._mean, self._variance, weight=self.weight, bias=self.bias,
-                                            training=self.training, momentum=self._momentum,
-                                            epsilon=self._epsilon, data_format=self._data_format)
+            eps, momentum = compat.batchnorm_eps_momentum(self)
+            return F.batch_norm(x, *compat.batchnorm_running_stats(self), weight=self.weight, bias=self.bias,
+                                training=self.training, momentum=momentum, epsilon=eps,
+                                data_format=compat.batchnorm_data_format(self))
         weight, bias = self.weight, self.bias
         channels = self._num_features
         if weight is None:   # built with weight_attr=False: a fixed scale of one
@@ -126,7 +130,8 @@ def _is_batchnorm(layer) -> bool:
 
 
 def _converted(bn) -> CollectiveSyncBatchNorm:
-    new = CollectiveSyncBatchNorm(bn._num_features, bn._momentum, bn._epsilon, data_format=bn._data_format,
+    eps, momentum = compat.batchnorm_eps_momentum(bn)
+    new = CollectiveSyncBatchNorm(bn._num_features, momentum, eps, data_format=compat.batchnorm_data_format(bn),
                                   weight_attr=False if bn.weight is None else None,
                                   bias_attr=False if bn.bias is None else None)
     # the same parameter objects: the optimizer, EMA and checkpoints see no difference
@@ -134,8 +139,7 @@ def _converted(bn) -> CollectiveSyncBatchNorm:
         new.weight = bn.weight
     if bn.bias is not None:
         new.bias = bn.bias
-    new._mean = bn._mean
-    new._variance = bn._variance
+    compat.share_batchnorm_running_stats(bn, new)
     new.training = bn.training
     return new
 
