@@ -42,8 +42,8 @@ from ppmulti.rank.engine.hooks.plots import PlotsHook
 from ppmulti.rank.engine.hooks.results import RESULT_FIELDS, ResultsHook
 from ppmulti.rank.engine.hooks.resume import ResumeHook
 from ppmulti.rank.engine.hooks.signals import Interrupted, Interruption, StopOnSignalHook
-from ppmulti.rank.engine.hooks.trackers import TrackersHook
-from ppmulti.rank.engine.hooks.visualdl import HPARAM_METRICS, VisualDLHook, run_hparams
+from ppmulti.rank.engine.hooks.trackers import TrackersHook, VisualDLHook
+from ppmulti.rank.engine.hooks.visualdl import HPARAM_METRICS, run_hparams
 
 __all__ = ["HOOK_POINTS", "Hook", "StepOutputs", "host_losses", "CheckpointHook", "ConsoleLogHook", "EarlyStopHook",
            "EMAHook", "MixedPrecisionHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook",

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from ppmulti.common import envvars
 from ppmulti.common.trackers import display_uri
-from ppmulti.rank.engine.hooks.trackers import Tracker
+from ppmulti.rank.engine.hooks.tracking import Tracker
 
 log = logging.getLogger("ppmulti")
 

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from ppmulti.rank.engine.hooks.trackers import Tracker
+from ppmulti.rank.engine.hooks.tracking import Tracker
 
 log = logging.getLogger("ppmulti")
 

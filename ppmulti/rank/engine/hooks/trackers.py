@@ -12,6 +12,8 @@ from ppmulti.common.errors import first_line
 from ppmulti.common.secrets import Redactor
 from ppmulti.rank import dist
 from ppmulti.rank.engine.hooks.base import Hook, host_losses
+from ppmulti.rank.engine.hooks.tracking import Tracker
+from ppmulti.rank.engine.hooks.visualdl import run_hparams, vdl_wanted
 
 log = logging.getLogger("ppmulti")
 
@@ -19,32 +21,8 @@ PICTURES = ("*.png", "*.jpg")   # the run directory's pictures (plots, mosaics, 
 FILES = ("results.csv", "opt.yaml", "hyp.yaml", "config.yml", "metrics.json")   # MLflow keeps these too
 
 
-class Tracker:
-    """What the hook asks of a tracker; each method may raise (the hook then stops using that tracker)."""
-
-    label = "tracker"
-
-    def hparams(self, hp: dict) -> None: ...
-
-    def scalars(self, values: dict[str, float], step: int) -> None: ...
-
-    def pictures(self, paths: list[Path], step: int) -> None: ...
-
-    def files(self, paths: list[Path]) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def close(self, status: str) -> None:
-        """``status``: FINISHED, KILLED (stopped by a signal) or FAILED (training raised)."""
-
-    def redact(self, text: str) -> str:
-        return text
-
-
 def chosen(trainer) -> tuple[str, ...]:
     """The run's trackers: --logger's, else VisualDL unless the config's use_vdl is false."""
-    from ppmulti.rank.engine.hooks.visualdl import vdl_wanted
-
     loggers = getattr(trainer.opts, "loggers", None)
     if loggers is not None:
         return tuple(loggers)
@@ -54,8 +32,6 @@ def chosen(trainer) -> tuple[str, ...]:
 def run_params(trainer) -> dict:
     """The run's hyperparameters for the trackers: VisualDL's summary (visualdl.run_hparams), the options under
     ``opt/`` (YOLOv5's opt.yaml record, else TrainOptions) and the hyp values under ``hyp/``; int, float or str."""
-    from ppmulti.rank.engine.hooks.visualdl import run_hparams
-
     hp = dict(run_hparams(trainer))
     for key, value in _options(trainer.opts).items():
         hp[f"opt/{key}"] = value
@@ -113,7 +89,7 @@ def run_pictures(run_dir) -> list[Path]:
 
 def _build(tracker: str, trainer, resumed: dict) -> Tracker:
     if tracker == names.VISUALDL:
-        from ppmulti.rank.engine.hooks.visualdl import VisualDLTracker
+        from ppmulti.rank.engine.hooks.visualdl import VisualDLTracker   # visualdl: imported when chosen
 
         return VisualDLTracker(trainer)
     if tracker == names.TENSORBOARD:
@@ -236,3 +212,15 @@ class TrackersHook(Hook):
 
     def load_state_dict(self, state: dict) -> None:
         self.resumed = dict(state or {})
+
+
+class VisualDLHook(TrackersHook):
+    """The trackers hook with VisualDL alone (a Trainer built from parts; built runs take ``TrackersHook``, which
+    follows --logger): hyperparameters, step and epoch scalars, mAP, pictures, under ``run_dir/vdl``."""
+
+    def __init__(self):
+        super().__init__(only=names.DEFAULT)
+
+    def before_train(self, trainer) -> None:
+        self.only = names.DEFAULT if vdl_wanted(trainer.cfg) else ()
+        super().before_train(trainer)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppmulti.common import trackers as names
-from ppmulti.rank.engine.hooks.trackers import Tracker, TrackersHook
+from ppmulti.rank.engine.hooks.tracking import Tracker
 
 
 HPARAM_METRICS = ["eval/mAP50", "eval/mAP50_95"]
@@ -83,15 +82,3 @@ class VisualDLTracker(Tracker):
 
     def close(self, status: str) -> None:
         self.writer.close()
-
-
-class VisualDLHook(TrackersHook):
-    """The trackers hook with VisualDL alone (a Trainer built from parts; built runs take ``TrackersHook``, which
-    follows --logger): hyperparameters, step and epoch scalars, mAP, pictures, under ``run_dir/vdl``."""
-
-    def __init__(self):
-        super().__init__(only=names.DEFAULT)
-
-    def before_train(self, trainer) -> None:
-        self.only = names.DEFAULT if vdl_wanted(trainer.cfg) else ()
-        super().before_train(trainer)
