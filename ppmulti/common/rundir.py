@@ -56,6 +56,31 @@ def new_run_dir(base: Path | str, name: str, exist_ok: bool = False, where: str 
             n += 1
 
 
+# What a run writes before its first step: the resolved config, the options, the start of its log, the ranks' logs.
+STARTUP_FILES = ("config.yml", "opt.yaml", "hyp.yaml", "train.log")
+
+
+def unstarted(run_dir: Path | str) -> bool:
+    """Whether ``run_dir`` holds only what a run writes before its first step (STARTUP_FILES, logs/*.log, an empty
+    weights/): a run refused at start made it, and nothing in it is worth keeping."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        return False
+    for path in root.rglob("*"):
+        parts = path.relative_to(root).parts
+        if path.is_symlink():
+            return False
+        if path.is_dir():
+            if parts in (("weights",), ("logs",)):
+                continue
+            return False
+        if (len(parts) == 1 and parts[0] in STARTUP_FILES) or \
+                (len(parts) == 2 and parts[0] == "logs" and parts[1].endswith(".log")):
+            continue
+        return False
+    return True
+
+
 def newest_run(output: str | None) -> Path:
     """Bare ``--resume``: the most recently written ``weights/last`` under the usual run roots."""
     roots = [Path(output).parent] if output else [Path("runs/train"), Path("output")]

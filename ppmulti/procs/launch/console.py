@@ -13,6 +13,7 @@ env dumps in its log files and any value quoted in a worker's log (a traceback) 
 
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import re
@@ -40,6 +41,10 @@ _PADDLE_WARNING = re.compile(r"^\S*[/\\](site|dist)-packages[/\\]paddle[/\\]\S+:
 # ppmulti names the failed rank itself (runner._RankWatch).
 _CONTAINER_FAILED = re.compile(r"^LAUNCH ERROR .*Container failed")
 _CONTAINER_LINES = re.compile(r"^(Container rank |env \{|env \(values hidden)")
+# After a rank fails, Paddle's launcher logs this header (stderr) and then prints the last 3000 bytes of the failed
+# rank's log (stdout), most of which rank 0's log copy has shown already (controllers/controller.py, job/container.py)
+_ERROR_DETAIL = re.compile(r"ERROR LOG DETAIL")
+REPEATS_KEPT = 500   # the console lines remembered to hide that repeat (the tail is 3000 bytes)
 # Paddle 3's "Modified FLAGS detected" banner: a ==== line, FLAGS(...) lines, a ==== line.
 _FLAGS_BANNER = re.compile(r"^=+ Modified FLAGS detected =+$")
 _RULE = re.compile(r"^=+$")
@@ -94,6 +99,10 @@ class LauncherOutput:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._log: IO[str] | None = None
+        self._shown: dict[str, None] = {}   # the console's last lines (insertion-ordered), to hide repeats
+        self._detail = False                # Paddle's ERROR LOG DETAIL has begun
+        self._tail_start = False            # ... and no line has been shown or hidden since
+        self._recent: collections.deque[str] = collections.deque(maxlen=200)   # every line, shown or not
 
     def child_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The launcher's environment without the switch that makes Paddle 3 print a failed rank's env; with
@@ -124,6 +133,12 @@ class LauncherOutput:
                 if self._log is not None:
                     self._log.write(line)
                     self._log.flush()
+                if _ERROR_DETAIL.search(line):
+                    self._detail, self._tail_start = True, True
+                text = line.rstrip("\r\n")
+                if not self.verbose and not hidden and self._repeat(text):
+                    hidden = True
+                self._recent.append(text)
                 if self.verbose or not hidden:
                     try:
                         target.write(line)
@@ -131,6 +146,23 @@ class LauncherOutput:
                     except (OSError, ValueError):   # the console went away: keep the log file going
                         pass
         pipe.close()
+
+    def _repeat(self, text: str) -> bool:
+        """Whether a console line repeats one shown before and is to be hidden: within Paddle's error detail, any
+        shown line, a blank one, or, as its first line, the end of any line seen (the tail starts mid-line);
+        anywhere, an ``error:`` line (each rank refuses bad input in the same words). Notes a line that is shown.
+        Called under the lock."""
+        first, self._tail_start = self._tail_start, False
+        if self._detail and not text.strip():
+            return True
+        if text in self._shown:
+            return self._detail or text.startswith("error: ")
+        if first and any(line.endswith(text) for line in self._recent):
+            return True
+        self._shown[text] = None
+        if len(self._shown) > REPEATS_KEPT:
+            del self._shown[next(iter(self._shown))]
+        return False
 
     def close(self, timeout: float = 10.0) -> None:
         """Wait for the pipes to drain (the launcher has exited), then scrub the log dir."""

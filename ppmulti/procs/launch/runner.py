@@ -337,6 +337,29 @@ def _report_interrupt(plan: LaunchPlan, launch_dir: str, signum: int, command: l
     return 128 + signum
 
 
+REFUSED = f"exited with code {UserError.exit_code}"   # worker.py's failed mark for a UserError's (or argparse's) exit
+
+
+def refused_at_start(failed: Mapping[int, str]) -> bool:
+    """Whether the ranks that failed all refused their input (exit code 2: a UserError's one line, or argparse's),
+    as every rank does with a bad flag, key or data set before training starts."""
+    return bool(failed) and all(cause == REFUSED for cause in failed.values())
+
+
+def _drop_unstarted_run(launch_dir: str) -> None:
+    """Remove the run directory this launch made (noted in the launch directory) when the ranks refused before
+    writing anything but the start of their logs, so that the corrected command gets the same name (exp, not
+    exp2)."""
+    from ppmulti.common.rundir import unstarted
+
+    try:
+        run_dir = open(os.path.join(launch_dir, RUN_DIR_MARKER)).read().strip()
+    except OSError:
+        return
+    if run_dir and unstarted(run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def _shown(path: str | None) -> str | None:
     """A path as the user would type it from here: relative when under the working directory."""
     if path is None:
@@ -384,6 +407,10 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
                 return _report_interrupt(plan, launch_dir, interrupted[0], command, out)
             if rc == 0:
                 return rc
+            if refused_at_start(watch.failed()):   # each rank said why in one line: nothing to add or restart
+                if plan.node_rank == 0:
+                    _drop_unstarted_run(launch_dir)
+                return UserError.exit_code
             cause = dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause()
             if attempt < restarts:
                 _log(f"{cause}; restarting every rank ({attempt + 1} of {restarts} restarts), "
