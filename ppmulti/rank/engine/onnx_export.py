@@ -118,8 +118,10 @@ def check_loads(data: bytes, what: str) -> None:
     """onnxruntime (CPU) builds a session from the model, else a RuntimeError naming the step that broke it."""
     import onnxruntime
 
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3   # not its warnings about paddle2onnx's unused constants, one line each
     try:
-        onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+        onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except Exception as exc:   # noqa: BLE001 - onnxruntime raises its own types for invalid graphs
         raise RuntimeError(f"{what}: onnxruntime cannot load the result: {str(exc).splitlines()[0]}") from exc
 
