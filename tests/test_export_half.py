@@ -66,6 +66,22 @@ def test_half_paddle_model_is_one_line_on_this_build():
         export.run(export.parse(["--weights", "missing.pdparams", "--include", "paddle", "--half"]))
 
 
+def test_half_onnx_without_paddle2onnx_says_what_float32_says(tmp_path):
+    """Where paddle2onnx is missing (Python 3.13 has none), --half changes nothing in the refusal."""
+    from conftest import DEMO_CONFIG, one_line_error
+
+    stub = tmp_path / "stub" / "paddle2onnx"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text('raise ImportError("No module named \'paddle2onnx\'")\n')
+    env = {"PYTHONPATH": f"{stub.parent}:{REPO}"}
+    lines = []
+    for half in ([], ["--half"]):
+        proc = run_tool(["tools/export.py", "-c", str(DEMO_CONFIG), "--format", "onnx", *half], env=env)
+        one_line_error(proc, "paddle2onnx")
+        lines.append([ln for ln in proc.stderr.splitlines() if ln.startswith("error:")])
+    assert lines[0] == lines[1]
+
+
 def test_missing_onnxslim_is_one_line(monkeypatch):
     from ppmulti.rank.engine import onnx_export
 
