@@ -1,8 +1,8 @@
-"""Evolution as commands: slot planning, the generation budget across processes, and real CPU evolutions."""
+"""Evolution as commands: slot planning, the generation budget of one Optuna study across processes, and real CPU
+evolutions (SQLite study by default, resumed, stopped and resumed)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +15,7 @@ import yaml
 from conftest import one_line_error
 from ppmulti.common import envvars as E
 from ppmulti.common.errors import UserError
+from ppmulti.procs.runs import evolve_study as S
 from ppmulti.procs.runs.evolve import EvolveStore
 from ppmulti.procs.runs.evolve_run import Slot, _strip, mutated_bounds, plan_slots
 
@@ -81,15 +82,24 @@ def test_only_hyps_that_act_here_are_mutated():
     (["--generations", "0", "--", "--cfg", "yolov5n"], "--generations 0"),
     (["--generations", "2", "--devices", "0,1", "--workers", "2", "--", "--cfg", "yolov5n"], "--workers"),
     (["--generations", "2", "--", "--cfg", "yolov5n", "--hyp", "nope.yaml"], "nope.yaml"),
+    (["--generations", "2", "--", "--cfg", "yolov5n", "--storage", "sqlite:///x.db"], "--storage in the training"),
+    (["--", "--cfg", "yolov5n"], "--generations N is required"),
+    (["--generations", "1", "--storage", "nonsense", "--", "--cfg", "yolov5n"], "--storage nonsense: not a database"),
+    (["--generations", "1", "--detach", "--storage", "postgresql://u:pw-secret-9@h/db", "--", "--cfg", "yolov5n"],
+     "--storage with a password and --detach"),
+    (["--dashboard", "--project", "nowhere"], "no evolve.db in"),
 ])
 def test_evolve_bad_input_is_one_line(tmp_path, args, needle):
-    one_line_error(_cli(["evolve", *args], tmp_path), needle)
+    proc = _cli(["evolve", *args], tmp_path)
+    one_line_error(proc, needle)
+    assert "pw-secret-9" not in proc.stdout + proc.stderr
 
 
 def test_other_hyp_set_in_the_same_project_is_refused(tmp_path):
-    EvolveStore(tmp_path / "evolve.csv").append({"mAP50": 0.1, "mAP50_95": 0.1}, {"lr0": 0.01})
+    storage = S.open_storage(S.default_storage(tmp_path))
+    S.open_study(storage, tmp_path.name, None, {"lr0": 0.01}, "test")
     proc = _cli(["evolve", "--generations", "2", "--project", str(tmp_path), "--", "--cfg", "yolov5n"], tmp_path)
-    one_line_error(proc, "other hyperparameters")
+    one_line_error(proc, "evolves other hyperparameters")
 
 
 # ----------------------------------------------------------------------------- the budget across processes
@@ -105,49 +115,49 @@ class Fake(Evolution):
         m = {"mAP50": round(0.5 * job.hyp["lr0"] * 10, 6), "mAP50_95": round(0.3 * job.hyp["lr0"] * 10, 6)}
         (job.directory / "metrics.json").write_text(json.dumps(m))
         return 0
-    def _write_best(self):
-        pass
 
 project, go = Path(sys.argv[1]), Path(sys.argv[2])
-base = {"lr0": 0.01, "momentum": 0.9, "box": 0.05}
+base = {"lr0": 0.01, "momentum": 0.9, "box": 0.05, "iou_t": 0.2}
 spec = EvolveSpec(project=project, generations=int(sys.argv[3]), train_args=(), base_hyp=base,
-                  slots=(Slot("a", ()), Slot("b", ())), seed=0)
+                  slots=(Slot("a", ()), Slot("b", ())), seed=0, heartbeat=2)   # two workers, as --workers 2
 while not go.exists():
     time.sleep(0.01)
-e = Fake(spec)
-import threading           # two worker threads per process, as ppmulti evolve --workers 2
-threads = [threading.Thread(target=e.worker, args=(s,)) for s in spec.slots]
-[t.start() for t in threads]
-[t.join() for t in threads]
+sys.exit(Fake(spec).run())
 """
 
 
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_generation_budget_holds_across_processes(tmp_path):
-    """4 processes x 2 worker threads claim slots under one lock: exactly N rows, each slot once."""
-    generations = 60
+    """3 processes x 2 worker threads ask one SQLite study at once: exactly N finished trials."""
+    import optuna
+    from optuna.trial import TrialState
+
+    generations = 12
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([sys.executable, "-c", _FAKE_WORKERS, str(tmp_path / "evo"), str(go), str(generations)],
-                              env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+                              env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(3)]
     time.sleep(1.0)
     go.touch()
     for p in procs:
-        _, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err
-    rows = EvolveStore(tmp_path / "evo" / "evolve.csv").rows()
-    assert len(rows) == generations
-    claims = json.loads((tmp_path / "evo" / "evolve.claims.json").read_text())
-    assert claims == {"claims": {}, "next": generations}
-    dirs = sorted(p.name for p in (tmp_path / "evo" / "candidates").iterdir())
-    assert dirs == [f"{i:04d}" for i in range(generations)]
-    # every candidate bred from recorded rows stays within the bounds and differs from its parent
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, out + err
+        assert f"{generations}/{generations} generations; best fitness" in out
+    study = optuna.load_study(study_name="evo", storage=S.default_storage(tmp_path / "evo"))
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(done) == generations
+    others = [t for t in study.trials if t.state != TrialState.COMPLETE]
+    # a trial asked at the same moment as another over the budget is failed before it gets hyps
+    assert all(t.state == TrialState.FAIL and not t.params and S.SKIPPED_ATTR in t.user_attrs for t in others)
+    assert len(EvolveStore(tmp_path / "evo" / "evolve.csv").rows()) == generations
+    assert done[0].number == 0 and done[0].params == {"lr0": 0.01, "momentum": 0.9, "box": 0.05, "iou_t": 0.2}
     bounds = mutated_bounds()
-    for d in dirs[1:]:
-        parent = yaml.safe_load((tmp_path / "evo" / "candidates" / d / "parent.yaml").read_text())
-        child = yaml.safe_load((tmp_path / "evo" / "candidates" / d / "hyp.yaml").read_text())
-        assert child != parent
+    for t in done[1:]:
+        directory = tmp_path / "evo" / "candidates" / f"{t.number:04d}"
+        parent = yaml.safe_load((directory / "parent.yaml").read_text())
+        child = yaml.safe_load((directory / "hyp.yaml").read_text())
+        assert child == t.params and child != parent
         assert all(bounds[k][1] <= child[k] <= bounds[k][2] for k in child if k in bounds)
 
 
@@ -205,28 +215,32 @@ def test_evolve_on_cpu_two_workers_resumes(tmp_path, tiny_yolo):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "training candidate" not in again.stdout and len(store.rows()) == 3
 
-    # a torn line is reported and skipped; more generations continue from what is recorded
-    with open(project / "evolve.csv", "a") as f:
-        f.write("0.1,0.2,garbage\n")
+    # more generations continue the study where it is
     more = _cli(cmd_for(4), tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
-    assert "skipping malformed line 5" in more.stderr
-    assert "3/4 generations recorded" in more.stdout and more.stdout.count("training candidate") == 1
+    assert "3/4 generations finished in study 'evo'" in more.stdout and more.stdout.count("training candidate") == 1
     assert len(store.rows()) == 4 and (project / "candidates" / "0003" / "parent.yaml").is_file()
 
 
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_train_py_evolve_one_worker(tmp_path, tiny_yolo):
+    import optuna
+
+    db = tmp_path / "studies" / "all.db"
     proc = subprocess.run([sys.executable, str(REPO / "tools/train.py"), *_train_args(tiny_yolo), "--device", "cpu",
-                           "--evolve", "1", "--project", str(tmp_path / "runs"), "--name", "ev"],
+                           "--evolve", "1", "--project", str(tmp_path / "runs"), "--name", "ev",
+                           "--storage", f"sqlite:///{db}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     project = tmp_path / "runs" / "ev"
     assert len(EvolveStore(project / "evolve.csv").rows()) == 1
     assert (project / "hyp_evolve.yaml").is_file() and (project / "evolve.png").is_file()
+    assert not (project / "evolve.db").exists()
+    assert len(optuna.load_study(study_name="ev", storage=f"sqlite:///{db}").trials) == 1
     console = (project / "candidates" / "0000" / "console.log").read_text()
     assert "--device cpu" in console and "--hyp" in console and "--evolve" not in console.splitlines()[0]
+    assert "--storage" not in console.splitlines()[0]
 
 
 @pytest.mark.slow
@@ -246,11 +260,15 @@ def test_stopped_evolution_resumes_its_candidate_from_the_checkpoint(tmp_path, t
     assert "SIGTERM: stopping 1 candidate" in err
     state = project / "candidates" / "0000" / "weights" / "last.pdstate"
     assert state.is_file() and EvolveStore(project / "evolve.csv").rows() == []
-    assert "0" in json.loads((project / "evolve.claims.json").read_text())["claims"]
+    import optuna   # the stopped trial failed, a copy with its hyps queued
+
+    trials = optuna.load_study(study_name="evo", storage=S.default_storage(project)).trials
+    assert [(t.number, t.state.name) for t in trials] == [(0, "FAIL"), (1, "WAITING")]
+    assert trials[1].system_attrs["failed_trial"] == 0 and trials[1].params == trials[0].params
 
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "resuming candidate 0" in again.stdout
+    assert "resuming candidate 0 (trial 1)" in again.stdout
     assert "resumed from" in (project / "candidates" / "0000" / "console.log").read_text()
     assert len(EvolveStore(project / "evolve.csv").rows()) == 1
     assert len((project / "candidates" / "0000" / "results.csv").read_text().splitlines()) == 1 + 4

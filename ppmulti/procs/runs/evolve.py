@@ -1,8 +1,8 @@
-"""Hyperparameter evolution: the shared evolve.csv, fitness, parent selection and mutation (YOLOv5's semantics).
+"""Hyperparameter evolution's YOLOv5 semantics: fitness, bounds, parent selection, mutation, and evolve.csv,
+hyp_evolve.yaml and evolve.png (the population itself lives in an Optuna study: ``evolve_study.py``).
 
-Several runs (possibly on several machines sharing a file system) append their results to one CSV;
-every read-modify and append holds ``<csv>.lock``, and a row is one ``write()`` + fsync, so rows
-never interleave. A torn or hand-edited line is skipped with a warning, never fatal.
+evolve.csv is written whole (atomically) from the study's finished trials, so a reader never sees half a row;
+a torn or hand-edited line in an old file is skipped with a warning, never fatal.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from filelock import FileLock
 
 from ppmulti.common.metrics import FITNESS_WEIGHTS, fitness  # noqa: F401  (one definition, shared with --patience)
 from ppmulti.common.errors import UserError
@@ -45,21 +44,30 @@ def _hyp_of(row: dict) -> dict[str, float]:
     return {k: v for k, v in row.items() if k not in METRIC_COLUMNS}
 
 
+def make_row(metrics: dict, hyp: dict) -> dict[str, float]:
+    """One evolve.csv row: fitness, mAP50, mAP50_95, then the hyps (numbers only)."""
+    try:
+        m50, m5095 = float(metrics["mAP50"]), float(metrics["mAP50_95"])
+    except KeyError as exc:
+        raise ValueError(f"metrics need 'mAP50' and 'mAP50_95', got {sorted(metrics)}") from exc
+    for k, v in hyp.items():
+        if "," in k or not k.strip() or k in METRIC_COLUMNS:
+            raise UserError(f"hyperparameter name {k!r} cannot be an evolve.csv column; rename it")
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            raise UserError(f"hyperparameter {k}={v!r} is not a number; only numeric hyps can be evolved") from None
+    return {"fitness": fitness({"mAP50": m50, "mAP50_95": m5095}), "mAP50": m50, "mAP50_95": m5095,
+            **{k: float(v) for k, v in hyp.items()}}
+
+
 class EvolveStore:
-    """One evolve.csv: header ``fitness,mAP50,mAP50_95,<hyp keys>``, one line per finished run."""
+    """One evolve.csv: header ``fitness,mAP50,mAP50_95,<hyp keys>``, one line per finished candidate; written
+    whole from the study (``write``), read by ``rows`` (also by ``ppmulti ps``)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.lock = FileLock(os.fspath(path) + ".lock")
         self._warned: set[tuple[int, str]] = set()
-
-    def _read_header(self) -> list[str] | None:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                first = f.readline()
-        except FileNotFoundError:
-            return None
-        return self._parse_header(first) if first.strip() else None
 
     def _parse_header(self, line: str) -> list[str]:
         cols = [c.strip() for c in line.strip().split(",")]
@@ -68,49 +76,20 @@ class EvolveStore:
                             f"'fitness,mAP50,mAP50_95,<unique hyp keys>'); move the file away or pick another path")
         return cols
 
-    def append(self, metrics: dict, hyp: dict) -> None:
-        """Append one run's result; the first writer fixes the hyp keys, later ones must match them."""
-        try:
-            m50, m5095 = float(metrics["mAP50"]), float(metrics["mAP50_95"])
-        except KeyError as exc:
-            raise ValueError(f"metrics need 'mAP50' and 'mAP50_95', got {sorted(metrics)}") from exc
-        for k, v in hyp.items():
-            if "," in k or not k.strip() or k in METRIC_COLUMNS:
-                raise UserError(f"hyperparameter name {k!r} cannot be an evolve.csv column; rename it")
-            try:
-                float(v)
-            except (TypeError, ValueError):
-                raise UserError(f"hyperparameter {k}={v!r} is not a number; only numeric hyps can be evolved") from None
-        values = {"fitness": fitness({"mAP50": m50, "mAP50_95": m5095}), "mAP50": m50, "mAP50_95": m5095,
-                  **{k: float(v) for k, v in hyp.items()}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock:
-            header = self._read_header()
-            text = ""
-            if header is None:
-                header = [*METRIC_COLUMNS, *hyp]
-                text = ",".join(header) + "\n"
-            elif set(header[3:]) != set(hyp):
-                missing, extra = sorted(set(header[3:]) - set(hyp)), sorted(set(hyp) - set(header[3:]))
-                raise UserError(f"{self.path} holds other hyperparameters than this run (missing {missing}, "
-                                f"extra {extra}); use a separate evolve.csv for a different hyp set")
-            text += ",".join(repr(values[k]) for k in header) + "\n"
-            with open(self.path, "a+b") as f:
-                if f.tell() > 0:  # a torn last line must not swallow this row
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":
-                        text = "\n" + text
-                f.write(text.encode("utf-8"))
-                f.flush()
-                os.fsync(f.fileno())
+    def write(self, rows: list[dict[str, float]]) -> None:
+        """Replace the file with ``rows`` (each as ``make_row`` returns it; the first fixes the columns)."""
+        if not rows:
+            return
+        header = list(rows[0])
+        lines = [",".join(header)] + [",".join(repr(float(r[k])) for k in header) for r in rows]
+        atomic_write_text(self.path, "\n".join(lines) + "\n")
 
     def rows(self) -> list[dict[str, float]]:
         """Every well-formed row as {column: float}; malformed lines are skipped (warned about once)."""
-        with self.lock:
-            try:
-                lines = self.path.read_text(encoding="utf-8").splitlines()
-            except FileNotFoundError:
-                return []
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
         if not lines or not lines[0].strip():
             return []
         header = self._parse_header(lines[0])
@@ -183,11 +162,6 @@ def breed(rows: list[dict], base_hyp: dict, rng: np.random.RandomState,
     return parent, mutate(parent, rng, bounds)
 
 
-def next_candidate(store: EvolveStore, base_hyp: dict, rng: np.random.RandomState) -> dict:
-    """The hyps for the next run: base_hyp mutated when the store is empty, else a mutated parent."""
-    return breed(store.rows(), base_hyp, rng)[1]
-
-
 def best(store: EvolveStore, rows: list[dict] | None = None) -> tuple[dict, dict] | None:
     """(metrics, hyp) of the fittest row, or None when there is none; ``rows``: the store's rows, already read."""
     rows = store.rows() if rows is None else rows
@@ -205,9 +179,15 @@ def _best_or_error(store: EvolveStore, rows: list[dict] | None = None) -> tuple[
 
 
 def write_best_yaml(store: EvolveStore, path: str | os.PathLike, rows: list[dict] | None = None) -> None:
-    """Write the best row's hyps as YAML (atomically), with its metrics as a comment (``rows``: as for best)."""
+    """Write the best row's hyps as YAML (atomically) under YOLOv5's comment header: best and last generation
+    (0-based rows of evolve.csv) and the best row's metrics (``rows``: as for best)."""
+    rows = store.rows() if rows is None else rows
     metrics, hyp = _best_or_error(store, rows)
-    head = "# best of {}: {}\n".format(store.path, ", ".join(f"{k}={v:.5g}" for k, v in metrics.items()))
+    i = max(range(len(rows)), key=lambda j: _row_fitness(rows[j]))
+    head = ("# Hyperparameter Evolution Results\n"
+            f"# Best generation: {i}\n# Last generation: {len(rows) - 1}\n"
+            "# " + ", ".join(f"{k:>20s}" for k in metrics) + "\n"
+            "# " + ", ".join(f"{v:>20.5g}" for v in metrics.values()) + "\n\n")
     atomic_write_text(path, head + yaml.safe_dump(hyp, sort_keys=False))
 
 

@@ -1,18 +1,18 @@
-"""Running an evolution: `ppmulti evolve` and `tools/train.py --evolve`, workers that breed, train and record.
+"""Running an evolution: `ppmulti evolve` and `tools/train.py --evolve`, workers that ask, train and tell.
 
-Every worker (one per device, device group, or CPU slot) loops: under the lock of ``PROJECT/evolve.csv`` it
-claims a candidate slot in ``PROJECT/evolve.claims.json`` and breeds the candidate's hyps from every row any
-worker has recorded (YOLOv5's semantics, ``ppmulti.procs.runs.evolve``); it trains the candidate as its own
-``python -m ppmulti.procs.train_command ... --hyp candidates/NNNN/hyp.yaml`` process (a fresh Paddle, in its own
-session); it reads ``metrics.json`` and, under the lock again, appends one row and drops the claim.
-``--generations N`` is the number of rows: a slot is claimed only while rows + live claims < N, so several
-workers (or several machines on a shared file system) never overshoot.
+The population is an Optuna study (``evolve_study.py``): one per --project, in ``sqlite:///PROJECT/evolve.db`` by
+default or in any --storage URL (PostgreSQL or MySQL across machines). Every worker (one per device, device group,
+or CPU slot) loops: it asks the study for a trial (YOLOv5's mutation of a parent among the best finished trials, or
+TPE / CMA-ES), trains it as its own ``python -m ppmulti.procs.train_command ... --hyp candidates/NNNN/hyp.yaml``
+process (a fresh Paddle, in its own session) while recording the trial's heartbeat, reads ``metrics.json`` and
+tells the study the fitness. ``--generations N`` is the number of finished trials, however many workers and
+machines share the study. evolve.csv, hyp_evolve.yaml and evolve.png are written from the study.
 
 Stopping (Ctrl-C, SIGTERM, ``ppmulti stop``) forwards the signal to every running candidate, which saves
-``weights/last.pdstate`` and exits; the claims stay behind. A claim whose owner process is gone (or, from
-another host, that has not been refreshed for ``STALE_SECONDS``) is stale: the next run takes it over and
-resumes that candidate from its checkpoint with the same hyps. So re-running the same command continues
-where it stopped, and a complete evolution does nothing but rewrite its outputs.
+``weights/last.pdstate`` and exits; its trial is failed and queued again with the same hyps, so re-running the same
+command resumes that candidate from its checkpoint. A worker that dies without a word (SIGKILL, a lost machine)
+stops its trial's heartbeat; after twice --heartbeat seconds another worker fails that trial and the study queues
+it again, to be trained by the next worker free (from the checkpoint when it is on the same PROJECT).
 """
 
 from __future__ import annotations
@@ -25,34 +25,30 @@ import signal
 import socket
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from ppmulti.common import envvars as E
-from ppmulti.common import procfs as procs
 from ppmulti.common.cpus import usable_cores
 from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.paths import CONFIGS
 from ppmulti.common.rundir import STATE
 from ppmulti.procs import supervisor
 
-HELP = "evolve hyperparameters (YOLOv5's --evolve) with one worker per device, sharing one evolve.csv"
+HELP = "evolve hyperparameters (YOLOv5's --evolve) with one worker per device, sharing one Optuna study"
 DEFAULT_HYP = CONFIGS / "hyps" / "hyp.scratch-low.yaml"
 DEFAULT_PROJECT = os.path.join("runs", "evolve")
 CSV_NAME = "evolve.csv"
-CLAIMS_NAME = "evolve.claims.json"
 BEST_NAME = "hyp_evolve.yaml"
 PLOT_NAME = "evolve.png"
 CANDIDATES = "candidates"
-STALE_SECONDS = 600.0     # a claim of another host not refreshed for this long is taken over
-HEARTBEAT_SECONDS = 60.0
 TAIL_LINES = 15
 
 # train flags that the evolution decides for each candidate, refused after `ppmulti evolve ... --`
 OWNED = {"device": "--device", "nproc": "--nproc", "project": "--project", "name": "--name",
-         "output": "--output", "exist_ok": "--exist-ok", "resume": "--resume", "evolve": "--evolve"}
+         "output": "--output", "exist_ok": "--exist-ok", "resume": "--resume", "evolve": "--evolve",
+         "storage": "--storage"}
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -76,15 +72,29 @@ class EvolveSpec:
     slots: tuple[Slot, ...]
     seed: int = 0
     noval: bool = True                   # add --noval (YOLOv5's evolve validates the last epoch only)
+    storage: str | None = None           # Optuna storage URL (None: sqlite:///PROJECT/evolve.db)
+    study: str | None = None             # study name (None: the project directory's name)
+    sampler: str = "yolov5"
+    heartbeat: int = 60                  # seconds between a running trial's heartbeats; stale after twice that
 
     @property
     def csv(self) -> Path:
         return self.project / CSV_NAME
 
+    @property
+    def storage_url(self) -> str:
+        from ppmulti.procs.runs.evolve_study import default_storage
+
+        return self.storage or default_storage(self.project)
+
+    @property
+    def study_name(self) -> str:
+        return self.study or self.project.name
+
 
 # SLURM's job and step topology. A candidate trains on its slot of this node alone; with these a launch it
 # starts would read "one of N nodes" and wait for peers (one evolution per node under srun is the way to use
-# several nodes: they share PROJECT's claims). torchrun's node variables already go with the launch state.
+# several nodes: they share one study). torchrun's node variables already go with the launch state.
 _SLURM_TOPOLOGY = (E.SLURM_JOB_ID, E.SLURM_STEP_ID, E.SLURM_NNODES, E.SLURM_STEP_NUM_NODES, E.SLURM_STEP_NUM_TASKS,
                    E.SLURM_NODEID, E.SLURM_JOB_NODELIST, E.SLURM_STEP_NODELIST)
 
@@ -169,67 +179,30 @@ def load_base_hyp(path: str | None) -> dict[str, float]:
     return {k: float(v) for k, v in raw.items()}
 
 
+def open_population(spec: EvolveSpec) -> tuple[Any, Any]:
+    """(storage, study) of an evolution: its study opened or created, a study of other hyps refused."""
+    from ppmulti.procs.runs import evolve_study as S
+
+    storage = S.open_storage(spec.storage_url, spec.heartbeat)
+    sampler = S.make_sampler(spec.sampler, spec.base_hyp, mutated_bounds(), spec.seed)
+    return storage, S.open_study(storage, spec.study_name, sampler, spec.base_hyp, S.shown(spec.storage_url))
+
+
 def check_resumable(spec: EvolveSpec) -> None:
-    """An evolve.csv that is already there must hold the same hyperparameters (else it is another evolution)."""
-    from ppmulti.procs.runs.evolve import METRIC_COLUMNS, EvolveStore
-
-    header = EvolveStore(spec.csv)._read_header()
-    if header is not None and set(header[len(METRIC_COLUMNS):]) != set(spec.base_hyp):
-        raise UserError(f"{spec.csv} evolves other hyperparameters than this run's --hyp; pick another --project "
-                        f"or the same hyp file")
-
-
-# ----------------------------------------------------------------------------- claims
-@dataclass
-class Owner:
-    host: str = field(default_factory=socket.gethostname)
-    pid: int = field(default_factory=os.getpid)
-    start: int | None = field(default_factory=lambda: procs.start_time(os.getpid()))
-
-    def as_dict(self) -> dict:
-        return {"host": self.host, "pid": self.pid, "start": self.start}
-
-
-def _claim_live(claim: dict, now: float) -> bool:
-    owner = claim.get("owner") or {}
-    if owner.get("host") != socket.gethostname():
-        return now - float(claim.get("beat", 0)) < STALE_SECONDS
-    return owner.get("pid") is not None and procs.start_time(int(owner["pid"])) == owner.get("start")
+    """The storage opens and its study (if there is one) evolves the same hyperparameters as this run."""
+    storage, _ = open_population(spec)
+    storage.remove_session()
+    storage.engine.dispose()
 
 
 @dataclass
 class Job:
-    slot: int
+    trial: Any                       # the Optuna trial being trained
+    number: int                      # the candidate: candidates/NNNN (a retried trial keeps its original's)
     hyp: dict[str, float]
     parent: dict[str, float] | None
     directory: Path
-    taken_over: bool = False
-
-
-class Claims:
-    """``evolve.claims.json``: the next slot number and the candidates being trained. Callers hold the lock."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def load(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {"next": 0, "claims": {}}
-        except (OSError, ValueError):
-            # a hand-edited or foreign file: start numbering after every candidate directory there is
-            print(f"evolve: {self.path} is unreadable; starting a fresh claims file", file=sys.stderr)
-            used = [int(p.name) for p in (self.path.parent / CANDIDATES).glob("*") if p.name.isdigit()]
-            return {"next": max(used, default=-1) + 1, "claims": {}}
-        data.setdefault("next", 0)
-        data.setdefault("claims", {})
-        return data
-
-    def save(self, data: dict) -> None:
-        from ppmulti.common.atomic import atomic_write_text
-
-        atomic_write_text(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    retry: bool = False
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -237,97 +210,72 @@ class Evolution:
     """One ``ppmulti evolve`` process: its workers (threads, each training candidates in subprocesses)."""
 
     def __init__(self, spec: EvolveSpec, out=None):
+        from ppmulti.procs.runs import evolve_study as S
         from ppmulti.procs.runs.evolve import EvolveStore
 
         self.spec = spec
         self.out = out or sys.stdout
         spec.project.mkdir(parents=True, exist_ok=True)
         self.store = EvolveStore(spec.csv)
-        self.claims = Claims(spec.project / CLAIMS_NAME)
-        self.owner = Owner()
-        self.stop = threading.Event()
+        self.storage, self.study = open_population(spec)
+        self.bounds = mutated_bounds()
+        self.dists = S.distributions(spec.base_hyp, self.bounds)
+        self.host = socket.gethostname()
+        self.stop = threading.Event()    # a signal: candidates checkpoint, their trials are queued again
+        self.halt = threading.Event()    # no new candidates (a signal or a failure)
         self.failed: list[str] = []
         self.signum: int | None = None
         self.procs: dict[str, supervisor.Child] = {}
         self._print_lock = threading.Lock()
         self._procs_lock = threading.Lock()
-        self.bounds = mutated_bounds()
+        self._write_lock = threading.Lock()
+        self.poll = min(max(spec.heartbeat / 4, 0.5), 10.0)
 
     def say(self, msg: str, err: bool = False) -> None:
         with self._print_lock:
             print(f"evolve: {msg}", file=sys.stderr if err else self.out, flush=True)
 
-    # --- claiming
-    def claim(self, slot: Slot) -> Job | None:
-        import numpy as np
+    # --- asking and telling
+    def next_job(self, slot: Slot) -> Job | None:
+        """The next candidate for this worker (its trial asked, its hyps suggested), or None when done."""
+        from ppmulti.procs.runs import evolve_study as S
 
-        from ppmulti.procs.runs.evolve import breed
-
-        with self.store.lock:
-            if self.stop.is_set() or self.failed:
+        try:
+            trial = S.next_trial(self.study, self.storage, self.spec.generations, self.halt, self.poll)
+            if trial is None:
                 return None
-            rows = self.store.rows()
-            data = self.claims.load()
-            now = time.time()
-            live = {k: c for k, c in data["claims"].items() if _claim_live(c, now)}
-            stale = sorted((k for k in data["claims"] if k not in live), key=int)
-            if len(rows) + len(live) >= self.spec.generations:
-                return None
-            if stale:
-                key = stale[0]
-                claim = data["claims"][key]
-                taken = True
-            else:
-                n = int(data["next"])
-                data["next"] = n + 1
-                key = str(n)
-                rng = np.random.RandomState([self.spec.seed, n])
-                if n == 0 and not rows:
-                    parent, hyp = None, dict(self.spec.base_hyp)   # YOLOv5: the first generation is the base hyps
-                else:
-                    parent, hyp = breed(rows, self.spec.base_hyp, rng, self.bounds)
-                claim = {"slot": n, "hyp": hyp, "parent": parent, "dir": f"{CANDIDATES}/{n:04d}"}
-                taken = False
-            claim.update(owner=self.owner.as_dict(), beat=now, worker=slot.label)
-            data["claims"][key] = claim
-            self.claims.save(data)
-        return Job(int(claim["slot"]), claim["hyp"], claim.get("parent"), self.spec.project / claim["dir"], taken)
+            hyp = {k: float(trial.suggest_float(k, d.low, d.high)) for k, d in self.dists.items()}
+            trial.set_user_attr("worker", f"{self.host}/{slot.label}")
+            frozen = self.storage.get_trial(trial._trial_id)
+        finally:
+            self.storage.remove_session()
+        number = S.candidate_number(frozen)
+        return Job(trial, number, hyp, frozen.system_attrs.get(S.PARENT_ATTR),
+                   self.spec.project / CANDIDATES / f"{number:04d}", retry=number != frozen.number)
 
-    def heartbeat(self) -> None:
-        """Refresh this process's claims (read by workers on other hosts sharing the file system)."""
-        with self.store.lock:
-            data = self.claims.load()
-            mine = [c for c in data["claims"].values() if c.get("owner") == self.owner.as_dict()]
-            for c in mine:
-                c["beat"] = time.time()
-            if mine:
-                self.claims.save(data)
+    def tell(self, job: Job, metrics: dict | None, requeue: bool = False) -> bool:
+        """Finish the job's trial: its fitness (metrics), or failed (None; ``requeue``: queued again with the same
+        hyps). False when the trial was already finished: another worker took it for dead and queued it again."""
+        from optuna.trial import TrialState
 
-    def release(self, job: Job) -> None:
-        with self.store.lock:
-            data = self.claims.load()
-            data["claims"].pop(str(job.slot), None)
-            self.claims.save(data)
+        from ppmulti.procs.runs import evolve_study as S
+        from ppmulti.procs.runs.evolve import fitness
 
-    def record(self, job: Job, metrics: dict) -> bool:
-        """Append the candidate's row and drop its claim, atomically under the lock; False if already there."""
-        with self.store.lock:
-            appended = True
-            if job.taken_over and self._already_recorded(job, metrics):
-                appended = False   # the previous owner died between appending and dropping its claim
-            else:
-                self.store.append(metrics, job.hyp)
-            data = self.claims.load()
-            data["claims"].pop(str(job.slot), None)
-            self.claims.save(data)
-        return appended
-
-    def _already_recorded(self, job: Job, metrics: dict) -> bool:
-        for row in self.store.rows():
-            if row["mAP50"] == float(metrics["mAP50"]) and row["mAP50_95"] == float(metrics["mAP50_95"]) \
-                    and all(row.get(k) == float(v) for k, v in job.hyp.items()):
+        try:
+            if self.storage.get_trial(job.trial._trial_id).state.is_finished():
+                return False
+            if metrics is None:
+                self.study.tell(job.trial, state=TrialState.FAIL, skip_if_finished=True)
+                if requeue:
+                    S.requeue(self.study, job.trial._trial_id)
                 return True
-        return False
+            for key in ("mAP50", "mAP50_95"):
+                job.trial.set_user_attr(key, float(metrics[key]))
+            job.trial.set_user_attr("candidate", f"{CANDIDATES}/{job.number:04d}")
+            self.study.tell(job.trial, fitness(metrics), skip_if_finished=True)
+            return True
+        finally:
+            self.storage.remove_session()
 
     # --- training one candidate
     def command(self, job: Job, slot: Slot) -> list[str]:
@@ -381,38 +329,47 @@ class Evolution:
             return None
 
     def worker(self, slot: Slot) -> None:
+        from ppmulti.procs.runs import evolve_study as S
         from ppmulti.procs.runs.evolve import fitness
 
-        while not self.stop.is_set() and not self.failed:
-            job = self.claim(slot)
+        while not self.halt.is_set():
+            job = self.next_job(slot)
             if job is None:
                 return
-            done = self.read_metrics(job) if job.taken_over else None
+            told = False
             try:
-                if done is None:
-                    what = "resuming" if job.taken_over else "training"
-                    self.say(f"{what} candidate {job.slot} on {slot.label} ({job.directory})")
-                    self.prepare(job)
-                    rc = self.train(job, slot)
-                    if self.stop.is_set():
-                        return   # keep the claim: the next run resumes this candidate from its checkpoint
-                    done = self.read_metrics(job) if rc == 0 else None
+                with S.heartbeat(self.storage, job.trial._trial_id, self.spec.heartbeat):
+                    done = self.read_metrics(job) if job.retry else None   # trained, but its worker died before telling
                     if done is None:
-                        self._fail(job, slot, rc)
-                        return
-                appended = self.record(job, done)
-            except BaseException:
-                if not self.stop.is_set():
-                    self.release(job)
-                raise
+                        resumed = (job.directory / "weights" / f"last{STATE}").is_file()
+                        self.say(f"{'resuming' if resumed else 'training'} candidate {job.number} (trial "
+                                 f"{job.trial.number}) on {slot.label} ({job.directory})")
+                        self.prepare(job)
+                        rc = self.train(job, slot)
+                        if self.stop.is_set():
+                            told = self.tell(job, None, requeue=True) or True   # the next run resumes it
+                            return
+                        done = self.read_metrics(job) if rc == 0 else None
+                        if done is None:
+                            told = self.tell(job, None) or True
+                            self._fail(job, slot, rc)
+                            return
+                    recorded = self.tell(job, done)
+                    told = True
+            finally:
+                if not told:   # an exception in this worker: the trial is queued again for someone else
+                    try:
+                        self.tell(job, None, requeue=True)
+                    except Exception:  # noqa: BLE001 - the heartbeat stopped: the study queues it again itself
+                        pass
             # a finished candidate is never resumed: drop its training states (optimizer etc.), keep its weights
             for state in (job.directory / "weights").glob(f"*{STATE}"):
                 state.unlink(missing_ok=True)
-            self._write_best()
-            rows = len(self.store.rows())
-            self.say(f"candidate {job.slot} on {slot.label}: fitness {fitness(done):.4f} (mAP50 {done['mAP50']:.4f}, "
-                     f"mAP50-95 {done['mAP50_95']:.4f}){'' if appended else ' (already recorded)'}; "
-                     f"{rows}/{self.spec.generations} generations")
+            rows = self._write_outputs()
+            note = "" if recorded else (" (not recorded: its heartbeat was late and the study queued it again; "
+                                        "is the database reachable?)")
+            self.say(f"candidate {job.number} on {slot.label}: fitness {fitness(done):.4f} (mAP50 {done['mAP50']:.4f}, "
+                     f"mAP50-95 {done['mAP50_95']:.4f}){note}; {len(rows)}/{self.spec.generations} generations")
 
     def _fail(self, job: Job, slot: Slot, rc: int) -> None:
         log = job.directory / "console.log"
@@ -420,24 +377,33 @@ class Evolution:
             tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
         except OSError:
             tail = []
-        self.release(job)
         why = f"exit code {rc}" if rc else "no metrics.json"
-        self.failed.append(f"candidate {job.slot} on {slot.label} failed ({why}); its output: {log}")
+        self.failed.append(f"candidate {job.number} on {slot.label} failed ({why}); its output: {log}")
+        self.halt.set()
         self.say("\n".join([self.failed[-1], *("  | " + ln for ln in tail)]), err=True)
 
-    def _write_best(self) -> None:
-        from ppmulti.procs.runs.evolve import write_best_yaml
+    def _write_outputs(self, plot: bool = False) -> list[dict]:
+        """evolve.csv and hyp_evolve.yaml (and with ``plot`` evolve.png) from the study's finished trials."""
+        from ppmulti.procs.runs import evolve, evolve_study as S
 
-        try:
-            write_best_yaml(self.store, self.spec.project / BEST_NAME)
-        except UserError:
-            pass   # no row yet
+        with self._write_lock:
+            try:
+                rows = S.study_rows(self.study, list(self.spec.base_hyp))
+            finally:
+                self.storage.remove_session()
+            if rows:
+                self.store.write(rows)
+                evolve.write_best_yaml(self.store, self.spec.project / BEST_NAME, rows)
+                if plot:
+                    evolve.plot(self.store, self.spec.project / PLOT_NAME, rows)
+        return rows
 
     # --- signals
     def _on_signal(self, signum: int) -> None:
         first = not self.stop.is_set()
         self.signum = self.signum or signum
         self.stop.set()
+        self.halt.set()
         with self._procs_lock:
             procs = list(self.procs.values())
         for proc in procs:   # the first signal: each candidate checkpoints and exits; a second one kills them
@@ -447,12 +413,13 @@ class Evolution:
                      f"run the same command again to continue", err=True)
 
     def run(self) -> int:
-        """Run the workers until N rows are recorded, a candidate fails, or a signal; returns the exit code."""
-        from ppmulti.procs.runs.evolve import best, plot, write_best_yaml
+        """Run the workers until N trials have finished, a candidate fails, or a signal; returns the exit code."""
+        from ppmulti.procs.runs import evolve_study as S
+        from ppmulti.procs.runs.evolve import best
 
-        check_resumable(self.spec)
-        rows = len(self.store.rows())
-        self.say(f"{rows}/{self.spec.generations} generations recorded in {self.spec.csv}; "
+        done = len(S.study_rows(self.study, list(self.spec.base_hyp)))
+        self.say(f"{done}/{self.spec.generations} generations finished in study {self.spec.study_name!r} "
+                 f"({S.shown(self.spec.storage_url)}, sampler {self.spec.sampler}); "
                  f"{len(self.spec.slots)} worker(s): {', '.join(s.label for s in self.spec.slots)}")
         errors: list[BaseException] = []
 
@@ -462,38 +429,34 @@ class Evolution:
             except BaseException as exc:  # noqa: BLE001 - reported below, the other workers carry on
                 errors.append(exc)
                 self.failed.append(f"worker {slot.label}: {type(exc).__name__}: {exc}")
+                self.halt.set()
+            finally:
+                self.storage.remove_session()
 
         threads = [threading.Thread(target=guarded, args=(s,), name=f"evolve-{s.label}", daemon=True)
                    for s in self.spec.slots]
         with supervisor.forward_signals(self._on_signal):
             for t in threads:
                 t.start()
-            beat = time.monotonic()
             while any(t.is_alive() for t in threads):
                 for t in threads:
                     t.join(timeout=0.2)
-                if time.monotonic() - beat > HEARTBEAT_SECONDS:
-                    self.heartbeat()
-                    beat = time.monotonic()
         for exc in errors:
             if isinstance(exc, UserError):
                 raise exc
-        rows = self.store.rows()   # read once: the files and the summary below describe the same rows
+        rows = self._write_outputs(plot=True)   # the files and the summary below describe the same rows
         if rows:
-            write_best_yaml(self.store, self.spec.project / BEST_NAME, rows)
-            plot(self.store, self.spec.project / PLOT_NAME, rows)
             metrics, _ = best(self.store, rows)
             self.say(f"{len(rows)}/{self.spec.generations} generations; best fitness {metrics['fitness']:.4f} "
                      f"(mAP50 {metrics['mAP50']:.4f}, mAP50-95 {metrics['mAP50_95']:.4f}): "
                      f"{self.spec.project / BEST_NAME}, {self.spec.csv}, {self.spec.project / PLOT_NAME}")
+        self.storage.remove_session()
+        self.storage.engine.dispose()
         if self.signum is not None:
             return 128 + int(self.signum)
         if self.failed:
             self.say(f"stopped: {self.failed[0]}", err=True)
             return 1
-        if len(rows) < self.spec.generations:
-            self.say(f"{self.spec.generations - len(rows)} generation(s) still being trained by other workers "
-                     f"sharing {self.spec.csv}")
         return 0
 
 
@@ -508,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ppmulti evolve", description=HELP + ". Flags before -- are the evolution's; the training's "
         "(tools/train.py's, including its own --workers for data loading) come after --.",
         usage="ppmulti evolve [--devices cpu|0,1,...] [--workers N] [--per-device K] --generations N "
-              "[--project DIR] [--detach] -- TRAIN FLAGS ...",
+              "[--project DIR] [--storage URL] [--sampler yolov5|tpe|cmaes] [--detach] -- TRAIN FLAGS ...\n"
+              "       ppmulti evolve --dashboard [--project DIR | --storage URL] [--port N]",
         epilog="example: ppmulti evolve --devices 0,1,2,3 --generations 300 --project runs/evolve/coco -- "
                "--cfg yolov5s --data coco.yaml --epochs 10 --batch 64 --hyp configs/hyps/hyp.scratch-low.yaml")
     p.add_argument("--devices", default="cpu",
@@ -520,15 +484,65 @@ def build_parser() -> argparse.ArgumentParser:
                    help="concurrent workers per device (or device group), e.g. 2 small models per GPU (default 1)")
     p.add_argument("--devices-per-worker", "--devices_per_worker", dest="group", type=int, default=1,
                    help="GPUs per worker: 2 trains each candidate as 2 ranks on --device 0,1 (default 1)")
-    p.add_argument("--generations", type=int, required=True,
-                   help="candidates in total, i.e. rows in evolve.csv (already recorded ones count)")
+    p.add_argument("--generations", type=int, default=None,
+                   help="finished candidates in total (trials of the study, already finished ones count), "
+                        "however many workers and machines share the study")
     p.add_argument("--project", default=DEFAULT_PROJECT,
-                   help=f"evolution directory: evolve.csv, {BEST_NAME}, {PLOT_NAME}, candidates/ "
+                   help=f"evolution directory: evolve.db, evolve.csv, {BEST_NAME}, {PLOT_NAME}, candidates/ "
                         f"(default {DEFAULT_PROJECT}; the same directory resumes)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the mutations (candidate k draws from (seed, k))")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage holding the population (default sqlite:///PROJECT/evolve.db); across machines "
+                        "a server, e.g. postgresql://user@host:5432/db (password from ~/.pgpass or PGPASSWORD)")
+    p.add_argument("--study", default=None, metavar="NAME",
+                   help="study name in the storage (default the --project directory's name); workers and machines "
+                        "with the same storage and study share one evolution")
+    p.add_argument("--sampler", default="yolov5", choices=("yolov5", "tpe", "cmaes"),
+                   help="yolov5 (YOLOv5's mutation, default), tpe or cmaes (Optuna's; cmaes needs pip install cmaes)")
+    p.add_argument("--heartbeat", type=int, default=60, metavar="SECONDS",
+                   help="a running candidate's heartbeat period; a candidate silent for twice this (its worker or "
+                        "machine died) is failed and trained again by another worker (default 60)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the yolov5 sampler's mutations (candidate k draws from (seed, k)) and of tpe/cmaes")
+    p.add_argument("--dashboard", action="store_true",
+                   help="serve optuna-dashboard on the study's storage (no training) and print its URL")
+    p.add_argument("--host", default="127.0.0.1", help="with --dashboard: address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="with --dashboard: port (default 8080)")
     p.add_argument("--detach", action="store_true",
                    help="run in the background (ppmulti ps / logs / stop); output goes to PROJECT/evolve.log")
     return p
+
+
+def dashboard(ns: argparse.Namespace) -> int:
+    """``ppmulti evolve --dashboard``: optuna-dashboard on the evolution's storage, until Ctrl-C or SIGTERM."""
+    from ppmulti.procs.runs import evolve_study as S
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        raise UserError("--dashboard needs optuna-dashboard: pip install optuna-dashboard") from None
+    project = Path(ns.project).resolve()
+    if ns.storage is None and not (project / S.DB_NAME).is_file():
+        raise UserError(f"--dashboard: no {S.DB_NAME} in {project}; give the evolution's --project or --storage URL")
+    url = ns.storage or S.default_storage(project)
+    storage = S.open_storage(url, ns.heartbeat)
+    page = f"http://{ns.host}:{ns.port}/dashboard/"
+    try:
+        page += f"studies/{storage.get_study_id_from_name(ns.study or project.name)}"
+    except KeyError:
+        pass   # no study of that name: the list of the storage's studies
+    print(f"evolve: optuna-dashboard of {S.shown(url)}: {page}  (Ctrl-C stops it)", flush=True)
+    def interrupt(signum: int) -> None:
+        raise KeyboardInterrupt   # SIGTERM (ppmulti stop, a test) ends the server as Ctrl-C does
+
+    with supervisor.forward_signals(interrupt):
+        try:
+            optuna_dashboard.run_server(storage, host=ns.host, port=ns.port)
+        except KeyboardInterrupt:
+            return 0
+        except OSError as exc:
+            raise UserError(f"--dashboard: cannot listen on {ns.host}:{ns.port} ({exc.strerror}); pick another "
+                            f"--port") from None
+    return 0
 
 
 def split_evolve_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -541,6 +555,8 @@ def split_evolve_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 def spec_from_argv(argv: list[str]) -> tuple[EvolveSpec, argparse.Namespace, list[str]]:
     own, train_args = split_evolve_argv(argv)
     ns = build_parser().parse_args(own)
+    if ns.generations is None:
+        raise UserError("--generations N is required: the number of candidates to finish, e.g. --generations 300")
     if ns.generations < 1:
         raise UserError(f"--generations {ns.generations}: need at least 1")
     slots = plan_slots(ns.devices, ns.per_device, ns.group, ns.workers)
@@ -549,7 +565,8 @@ def spec_from_argv(argv: list[str]) -> tuple[EvolveSpec, argparse.Namespace, lis
     rest = _strip(train_args, {"--hyp"}, set(), set())
     spec = EvolveSpec(project=Path(ns.project).resolve(), generations=ns.generations, train_args=tuple(rest),
                       base_hyp=base_hyp, slots=tuple(slots), seed=ns.seed,
-                      noval=not (args.eval or args.patience or args.noval))
+                      noval=not (args.eval or args.patience or args.noval), storage=ns.storage, study=ns.study,
+                      sampler=ns.sampler, heartbeat=ns.heartbeat)
     return spec, ns, own
 
 
@@ -558,9 +575,16 @@ def _cmd_evolve(argv: list[str]) -> int:
     if "-h" in own or "--help" in own:
         build_parser().print_help()
         return 0
+    if "--dashboard" in own:
+        return dashboard(build_parser().parse_args(own))
     spec, ns, _ = spec_from_argv(argv)
     if ns.detach:
         from ppmulti.procs.runs.detach import start
+        from ppmulti.procs.runs.evolve_study import password
+
+        if ns.storage and password(ns.storage):
+            raise UserError("--storage with a password and --detach: ppmulti ps shows the command line; drop the "
+                            "password from the URL and put it in ~/.pgpass or PGPASSWORD")
 
         check_resumable(spec)   # before detaching (the same check runs in Evolution.run otherwise)
         rest = [a for a in own if a != "--detach"] + ["--", *split_evolve_argv(argv)[1]]
@@ -611,9 +635,10 @@ def evolve_from_train(args: argparse.Namespace, argv: list[str]) -> int:
         raise UserError("--evolve places every candidate itself: drop --resume/--output (use --project/--name)")
     base_hyp = load_base_hyp(args.hyp)
     project = Path(args.project or DEFAULT_PROJECT, args.name or "exp").resolve()
-    rest = _strip(list(argv), {"--hyp", "--project", "--name"}, {"--exist-ok", "--exist_ok"}, {"--evolve"})
+    rest = _strip(list(argv), {"--hyp", "--project", "--name", "--storage"}, {"--exist-ok", "--exist_ok"},
+                  {"--evolve"})
     check = _check_train_args(rest, refuse_owned=False)
-    for dest in ("evolve", "project", "name", "hyp"):
+    for dest in ("evolve", "project", "name", "hyp", "storage"):
         if getattr(check, dest, None) not in (None, False):
             raise UserError(f"spell --{dest} in full with --evolve (an abbreviation cannot be taken apart)")
     slot_args = []
@@ -624,7 +649,7 @@ def evolve_from_train(args: argparse.Namespace, argv: list[str]) -> int:
         slot_args += ["--nproc", str(check.nproc)]
     spec = EvolveSpec(project=project, generations=int(args.evolve), train_args=tuple(candidate),
                       base_hyp=base_hyp, slots=(Slot("train", tuple(slot_args)),), seed=int(args.seed or 0),
-                      noval=not (args.eval or args.patience or args.noval))
+                      noval=not (args.eval or args.patience or args.noval), storage=getattr(args, "storage", None))
     return run_evolution(spec)
 
 
