@@ -12,7 +12,6 @@ CONFUSION_CONF = 0.25    # YOLOv5's ConfusionMatrix: detections above this confi
 CONFUSION_IOU = 0.45     # ... and match a label above this IoU, whatever their classes
 CURVE_POINTS = 1000      # the confidence axis of the P, R and F1 curves
 TABLE_HEADER = ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
-_trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")
 
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -64,7 +63,8 @@ def compute_ap(recall: np.ndarray, precision: np.ndarray) -> float:
     mpre = np.concatenate(([1.0], precision, [0.0]))
     mpre = np.flip(np.maximum.accumulate(np.flip(mpre)))
     x = np.linspace(0, 1, 101)
-    return float(_trapezoid(np.interp(x, mrec, mpre), x))
+    y = np.interp(x, mrec, mpre)
+    return float(np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2))   # the trapezoid rule
 
 
 @dataclass
