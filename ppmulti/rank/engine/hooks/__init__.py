@@ -23,7 +23,9 @@ prio hook              module       does                                        
 50   ConsoleLogHook    console      step lines, "epoch N done" line, terminal bars          -
 60   CheckpointHook    checkpoint   weights/last|best|epochN; the save on a signal (core)   checkpoint: best mAP
 70   ResultsHook       results      results.csv rows, metrics.json                          -
-80   PlotsHook         plots        results.png, PR_curve.png                               -
+80   PlotsHook         plots        results.png, PR_curve.png; labels.jpg, train_batch0-2   -
+                                    at the start; confusion matrix, F1/P/R curves,
+                                    val_batch0-2 at the end (YOLOv5's pictures)
 90   TrackersHook      trackers     --logger: VisualDL (run_dir/vdl; VisualDLHook alone),   trackers: MLflow
                                     TensorBoard, MLflow: scalars, hyperparameters, pictures run id
 95   (your Hook)                    the default priority of a hook you register
