@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input size in pixels, square, a multiple of 32 (default: the run's)")
     p.add_argument("--device", help="cpu or one GPU id to build the model on (the files are the same)")
     p.add_argument("--half", action="store_true",
-                   help="FP16 export. ONNX: float16 weights and arithmetic, float32 inputs and outputs; Paddle's "
-                        "inference model: only where Paddle writes float16 (a GPU build of Paddle 2.6)")
+                   help="FP16 export: ONNX with float16 weights and arithmetic (float32 inputs and outputs); "
+                        "Paddle's inference model only where Paddle writes float16 (a GPU build of Paddle 2.6)")
     p.add_argument("--simplify", action="store_true",
                    help="ONNX: slim the graph with onnxslim, as YOLOv5 does (pip install onnxslim)")
     g = p.add_argument_group("the model without -c: the run's config.yml beside --weights, else --cfg/--data")
