@@ -19,8 +19,9 @@ needs_p2o = pytest.mark.skipif(sys.version_info >= (3, 13), reason="paddle2onnx 
 
 # float16 against float32, both in onnxruntime's CPU provider on the same float32 inputs (128 px demo images):
 # box corners (pixels of the input image) within 1 px, scores within 0.005. float16 keeps 11 significant bits, so a
-# corner near 128 px steps by 0.06 px; ~60 layers of rounding measured up to 0.16 px and 1.1e-3 (yolov5n, ppyoloe,
-# both stacks).
+# corner near 128 px steps by 0.06 px; after ~60 layers of rounding, measured on both stacks: yolov5n up to 0.12 px and
+# 1.3e-5, ppyoloe up to 0.19 px and 5.4e-4 (the session's 4-epoch runs score boxes near 0.01; scores are bounded
+# absolutely, as a user reads them against --conf-thres).
 BOX_TOL = 1.0
 SCORE_TOL = 5e-3
 
