@@ -105,6 +105,23 @@ def _half_batch_mean(name: str) -> np.ndarray:
 
 @pytest.mark.slow
 @pytest.mark.multiproc
+def test_two_ranks_with_data_parallel_train_as_one_process_with_the_whole_batch(tmp_path):
+    """Under fleet's data-parallel wrapper (its gradient all-reduce in the same backward pass) 2 ranks with
+    batch 4 each end 5 SGD steps with the weights and running statistics of one process with batch 8."""
+    script = str(FIXTURES / "sync_bn_train.py")
+    one = run_tool([script, str(tmp_path / "one.npz"), "8", "5"])
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path / "two.npz"),
+                    "8", "5"], cwd=tmp_path)
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
+    a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    assert sorted(a.files) == sorted(b.files) and any(k.endswith("_variance") for k in a.files)
+    for key in a.files:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_rank_training_with_sync_bn(small_demo, tmp_path):
     """`ppmulti launch --nproc_per_node 2 tools/train.py --data ... --cfg yolov5n.yaml --sync-bn` on CPU ranks."""
     proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(REPO / "tools" / "train.py"),
