@@ -101,3 +101,13 @@ def test_without_workers_the_batches_are_the_dataloaders(tmp_path):
     next(early)
     early.close()   # stopped after one batch: its thread ends
     assert not [t for t in threading.enumerate() if t.name == "ppmulti-batches" and t not in before]
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_an_evaluations_pass_without_workers_raises_too(tmp_path):
+    from ppmulti.rank.data.feed import reader_batches
+
+    reader = _Reader(_Images(_images(tmp_path, 4, bad=2)), _Batches(4, False))
+    with pytest.raises(Exception, match="'bytes' object has no attribute 'shape'"):
+        for _ in reader_batches(reader):
+            pass

@@ -186,6 +186,16 @@ def batches_of(dataloader: Any) -> Any:
     return iter(dataloader)
 
 
+def reader_batches(reader: Any) -> Any:
+    """One pass over a ppdet reader (an evaluation's): through ``ThreadBatches`` when it has no workers, so that a
+    transform that raises reaches the caller; the reader itself otherwise, or when it is not a ppdet reader."""
+    made = getattr(reader, "dataloader", None)
+    sampler = compat.batch_sampler(reader)
+    if made is None or sampler is None or getattr(made, "num_workers", 1) != 0:
+        return reader
+    return batches_of(compat.loader_like(reader, made.dataset, sampler))
+
+
 class Feed:
     """A trainer's batches, epoch by epoch: ``for step, batch in feed.epoch(e, skip, end)`` yields epoch
     ``e``'s steps from ``skip`` on. One loader iterator serves consecutive epochs up to ``end`` (the run's

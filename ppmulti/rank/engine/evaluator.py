@@ -110,6 +110,7 @@ class CocoEvaluator:
         images = 0
         tic = time.time()
         from ppmulti.rank import heartbeat
+        from ppmulti.rank.data.feed import reader_batches
         from ppmulti.rank.engine.progress import track
 
         from ppmulti.rank.engine.val_loss import ValLoss
@@ -118,7 +119,8 @@ class CocoEvaluator:
         self.last_val_batches = []
         keep = self.keep_batches if dist.is_main() else 0
         with paddle.no_grad(), val_loss or contextlib.nullcontext():
-            for data in track(self.loader, "eval", total=len(self.loader)):  # a bar on a rank-0 terminal
+            # without workers: ppmulti's thread, whose errors reach here (Paddle's own would hang, data.feed)
+            for data in track(reader_batches(self.loader), "eval", total=len(self.loader)):  # a bar on rank 0
                 heartbeat.beat("evaluation")   # per batch: a long evaluation is moving, not hung
                 outs = model(data)
                 if val_loss is not None:
