@@ -272,3 +272,19 @@ def test_stopped_evolution_resumes_its_candidate_from_the_checkpoint(tmp_path, t
     assert "resumed from" in (project / "candidates" / "0000" / "console.log").read_text()
     assert len(EvolveStore(project / "evolve.csv").rows()) == 1
     assert len((project / "candidates" / "0000" / "results.csv").read_text().splitlines()) == 1 + 4
+
+
+def test_a_directory_of_another_candidate_is_moved_aside(tmp_path):
+    from ppmulti.procs.runs.evolve_run import move_foreign
+
+    directory = tmp_path / "candidates" / "0000"
+    (directory / "weights").mkdir(parents=True)
+    (directory / "hyp.yaml").write_text("lr0: 0.05\n")               # left by a study since removed
+    (directory / "weights" / "last.pdstate").write_bytes(b"x")
+    aside = move_foreign(directory, {"lr0": 0.01})
+    assert not directory.exists() and (aside / "weights" / "last.pdstate").is_file()
+    assert aside.name.startswith("0000.other-")
+    directory.mkdir()
+    (directory / "hyp.yaml").write_text("lr0: 0.01\n")               # its own: kept (resumed)
+    assert move_foreign(directory, {"lr0": 0.01}) is None and (directory / "hyp.yaml").is_file()
+    assert move_foreign(tmp_path / "candidates" / "0001", {"lr0": 0.01}) is None   # none yet

@@ -205,6 +205,24 @@ class Job:
     retry: bool = False
 
 
+def move_foreign(directory: Path, hyp: dict[str, float]) -> Path | None:
+    """A candidate directory left by another study (its hyp.yaml holds other hyps, e.g. evolve.db was removed) is
+    moved aside, never resumed or read as this candidate's result; returns where it went (None: kept)."""
+    import time
+
+    import yaml
+
+    try:
+        there = yaml.safe_load((directory / "hyp.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        there = None if not directory.exists() else {}
+    if there is None or there == hyp:
+        return None
+    aside = directory.with_name(f"{directory.name}.other-{time.strftime('%Y%m%d-%H%M%S')}")
+    directory.rename(aside)
+    return aside
+
+
 # ----------------------------------------------------------------------------- the engine
 class Evolution:
     """One ``ppmulti evolve`` process: its workers (threads, each training candidates in subprocesses)."""
@@ -303,6 +321,11 @@ class Evolution:
             if job.parent is not None:   # the first generation trains the base hyps, bred from nothing
                 atomic_write_text(job.directory / "parent.yaml", yaml.safe_dump(job.parent, sort_keys=False))
 
+    def own_directory(self, job: Job) -> None:
+        aside = move_foreign(job.directory, job.hyp)
+        if aside is not None:
+            self.say(f"{job.directory} held another candidate's run (other hyps): moved to {aside.name}", err=True)
+
     def train(self, job: Job, slot: Slot) -> int:
         cmd = self.command(job, slot)
         env = candidate_env(os.environ, slot)
@@ -339,6 +362,7 @@ class Evolution:
             told = False
             try:
                 with S.heartbeat(self.storage, job.trial._trial_id, self.spec.heartbeat):
+                    self.own_directory(job)
                     done = self.read_metrics(job) if job.retry else None   # trained, but its worker died before telling
                     if done is None:
                         resumed = (job.directory / "weights" / f"last{STATE}").is_file()
@@ -347,11 +371,13 @@ class Evolution:
                         self.prepare(job)
                         rc = self.train(job, slot)
                         if self.stop.is_set():
-                            told = self.tell(job, None, requeue=True) or True   # the next run resumes it
+                            self.tell(job, None, requeue=True)   # the next run resumes it from its checkpoint
+                            told = True
                             return
                         done = self.read_metrics(job) if rc == 0 else None
                         if done is None:
-                            told = self.tell(job, None) or True
+                            self.tell(job, None)
+                            told = True
                             self._fail(job, slot, rc)
                             return
                     recorded = self.tell(job, done)

@@ -141,9 +141,9 @@ def open_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> Any:
     try:
         for attempt in range(5):
             try:
-                storage = optuna.storages.RDBStorage(with_driver(url), engine_kwargs=engine,
-                                                     heartbeat_interval=int(heartbeat),
-                                                     grace_period=2 * int(heartbeat), **{callback_kw: _retry_callback()})
+                storage = optuna.storages.RDBStorage(
+                    with_driver(url), engine_kwargs=engine, heartbeat_interval=int(heartbeat),
+                    grace_period=2 * int(heartbeat), **{callback_kw: _retry_callback()})
                 if url.startswith("sqlite"):
                     _sqlite_begin_immediate(storage.engine)
                 return storage
