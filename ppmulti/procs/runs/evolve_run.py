@@ -247,7 +247,17 @@ class Evolution:
         self._print_lock = threading.Lock()
         self._procs_lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self.poll = min(max(spec.heartbeat / 4, 0.5), 10.0)
+        self.poll = min(max(spec.heartbeat / 4, 0.5), 5.0)   # how often a waiting worker looks at the study
+        self._changed = threading.Condition()                # one of this process's trials finished, or halt
+
+    def _wait(self, seconds: float) -> None:
+        with self._changed:
+            if not self.halt.is_set():
+                self._changed.wait(seconds)
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     def say(self, msg: str, err: bool = False) -> None:
         with self._print_lock:
@@ -259,7 +269,7 @@ class Evolution:
         from ppmulti.procs.runs import evolve_study as S
 
         try:
-            trial = S.next_trial(self.study, self.storage, self.spec.generations, self.halt, self.poll)
+            trial = S.next_trial(self.study, self.storage, self.spec.generations, self.halt, self.poll, self._wait)
             if trial is None:
                 return None
             hyp = {k: float(trial.suggest_float(k, d.low, d.high)) for k, d in self.dists.items()}
@@ -294,6 +304,7 @@ class Evolution:
             return True
         finally:
             self.storage.remove_session()
+            self._notify()
 
     # --- training one candidate
     def command(self, job: Job, slot: Slot) -> list[str]:
@@ -406,6 +417,7 @@ class Evolution:
         why = f"exit code {rc}" if rc else "no metrics.json"
         self.failed.append(f"candidate {job.number} on {slot.label} failed ({why}); its output: {log}")
         self.halt.set()
+        self._notify()
         self.say("\n".join([self.failed[-1], *("  | " + ln for ln in tail)]), err=True)
 
     def _write_outputs(self, plot: bool = False) -> list[dict]:
@@ -430,6 +442,7 @@ class Evolution:
         self.signum = self.signum or signum
         self.stop.set()
         self.halt.set()
+        self._notify()
         with self._procs_lock:
             procs = list(self.procs.values())
         for proc in procs:   # the first signal: each candidate checkpoints and exits; a second one kills them
@@ -456,6 +469,7 @@ class Evolution:
                 errors.append(exc)
                 self.failed.append(f"worker {slot.label}: {type(exc).__name__}: {exc}")
                 self.halt.set()
+                self._notify()
             finally:
                 self.storage.remove_session()
 

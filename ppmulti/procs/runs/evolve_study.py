@@ -293,14 +293,16 @@ def requeue(study: Any, trial_id: int) -> None:
     _retry_callback()(study, study._storage.get_trial(trial_id))
 
 
-def next_trial(study: Any, storage: Any, generations: int, stop: threading.Event, poll: float) -> Any | None:
+def next_trial(study: Any, storage: Any, generations: int, stop: threading.Event, poll: float,
+               wait: Any = None) -> Any | None:
     """A trial to train, or None when ``generations`` trials have finished (or ``stop`` is set).
 
     Exactly ``generations`` trials finish however many workers share the study: a worker asks only while finished
     + running trials are fewer, and a trial runs only when fewer than ``generations`` trials numbered before it
     are finished, running or queued (the storage numbers trials one at a time, so of two workers asking at the
     same moment the later one yields: its trial is marked failed before it gets any hyps). While the others'
-    running trials fill the budget a worker waits: a trial whose heartbeat stops comes back queued."""
+    running trials fill the budget a worker waits (``wait(poll)``, by default ``stop.wait``; the engine's returns
+    early when one of its own trials finishes): a trial whose heartbeat stops comes back queued."""
     import optuna
     from optuna.trial import TrialState
 
@@ -312,7 +314,7 @@ def next_trial(study: Any, storage: Any, generations: int, stop: threading.Event
         if done >= generations:
             return None
         if done + running >= generations:
-            stop.wait(poll)
+            (wait or stop.wait)(poll)
             continue
         trial = study.ask()
         storage.record_heartbeat(trial._trial_id)
