@@ -180,11 +180,13 @@ def _train_args(data: Path, epochs: int = 1) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_evolve_on_cpu_two_workers_resumes(tmp_path, tiny_yolo):
+def test_evolve_on_cpu_two_workers_resumes_stops_and_resumes_a_candidate(tmp_path, tiny_yolo):
+    import optuna
+
     project = tmp_path / "evo"
-    def cmd_for(generations: int) -> list[str]:
+    def cmd_for(generations: int, epochs: int = 1) -> list[str]:
         return ["evolve", "--devices", "cpu", "--workers", "2", "--generations", str(generations), "--project",
-                str(project), "--", *_train_args(tiny_yolo)]
+                str(project), "--", *_train_args(tiny_yolo, epochs)]
 
     cmd = cmd_for(2)
     t = time.time()
@@ -217,10 +219,29 @@ def test_evolve_on_cpu_two_workers_resumes(tmp_path, tiny_yolo):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "training candidate" not in again.stdout and len(store.rows()) == 2
 
-    # more generations continue the study where it is
-    more = _cli(cmd_for(3), tmp_path)
-    assert more.returncode == 0, more.stderr[-3000:]
-    assert "2/3 generations finished in study 'evo'" in more.stdout and more.stdout.count("training candidate") == 1
+    # one more generation, stopped (SIGTERM) after its candidate's first epoch: checkpointed, its trial queued again
+    more = [sys.executable, "-m", "ppmulti.cli", *cmd_for(3, epochs=3)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(more, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    results = project / "candidates" / "0002" / "results.csv"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (results.is_file() and len(results.read_text().splitlines()) >= 2):
+        time.sleep(0.2)
+    proc.terminate()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + 15, out + err
+    assert "2/3 generations finished in study 'evo'" in out and "SIGTERM: stopping 1 candidate" in err
+    assert (project / "candidates" / "0002" / "weights" / "last.pdstate").is_file() and len(store.rows()) == 2
+    trials = optuna.load_study(study_name="evo", storage=S.default_storage(project)).trials
+    assert [(t.number, t.state.name) for t in trials[2:]] == [(2, "FAIL"), (3, "WAITING")]
+    assert trials[3].system_attrs["failed_trial"] == 2 and trials[3].params == trials[2].params
+
+    # the same command resumes that candidate from its checkpoint, as trial 3
+    resumed = subprocess.run(more, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming candidate 2 (trial 3)" in resumed.stdout and resumed.stdout.count("candidate 2") == 2
+    assert "resumed from" in (project / "candidates" / "0002" / "console.log").read_text()
+    assert len(results.read_text().splitlines()) == 1 + 3
     assert len(store.rows()) == 3 and (project / "candidates" / "0002" / "parent.yaml").is_file()
 
 
@@ -243,37 +264,6 @@ def test_train_py_evolve_one_worker(tmp_path, tiny_yolo):
     console = (project / "candidates" / "0000" / "console.log").read_text()
     assert "--device cpu" in console and "--hyp" in console and "--evolve" not in console.splitlines()[0]
     assert "--storage" not in console.splitlines()[0]
-
-
-@pytest.mark.slow
-@pytest.mark.multiproc
-def test_stopped_evolution_resumes_its_candidate_from_the_checkpoint(tmp_path, tiny_yolo):
-    project = tmp_path / "evo"
-    cmd = [sys.executable, "-m", "ppmulti.cli", "evolve", "--generations", "1", "--project", str(project), "--",
-           *_train_args(tiny_yolo, epochs=4)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    results = project / "candidates" / "0000" / "results.csv"
-    deadline = time.time() + 180
-    while time.time() < deadline and not (results.is_file() and len(results.read_text().splitlines()) >= 2):
-        time.sleep(0.2)
-    proc.terminate()
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + 15, out + err
-    assert "SIGTERM: stopping 1 candidate" in err
-    state = project / "candidates" / "0000" / "weights" / "last.pdstate"
-    assert state.is_file() and EvolveStore(project / "evolve.csv").rows() == []
-    import optuna   # the stopped trial failed, a copy with its hyps queued
-
-    trials = optuna.load_study(study_name="evo", storage=S.default_storage(project)).trials
-    assert [(t.number, t.state.name) for t in trials] == [(0, "FAIL"), (1, "WAITING")]
-    assert trials[1].system_attrs["failed_trial"] == 0 and trials[1].params == trials[0].params
-
-    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "resuming candidate 0 (trial 1)" in again.stdout
-    assert "resumed from" in (project / "candidates" / "0000" / "console.log").read_text()
-    assert len(EvolveStore(project / "evolve.csv").rows()) == 1
-    assert len((project / "candidates" / "0000" / "results.csv").read_text().splitlines()) == 1 + 4
 
 
 def test_a_directory_of_another_candidate_is_moved_aside(tmp_path):

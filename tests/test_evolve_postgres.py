@@ -60,7 +60,7 @@ def postgres():
     started = False
     try:
         subprocess.run([*as_user, initdb, "-D", str(data), "-U", "evo", f"--pwfile={root / 'pw'}",
-                        "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8"],
+                        "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync"],
                        check=True, capture_output=True, env=env, timeout=120)
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "-o",
                         f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
