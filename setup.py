@@ -74,9 +74,9 @@ REQUIRES = PADDLE_REQUIRES + (PADDLE_26_REQUIRES if PADDLE_26 else []) + [
 # tools/export.py --format onnx (not needed for training). paddle2onnx by Paddle: 1.3.1 reads Paddle 2.6's
 # model.pdmodel (2.x imports paddle.decomposition, absent in 2.6); 2.1.0 reads Paddle 3's PIR model.json (1.x knows
 # no PIR; compat.pir_interp_scale_as_float bridges Paddle 3.3.1's double interp scales). onnx edits the batch
-# dimension; onnxruntime runs the result (and turns float32 graphs into float16 for --half); onnxslim is --simplify. Python 3.13: paddle2onnx publishes no wheel (2.1.0 stops at 3.12) and
-# onnx 1.17 none either, so the extra brings onnxruntime alone there and --format onnx says to export from a
-# 3.10-3.12 environment.
+# dimension; onnxruntime runs the result (and turns float32 graphs into float16 for --half); onnxslim is --simplify.
+# Python 3.13: paddle2onnx publishes no wheel (2.1.0 stops at 3.12) and onnx 1.17 none either, so the extra brings
+# onnxruntime alone there and --format onnx says to export from a 3.10-3.12 environment.
 BELOW_313 = "python_version < '3.13'"
 EXPORT = ([f"paddle2onnx==1.3.1; {BELOW_313}"] if PADDLE_26 else [f"paddle2onnx==2.1.0; {BELOW_313}"]) + [
     f"onnx<=1.17.0; {BELOW_313}", f"onnxslim; {BELOW_313}", "onnxruntime"]
