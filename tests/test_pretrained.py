@@ -507,6 +507,17 @@ def test_a_pt_gives_the_tools_its_model_classes_names_and_anchors(env, state):
     assert (model.weights_classes, model.names[:2], model.overrides["num_classes"]) == (80, ["c0", "c1"], 80)
     assert model.overrides["YOLOv5Head"]["anchors"][0] == [[20.0, 26.0], [32.0, 60.0], [66.0, 46.0]]   # the ema's
     assert model.note == "model: yolov5n from last.pt (YOLOv5 train.py checkpoint, 80 classes, its own anchors)"
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.eval_setup import detect_edit, val_edit
+
+    cfg = config_mod.load(model.config)
+    detect_edit(None, False, model)(cfg)   # detect and export: the checkpoint's class names
+    import json
+
+    names = json.loads(Path(cfg["TestDataset"]["anno_path"]).read_text())["categories"]
+    assert [c["name"] for c in names][:3] == ["c0", "c1", "c2"] and len(names) == 80
+    with pytest.raises(UserError, match=r"--weights last.pt: pass --data DATA.yaml"):   # val: the data to score on
+        val_edit(argparse.Namespace(weights="last.pt", config=None, data=None), model)(config_mod.load(model.config))
     given = pt_model(_eval_args(weights="last.pt", cfg="yolov5s"), env / "last.pt")   # --cfg wins, as given
     assert given.config.endswith("yolov5_s_300e_coco.yml") and given.overrides == {}
     with pytest.raises(UserError, match=r"--weights mine.pt: file not found \(the names YOLOv5's release "):
