@@ -84,6 +84,20 @@ def _quiet_optuna() -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
+def _sqlite_connection() -> type:
+    """sqlite3 connections in WAL mode (readers never wait for the writer; commits need no fsync of the database
+    itself): a study on one machine's disk, never on a network file system, which WAL does not support."""
+    import sqlite3
+
+    class Connection(sqlite3.Connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.execute("PRAGMA journal_mode=WAL")
+            self.execute("PRAGMA synchronous=NORMAL")
+
+    return Connection
+
+
 _IMMEDIATE: set[Any] = set()   # engines whose transactions begin IMMEDIATE (the storages this process opened)
 
 
@@ -124,7 +138,7 @@ def open_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> Any:
     if url.startswith("sqlite"):
         # pysqlite starts a transaction at the first write, so two workers can both read a queued trial as
         # waiting and both run it; BEGIN IMMEDIATE takes the database's write lock at the start instead
-        engine = {"connect_args": {"timeout": 120, "isolation_level": None}}
+        engine = {"connect_args": {"timeout": 120, "isolation_level": None, "factory": _sqlite_connection()}}
     else:
         engine = {"pool_pre_ping": True}
     if url.startswith("sqlite:///"):
