@@ -60,7 +60,7 @@ TESTED = {
         "tests/test_cluster_env.py::test_sbatch_two_nodes_train_together",
     "ppmulti evolve --devices cpu --workers 2 --generations 20 --project runs/evolve/demo -- --data "
     "dataset/demo/data.yaml --cfg yolov5n --img 128 --epochs 5 --batch 16 --workers 0":
-        "tests/test_evolve.py::test_evolve_on_cpu_two_workers_resumes",
+        "tests/test_evolve.py::test_evolve_on_cpu_two_workers_resumes_stops_and_resumes_a_candidate",
     "python tools/train.py --evolve 20 --data dataset/demo/data.yaml --cfg yolov5n --weights '' --img 128 --epochs 5 "
     "--device cpu --project runs/evolve --name demo1": "tests/test_evolve.py::test_train_py_evolve_one_worker",
     "ppmulti launch --detach --nproc_per_node 2 tools/train.py -c configs/demo/ppyoloe_demo.yml":
@@ -69,6 +69,13 @@ TESTED = {
     "ppmulti logs 1 -f": "tests/test_detach.py::test_launch_detach_ps_logs",
     "ppmulti stop 1": "tests/test_detach.py::test_stop_checkpoints_and_leaves_no_process",
     "ppmulti board output --port 8040": "tests/test_board.py::test_board_serves_the_run_scalars_over_http",
+    "python tools/detect.py --weights runs/train/exp/weights/best.pdparams --source video.mp4 --vid-stride 3 "
+    "--save-txt --save-crop --save-csv":
+        "tests/test_detect_sources.py::test_detect_on_images_and_a_video_writes_what_yolov5_writes",
+    "python tools/export.py --weights runs/train/exp/weights/best.pdparams --include onnx --half --simplify":
+        "tests/test_export_half.py::test_half_onnx_matches_float32_in_onnxruntime",
+    "python tools/train.py --data coco128.yaml --cfg yolov5s --logger visualdl,tensorboard,mlflow":
+        "tests/test_trackers.py::test_one_training_logs_the_same_to_visualdl_tensorboard_and_an_mlflow_server",
     "mkdocs build --strict": "tests/test_docs.py::test_mkdocs_build_strict",
     "python docs/gen_cli.py > docs/cli.md": "tests/test_docs.py::test_cli_reference_matches_the_parsers",
 }
@@ -104,6 +111,7 @@ SHELL = {
     "kubectl apply": "submits a manifest to a cluster",
     "python -m pytest": "runs this test suite",
     "mkdocs serve": "serves these docs locally (test_mkdocs_build_strict builds the same pages)",
+    "sudo -u postgres ": "makes a PostgreSQL user and database (test_evolve_postgres.py makes its own with initdb)",
     "etcd ": "starts etcd (tests/test_elastic.py's etcd fixture starts it with these flags on loopback ports)",
 }
 
