@@ -69,15 +69,16 @@ def test_candidate_k_is_reproducible_from_seed_and_k():
     for seed, name in ((3, "a"), (3, "b"), (4, "c")):
         study = S.open_study(storage, name, S.YOLOv5Sampler(BASE, mutated_bounds(), seed), BASE, "test")
         _finish(study, [({**BASE, "lr0": 0.02}, (0.5, 0.3)), ({**BASE, "box": 0.1}, (0.4, 0.2))])
-        _ask(study, storage)                      # trial 0: the queued base hyps
+        _ask(study, storage)                      # trial 0: the base hyps
         drawn.append(_ask(study, storage)[1])
     assert drawn[0] == drawn[1] and drawn[0] != drawn[2]
 
 
 def test_study_of_other_hyps_is_refused_and_same_one_resumes():
     storage, study = _study()
+    _ask(study, storage)
     again = S.open_study(storage, "s", None, BASE, "here")
-    assert again._study_id == study._study_id and len(again.trials) == 1   # resumed, base not queued twice
+    assert again._study_id == study._study_id and len(again.trials) == 1   # resumed
     with pytest.raises(UserError, match="evolves other hyperparameters") as exc:
         S.open_study(storage, "s", None, {"lr0": 0.01}, "here")
     assert "\n" not in str(exc.value)
@@ -107,7 +108,7 @@ def test_shown_hides_the_password():
 
 def test_tpe_sampler_asks_within_the_bounds():
     storage, study = _study(sampler=S.make_sampler("tpe", BASE, mutated_bounds(), 0))
-    _ask(study, storage)
+    assert _ask(study, storage)[1] == BASE        # other samplers: the base hyps queued first
     _, hyp = _ask(study, storage)
     assert hyp != BASE and hyp["iou_t"] == BASE["iou_t"]
     for k, (_, lo, hi) in mutated_bounds().items():

@@ -221,9 +221,9 @@ def _sampler_base() -> type:
 
 
 class YOLOv5Sampler(_sampler_base()):
-    """YOLOv5's --evolve as an Optuna sampler: a parent drawn from the best 5 finished trials weighted by fitness
-    (the base hyps while none has finished), mutated within YOLOv5's bounds; trial k draws from (seed, k). The
-    draws are ``evolve.breed``'s, the one implementation of YOLOv5's semantics."""
+    """YOLOv5's --evolve as an Optuna sampler: trial 0 is the base hyps; then a parent drawn from the best 5
+    finished trials weighted by fitness (the base hyps while none has finished), mutated within YOLOv5's bounds;
+    trial k draws from (seed, k). The draws are ``evolve.breed``'s, the one implementation of YOLOv5's semantics."""
 
     def __init__(self, base_hyp: dict[str, float], bounds: dict[str, tuple[float, float, float]], seed: int = 0):
         from optuna.samplers import RandomSampler
@@ -242,6 +242,8 @@ class YOLOv5Sampler(_sampler_base()):
 
         if not search_space:
             return {}
+        if trial.number == 0:   # YOLOv5 trains the --hyp as given first (trial numbers are unique: exactly once)
+            return {k: self.base_hyp[k] for k in search_space if k in self.base_hyp}
         rng = np.random.RandomState([self.seed, trial.number])
         parent, child = breed(study_rows(study, list(self.base_hyp)), self.base_hyp, rng, self.bounds)
         study._storage.set_trial_system_attr(trial._trial_id, PARENT_ATTR, parent)
@@ -275,8 +277,9 @@ def make_sampler(name: str, base_hyp: dict[str, float], bounds: dict[str, tuple[
 
 # ----------------------------------------------------------------------------- the study
 def open_study(storage: Any, name: str, sampler: Any, base_hyp: dict[str, float], where: str) -> Any:
-    """The study ``name`` in ``storage``, created with the base hyps queued as its first trial (YOLOv5 trains the
-    --hyp as given first) or resumed; a study that evolves other hyps is refused."""
+    """The study ``name`` in ``storage``, created or resumed; a study that evolves other hyps is refused. YOLOv5
+    trains the --hyp as given first: the yolov5 sampler makes trial 0 so, for the others the base hyps are queued
+    when the study is created."""
     import optuna
 
     try:
@@ -290,9 +293,10 @@ def open_study(storage: Any, name: str, sampler: Any, base_hyp: dict[str, float]
         if study.direction != optuna.study.StudyDirection.MAXIMIZE:
             raise UserError(f"study {name!r} in {where} minimizes; evolution maximizes fitness: pick another --study")
         return study
+    if not isinstance(sampler, YOLOv5Sampler):
+        study.enqueue_trial({k: float(v) for k, v in base_hyp.items()})
     study.set_user_attr(HYP_KEYS_ATTR, list(base_hyp))
     study.set_user_attr(BASE_HYP_ATTR, {k: float(v) for k, v in base_hyp.items()})
-    study.enqueue_trial({k: float(v) for k, v in base_hyp.items()})
     return study
 
 
