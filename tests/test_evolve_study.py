@@ -120,3 +120,24 @@ def test_tpe_sampler_asks_within_the_bounds():
 def test_cmaes_without_its_package_names_the_install():
     with pytest.raises(UserError, match="pip install cmaes"):
         S.make_sampler("cmaes", BASE, mutated_bounds(), 0)
+
+
+def test_a_new_study_starts_from_an_evolve_csv_written_before_it(tmp_path):
+    from optuna.trial import TrialState
+
+    csv = tmp_path / "evolve.csv"     # as ppmulti's file-based evolution wrote it
+    csv.write_text("fitness,mAP50,mAP50_95," + ",".join(BASE) + "\n"
+                   + "".join(",".join(map(repr, [evolve.fitness({"mAP50": m, "mAP50_95": m / 2}), m, m / 2,
+                                                 *{**BASE, "lr0": m}.values()])) + "\n" for m in (0.02, 0.05)))
+    rows = evolve.EvolveStore(csv).rows()
+    storage = S.open_storage("sqlite:///:memory:")
+    study = S.open_study(storage, "s", S.YOLOv5Sampler(BASE, mutated_bounds(), 0), BASE, "test", rows,
+                         mutated_bounds())
+    assert [(t.state, t.params["lr0"]) for t in study.trials] == [(TrialState.COMPLETE, 0.02),
+                                                                   (TrialState.COMPLETE, 0.05)]
+    assert S.study_rows(study, list(BASE)) == rows
+    trial, _ = _ask(study, storage)
+    assert trial.number == 2 and storage.get_trial(trial._trial_id).system_attrs[S.PARENT_ATTR]["lr0"] in (0.02, 0.05)
+    with pytest.raises(UserError, match="evolve.csv already in --project evolves other hyperparameters"):
+        S.open_study(storage, "t", None, {"lr0": 0.01}, "test", rows, mutated_bounds())
+    assert "t" not in [s.study_name for s in optuna.get_all_study_summaries(storage)]

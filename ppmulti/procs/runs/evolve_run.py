@@ -183,9 +183,14 @@ def open_population(spec: EvolveSpec) -> tuple[Any, Any]:
     """(storage, study) of an evolution: its study opened or created, a study of other hyps refused."""
     from ppmulti.procs.runs import evolve_study as S
 
+    from ppmulti.procs.runs.evolve import EvolveStore
+
     storage = S.open_storage(spec.storage_url, spec.heartbeat)
-    sampler = S.make_sampler(spec.sampler, spec.base_hyp, mutated_bounds(), spec.seed)
-    return storage, S.open_study(storage, spec.study_name, sampler, spec.base_hyp, S.shown(spec.storage_url))
+    bounds = mutated_bounds()
+    sampler = S.make_sampler(spec.sampler, spec.base_hyp, bounds, spec.seed)
+    earlier = EvolveStore(spec.csv).rows()   # used only by the process that creates the study
+    return storage, S.open_study(storage, spec.study_name, sampler, spec.base_hyp, S.shown(spec.storage_url),
+                                 earlier, bounds)
 
 
 def check_resumable(spec: EvolveSpec) -> None:
@@ -556,13 +561,13 @@ def dashboard(ns: argparse.Namespace) -> int:
     """``ppmulti evolve --dashboard``: optuna-dashboard on the evolution's storage, until Ctrl-C or SIGTERM."""
     from ppmulti.procs.runs import evolve_study as S
 
+    project = Path(ns.project).resolve()
+    if ns.storage is None and not (project / S.DB_NAME).is_file():
+        raise UserError(f"--dashboard: no {S.DB_NAME} in {project}; give the evolution's --project or --storage URL")
     try:
         import optuna_dashboard
     except ImportError:
         raise UserError("--dashboard needs optuna-dashboard: pip install optuna-dashboard") from None
-    project = Path(ns.project).resolve()
-    if ns.storage is None and not (project / S.DB_NAME).is_file():
-        raise UserError(f"--dashboard: no {S.DB_NAME} in {project}; give the evolution's --project or --storage URL")
     url = ns.storage or S.default_storage(project)
     storage = S.open_storage(url, ns.heartbeat)
     page = f"http://{ns.host}:{ns.port}/dashboard/"

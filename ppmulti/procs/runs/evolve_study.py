@@ -242,10 +242,11 @@ class YOLOv5Sampler(_sampler_base()):
 
         if not search_space:
             return {}
-        if trial.number == 0:   # YOLOv5 trains the --hyp as given first (trial numbers are unique: exactly once)
+        rows = study_rows(study, list(self.base_hyp))
+        if trial.number == 0 and not rows:   # YOLOv5 trains the --hyp as given first (trial numbers are unique)
             return {k: self.base_hyp[k] for k in search_space if k in self.base_hyp}
         rng = np.random.RandomState([self.seed, trial.number])
-        parent, child = breed(study_rows(study, list(self.base_hyp)), self.base_hyp, rng, self.bounds)
+        parent, child = breed(rows, self.base_hyp, rng, self.bounds)
         study._storage.set_trial_system_attr(trial._trial_id, PARENT_ATTR, parent)
         return {k: child[k] for k in search_space if k in child}
 
@@ -276,11 +277,16 @@ def make_sampler(name: str, base_hyp: dict[str, float], bounds: dict[str, tuple[
 
 
 # ----------------------------------------------------------------------------- the study
-def open_study(storage: Any, name: str, sampler: Any, base_hyp: dict[str, float], where: str) -> Any:
-    """The study ``name`` in ``storage``, created or resumed; a study that evolves other hyps is refused. YOLOv5
-    trains the --hyp as given first: the yolov5 sampler makes trial 0 so, for the others the base hyps are queued
-    when the study is created."""
+def open_study(storage: Any, name: str, sampler: Any, base_hyp: dict[str, float], where: str,
+               earlier: list[dict[str, float]] = (),
+               bounds: dict[str, tuple[float, float, float]] | None = None) -> Any:
+    """The study ``name`` in ``storage``, created or resumed; a study that evolves other hyps is refused. A new study
+    starts from ``earlier`` rows (an evolve.csv written before the study existed: ppmulti's file-based evolution),
+    each a finished trial. YOLOv5 trains the --hyp as given first: the yolov5 sampler makes trial 0 so, for the
+    others the base hyps are queued when the study is created."""
     import optuna
+
+    from ppmulti.procs.runs.evolve import METRIC_COLUMNS
 
     try:
         study = optuna.create_study(storage=storage, study_name=name, direction="maximize", sampler=sampler)
@@ -293,7 +299,19 @@ def open_study(storage: Any, name: str, sampler: Any, base_hyp: dict[str, float]
         if study.direction != optuna.study.StudyDirection.MAXIMIZE:
             raise UserError(f"study {name!r} in {where} minimizes; evolution maximizes fitness: pick another --study")
         return study
-    if not isinstance(sampler, YOLOv5Sampler):
+    if earlier and {k for k in earlier[0] if k not in METRIC_COLUMNS} != set(base_hyp):
+        optuna.delete_study(study_name=name, storage=storage)
+        raise UserError("the evolve.csv already in --project evolves other hyperparameters than this run's --hyp; "
+                        "pick another --project or the same hyp file")
+    dists = distributions(base_hyp, bounds or {})
+    for row in earlier:
+        params = {k: float(row[k]) for k in base_hyp}
+        own = {k: d if d._contains(params[k]) else type(d)(min(d.low, params[k]), max(d.high, params[k]))
+               for k, d in dists.items()}
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=own, value=float(row["fitness"]),
+            user_attrs={"mAP50": float(row["mAP50"]), "mAP50_95": float(row["mAP50_95"]), "from": "evolve.csv"}))
+    if not isinstance(sampler, YOLOv5Sampler) and not earlier:
         study.enqueue_trial({k: float(v) for k, v in base_hyp.items()})
     study.set_user_attr(HYP_KEYS_ATTR, list(base_hyp))
     study.set_user_attr(BASE_HYP_ATTR, {k: float(v) for k, v in base_hyp.items()})
