@@ -167,7 +167,8 @@ def _check_train_args(train_args: list[str], refuse_owned: bool = True) -> argpa
         for dest, flag in OWNED.items():
             if getattr(args, dest, None) not in (None, False):
                 raise UserError(f"{flag} in the training's flags: the evolution sets it for every candidate "
-                                f"(devices: --devices before --; directory: --project before --)")
+                                f"(devices: --devices before --; directory: --project before --; "
+                                f"study: --storage before --)")
     options_from_args(args)
     return args
 
