@@ -64,8 +64,9 @@ REQUIRES = PADDLE_REQUIRES + (PADDLE_26_REQUIRES if PADDLE_26 else []) + [
     "motmetrics",                         # without it ppdet.metrics prints two warnings in every rank's log
     "matplotlib",                         # results.png, PR_curve.png, evolve plots
     "visualdl",                           # training dashboards
-    "filelock>=3.11",                     # shared evolve.csv across workers (thread-local locks: workers are threads)
+    "filelock>=3.11",                     # one builder of the compiled ops, one writer of a data cache
     "optuna>=4",                          # evolution's population: a study in SQLite (default) or PostgreSQL/MySQL
+    "cmaes",                              # Optuna's CMA-ES sampler (--sampler cmaes)
     # oneDNN 3.2's C++ headers (188 KB, no library): ppmulti/rank/ops builds its CPU convolution against the
     # libdnnl inside Paddle's wheel, which ships without them
     "onednn-devel-cpu-gomp==2023.2.0; platform_machine == 'x86_64' and sys_platform == 'linux'",

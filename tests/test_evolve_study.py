@@ -3,7 +3,6 @@ storage URLs (bad ones, missing drivers, passwords never shown), the samplers of
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 
 import numpy as np
@@ -116,10 +115,15 @@ def test_tpe_sampler_asks_within_the_bounds():
             assert min(lo, BASE[k]) <= hyp[k] <= max(hi, BASE[k])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cmaes") is not None, reason="cmaes is installed")
-def test_cmaes_without_its_package_names_the_install():
-    with pytest.raises(UserError, match="pip install cmaes"):
-        S.make_sampler("cmaes", BASE, mutated_bounds(), 0)
+def test_cmaes_sampler_asks_within_the_bounds():
+    storage, study = _study(sampler=S.make_sampler("cmaes", BASE, mutated_bounds(), 0))
+    assert _ask(study, storage)[1] == BASE        # the base hyps queued first, as for tpe
+    for i in range(4):                            # CMA-ES proposes jointly once a trial has finished
+        trial, hyp = _ask(study, storage)
+        study.tell(trial, 0.1 * i)
+        for k, (_, lo, hi) in mutated_bounds().items():
+            if k in BASE:
+                assert min(lo, BASE[k]) <= hyp[k] <= max(hi, BASE[k])
 
 
 def test_a_new_study_starts_from_an_evolve_csv_written_before_it(tmp_path):

@@ -543,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="study name in the storage (default the --project directory's name); workers and machines "
                         "with the same storage and study share one evolution")
     p.add_argument("--sampler", default="yolov5", choices=("yolov5", "tpe", "cmaes"),
-                   help="yolov5 (YOLOv5's mutation, default), tpe or cmaes (Optuna's; cmaes needs pip install cmaes)")
+                   help="yolov5 (YOLOv5's mutation, default), tpe or cmaes (Optuna's own)")
     p.add_argument("--heartbeat", type=int, default=60, metavar="SECONDS",
                    help="a running candidate's heartbeat period; a candidate silent for twice this (its worker or "
                         "machine died) is failed and trained again by another worker (default 60)")

@@ -260,19 +260,14 @@ class YOLOv5Sampler(_sampler_base()):
 def make_sampler(name: str, base_hyp: dict[str, float], bounds: dict[str, tuple[float, float, float]],
                  seed: int = 0) -> Any:
     """``--sampler yolov5|tpe|cmaes`` -> the sampler (TPE and CMA-ES are Optuna's own)."""
-    import importlib.util
-
     import optuna
 
     if name == "yolov5":
         return YOLOv5Sampler(base_hyp, bounds, seed)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
-    if name == "cmaes":
-        if importlib.util.find_spec("cmaes") is None:
-            raise UserError("--sampler cmaes needs the cmaes package: pip install cmaes")
-        x0 = {k: v for k, v in base_hyp.items() if k in bounds and bounds[k][0] != 0}
-        return optuna.samplers.CmaEsSampler(x0=x0, seed=seed)
+    if name == "cmaes":   # the base hyps run first (queued by open_study), then CMA-ES searches within the bounds
+        return optuna.samplers.CmaEsSampler(seed=seed)
     raise UserError(f"--sampler {name}: expected one of {', '.join(SAMPLERS)}")
 
 
