@@ -145,3 +145,11 @@ def test_a_new_study_starts_from_an_evolve_csv_written_before_it(tmp_path):
     with pytest.raises(UserError, match="evolve.csv already in --project evolves other hyperparameters"):
         S.open_study(storage, "t", None, {"lr0": 0.01}, "test", rows, mutated_bounds())
     assert "t" not in [s.study_name for s in optuna.get_all_study_summaries(storage)]
+
+
+def test_storage_without_evolve_is_one_line(capsys):
+    from ppmulti.procs.train_command import main
+
+    assert main(["--data", "coco128.yaml", "--storage", "sqlite:///evolve.db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--storage" in err and "--evolve N" in err

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from ppmulti.common.envvars import in_paddle_worker, set_device_order, set_visible_gpu
-from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse, parse_device, relaunch_argv
 
@@ -20,6 +20,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         from ppmulti.procs.runs.evolve_run import evolve_from_train
 
         return evolve_from_train(args, argv)
+    if getattr(args, "storage", None) is not None:
+        raise UserError("--storage is where --evolve keeps its population: add --evolve N, or drop --storage")
     kind, ids, nranks = parse_device(args.device, args.nproc)
     if kind == "gpu":
         set_device_order()   # before paddle starts CUDA: --device ids follow nvidia-smi
