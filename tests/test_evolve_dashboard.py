@@ -62,7 +62,10 @@ def test_dashboard_serves_the_study_and_a_browser_finds_its_trials(tmp_path):
                                                                                           for i in (1, 2, 3)]
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         require_system(None if chromium else "chromium is not installed", "apt-get install chromium")
-        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+        # a profile of its own in tmp_path, and none of Chromium's own network traffic (the machine has no network)
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                              f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom",
                               "--virtual-time-budget=8000", f"{page}/trials"], capture_output=True, text=True,
                              timeout=120).stdout
         assert all(f"Trial {i}" in dom for i in range(4)), dom[-2000:]
