@@ -41,6 +41,33 @@ def test_conversion_keeps_parameters_keys_and_single_process_batchnorm():
     np.testing.assert_allclose(model(x).numpy(), plain(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("flag,norm_type,device,synced", [
+    (True, "bn", "cpu", True),            # --sync-bn: ppmulti's collective BatchNorm on CPU ranks
+    (False, "sync_bn", "cpu", False),     # a config's norm_type alone: per-rank BatchNorm, as PaddleDetection's
+    (False, "bn", "cpu", False),
+])
+def test_which_runs_synchronise_on_cpu_ranks(flag, norm_type, device, synced):
+    """The builder's choice on 2 CPU ranks, and the run log's line saying it (the model is converted in place)."""
+    from types import SimpleNamespace
+
+    import paddle.nn as nn
+
+    from ppmulti.rank.engine.builder import _Build
+    from ppmulti.rank.ops.sync_bn import CollectiveSyncBatchNorm
+
+    build = SimpleNamespace(opts=SimpleNamespace(sync_bn=flag), cfg={"norm_type": norm_type}, world=2,
+                            device=device, model=nn.Sequential(nn.Conv2D(3, 3, 1), nn.BatchNorm2D(3)), plan_notes=[])
+    _Build._maybe_sync_bn(build)
+    assert isinstance(build.model[1], CollectiveSyncBatchNorm) == synced
+    notes = " ".join(build.plan_notes)
+    if synced:
+        assert "1 BatchNorm layers synchronised across 2 ranks (--sync-bn" in notes
+    elif norm_type == "sync_bn":
+        assert "BatchNorm per rank on cpu ranks" in notes and "--sync-bn synchronises it" in notes
+    else:
+        assert notes == ""
+
+
 
 def _reference(name: str):
     """What one process computes with plain BatchNorm on the concatenated batch of both ranks (the same loss:

@@ -50,7 +50,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
                    help="reuse the run directory instead of numbering a new one")
     p.add_argument("--sync-bn", "--sync_bn", dest="sync_bn", action="store_true",
-                   help="BatchNorm statistics over all ranks' batches (SyncBatchNorm; on CPU ranks too)")
+                   help="BatchNorm statistics over all ranks' batches (SyncBatchNorm; CPU ranks: 2-3x the step time)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed (rank r seeds its augmentation with SEED + r; the initial weights with SEED)")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,

@@ -21,7 +21,7 @@ HONOURED_KEYS = {
     "init_loss_scaling": "hooks/amp.py: float16's first loss scale",
     "architecture": "the model built (ppdet's create)", "num_classes": "ppdet's __shared__ heads",
     "depth_mult": "ppdet's __shared__ backbones and necks", "width_mult": "ppdet's __shared__ backbones and necks",
-    "norm_type": "ppdet's __shared__ layers; sync_bn synchronises BatchNorm across ranks (builder)",
+    "norm_type": "ppdet's __shared__ layers; sync_bn synchronises BatchNorm across GPU ranks (builder)",
     "epoch": "the loop's epochs", "snapshot_epoch": "hooks/evaluation.py and hooks/checkpoint.py",
     "log_iter": "the console's and the trackers' logging interval", "worker_num": "data loader workers",
     "use_ema": "hooks/ema.py", "ema_decay": "hooks/ema.py", "ema_decay_type": "hooks/ema.py",

@@ -385,7 +385,10 @@ class _Build:
     def _maybe_sync_bn(self) -> None:
         """--sync-bn or ppdet's ``norm_type: sync_bn``: BatchNorm statistics over all ranks' batches. GPUs take
         Paddle's SyncBatchNorm; elsewhere (CPU ranks over gloo) Paddle has no kernel, so ppmulti's collective one
-        (ops.sync_bn) replaces every BatchNorm, with the same parameters and state-dict keys."""
+        (ops.sync_bn) replaces every BatchNorm, with the same parameters and state-dict keys. There it is asked for
+        by --sync-bn only: a config's ``norm_type: sync_bn`` is written for GPUs, PaddleDetection's own trainer
+        keeps per-rank BatchNorm on CPUs, and the collective one costs 2-3x the step time on CPU ranks
+        (bench/results/sync_bn.md); the run log says so."""
         import paddle
 
         wanted = self.opts.sync_bn or self.cfg.get("norm_type") == "sync_bn"
@@ -398,6 +401,11 @@ class _Build:
             self.model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
             self.plan_notes.append(f"BatchNorm layers converted to Paddle's SyncBatchNorm across {self.world} "
                                    f"ranks ({source})")
+            return
+        if not self.opts.sync_bn:
+            self.plan_notes.append(f"norm_type: sync_bn: BatchNorm per rank on {self.device} ranks, as "
+                                   f"PaddleDetection's trainer keeps it; --sync-bn synchronises it (2-3x the step time "
+                                   f"on CPU ranks)")
             return
         from ppmulti.rank.ops.sync_bn import convert_sync_batchnorm
 
