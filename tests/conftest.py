@@ -281,3 +281,13 @@ class LossStub:
         import numpy as np
 
         return np.array([self.value], dtype=np.float32)
+
+
+def tool_module(name: str):
+    """tools/NAME.py imported as a module (its parse(), build_parser(), main()), without running it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

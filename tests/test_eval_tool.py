@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, one_line_error, run_tool
+from conftest import REPO, one_line_error, run_tool, tool_module
 
 from ppmulti.common.errors import UserError
 from ppmulti.rank import eval_setup
@@ -25,13 +24,6 @@ from ppmulti.rank import eval_setup
 # rounding and for a oneDNN that is not batch-invariant on some CPU, not for different kernels.
 CSV_TOLERANCE = 1e-5
 JSON_TOLERANCE = 1e-5
-
-
-def _eval_tool():
-    spec = importlib.util.spec_from_file_location("eval_tool", REPO / "tools" / "eval.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Shaped:
@@ -85,7 +77,7 @@ def test_val_flags_reach_the_config(small_demo):
     """--data, --img, --conf-thres, --iou-thres, --max-det, --batch-size, --workers, --device on a loaded config."""
     from ppmulti.rank import config
 
-    args = _eval_tool().parse(["--cfg", "yolov5n", "--data", str(small_demo / "data.yaml"), "--img", "160",
+    args = tool_module("eval").parse(["--cfg", "yolov5n", "--data", str(small_demo / "data.yaml"), "--img", "160",
                                "--conf-thres", "0.25", "--iou-thres", "0.45", "--max-det", "100",
                                "--batch-size", "4", "--workers", "0", "--device", "cpu"])
     model = eval_setup.resolve_model(args)
@@ -96,7 +88,7 @@ def test_val_flags_reach_the_config(small_demo):
     assert cfg["EvalReader"]["batch_size"] == 4 and cfg["worker_num"] == 0 and cfg["use_gpu"] is False
     assert cfg["eval_size"] == [160, 160] and cfg["num_classes"] == 3
     assert cfg["EvalDataset"]["name"] == "YOLODataSet" and cfg["EvalDataset"]["split"] == "val"
-    defaults = _eval_tool().parse(["--cfg", "yolov5n"])
+    defaults = tool_module("eval").parse(["--cfg", "yolov5n"])
     cfg = config.load(eval_setup.resolve_model(defaults).config)
     eval_setup.val_edit(defaults, eval_setup.resolve_model(defaults))(cfg)
     nms = cfg["YOLOv5Head"]["nms"]   # YOLOv5 configs keep val.py's defaults
@@ -113,7 +105,7 @@ def test_val_flags_reach_the_config(small_demo):
 ])
 def test_bad_val_flags_are_refused_by_name(argv, message):
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        _eval_tool().parse(argv)
+        tool_module("eval").parse(argv)
 
 
 # ----------------------------------------------------------------------------- real runs

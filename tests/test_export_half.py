@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, run_tool
+from conftest import REPO, run_tool, tool_module
 
 from ppmulti.common.errors import UserError
 from ppmulti.rank import compat
@@ -26,21 +26,15 @@ BOX_TOL = 1.0
 SCORE_TOL = 5e-3
 
 
-def _export_tool():
-    spec = importlib.util.spec_from_file_location("_tool_export_half", REPO / "tools" / "export.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # ----------------------------------------------------------------------------- flags and refusals
 def test_half_and_simplify_as_yolov5_spells_them():
-    args = _export_tool().parse(["--weights", "r/weights/best.pdparams", "--include", "onnx", "--half", "--simplify"])
+    args = tool_module("export").parse(["--weights", "r/weights/best.pdparams", "--include", "onnx", "--half",
+                                        "--simplify"])
     assert (args.half, args.simplify, args.formats, args.nms) == (True, True, ["onnx"], False)
 
 
 def test_simplify_is_for_onnx_only():
-    export = _export_tool()
+    export = tool_module("export")
     with pytest.raises(UserError, match="--simplify applies to ONNX"):
         export.run(export.parse(["--weights", "w.pdparams", "--include", "paddle", "--simplify"]))
 
@@ -62,7 +56,7 @@ def test_half_paddle_model_is_one_line_on_this_build():
 
     if not compat.paddle3() and paddle.is_compiled_with_cuda():
         pytest.skip("a GPU build of Paddle 2.6 converts the model")
-    export = _export_tool()
+    export = tool_module("export")
     with pytest.raises(UserError, match=r"--half for Paddle's inference model: .* --include onnx --half"):
         export.run(export.parse(["--weights", "missing.pdparams", "--include", "paddle", "--half"]))
 

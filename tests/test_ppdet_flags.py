@@ -4,7 +4,6 @@ train's -r resuming a checkpoint written the way PaddleDetection writes it; eval
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
@@ -14,23 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEMO_CONFIG, REPO, demo_overrides, one_line_error, run_tool
+from conftest import DEMO_CONFIG, REPO, demo_overrides, one_line_error, run_tool, tool_module
 from ppmulti.common import ppdet_flags, train_flags
 from ppmulti.common.errors import UserError
 from ppmulti.rank import config as config_mod
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"_h5_{name}", REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def parser_of(tool: str) -> argparse.ArgumentParser:
     if tool == "train":
         return train_flags.build_parser()
-    return _tool({"eval": "eval", "infer": "infer", "export": "export_model"}[tool]).build_parser()
+    return tool_module({"eval": "eval", "infer": "infer", "export": "export_model"}[tool]).build_parser()
 
 
 # ------------------------------------------------------------------------------------------ the flag table, golden
@@ -135,11 +127,11 @@ def test_export_model_refusals_are_one_line():
 
 def test_export_model_speaks_ppdets_command_line():
     """PaddleDetection's `export_model.py -c CFG -o weights=W --output_dir D` becomes tools/export.py's -c mode."""
-    export_model = _tool("export_model")
+    export_model = tool_module("export_model")
     argv = export_model.export_argv(["-c", "cfg.yml", "-o", "weights=w.pdparams", "use_gpu=false",
                                      "--output_dir", "out"])
     assert argv == ["-c", "cfg.yml", "--output_dir", "out", "-o", "weights=w.pdparams", "use_gpu=false"]
-    args = _tool("export").parse(argv)
+    args = tool_module("export").parse(argv)
     assert not args.yolov5 and args.output_dir == "out" and args.formats == ["paddle"] and args.nms
     assert export_model.export_argv(["-c", "cfg.yml"])[3] == "output_inference"   # PaddleDetection's default
 

@@ -3,7 +3,6 @@ trained run (val and detect on its best weights, export ONNX, detect from the ON
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -12,22 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, one_line_error, run_tool
+from conftest import REPO, one_line_error, run_tool, tool_module
 
 from ppmulti.common.errors import UserError
 from ppmulti.rank.engine import detect, labels, sources
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"_tool_{name}", REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # ----------------------------------------------------------------------------- flag mapping (golden)
 def test_detect_flags_as_yolov5_spells_them():
-    args = _tool("detect").parse(
+    args = tool_module("detect").parse(
         ["--weights", "w.pdparams", "--source", "imgs", "--img", "320", "--conf-thres", "0.4", "--iou-thres", "0.5",
          "--max-det", "50", "--classes", "0", "2", "--agnostic-nms", "--save-txt", "--save-conf", "--nosave",
          "--line-thickness", "1", "--hide-labels", "--hide-conf", "--project", "p", "--name", "n", "--exist-ok",
@@ -41,11 +33,11 @@ def test_detect_flags_as_yolov5_spells_them():
                    "nosave": True, "line_thickness": 1, "hide_labels": True, "hide_conf": True, "project": "p",
                    "name": "n", "exist_ok": True, "use_gpu": False, "save_crop": True, "save_csv": True,
                    "vid_stride": 3}
-    defaults = _tool("detect").parse(["--weights", "w.onnx"])   # YOLOv5 detect.py's defaults
+    defaults = tool_module("detect").parse(["--weights", "w.onnx"])   # YOLOv5 detect.py's defaults
     assert (defaults.source, defaults.imgsz, defaults.conf_thres, defaults.iou_thres, defaults.max_det,
             defaults.project, defaults.name, defaults.line_thickness, defaults.vid_stride, defaults.save_crop,
             defaults.save_csv) == ("data/images", None, 0.25, 0.45, 1000, "runs/detect", "exp", 3, 1, False, False)
-    assert _tool("detect").parse(["--weights", "w", "--imgsz", "64", "64"]).imgsz == 64
+    assert tool_module("detect").parse(["--weights", "w", "--imgsz", "64", "64"]).imgsz == 64
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -61,11 +53,11 @@ def test_detect_flags_as_yolov5_spells_them():
 ])
 def test_bad_detect_flags_are_refused_by_name(argv, message):
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        _tool("detect").parse(argv)
+        tool_module("detect").parse(argv)
 
 
 def test_export_flags_as_yolov5_spells_them():
-    export = _tool("export")
+    export = tool_module("export")
     args = export.parse(["--weights", "r/weights/best.pdparams", "--img", "64", "--include", "onnx", "paddle",
                          "--dynamic", "--opset", "12", "--batch", "4", "--device", "cpu"])
     assert (args.yolov5, args.formats, args.imgsz, args.dynamic, args.opset, args.batch, args.nms, args.use_gpu) == \
@@ -90,12 +82,12 @@ def test_export_flags_as_yolov5_spells_them():
 ])
 def test_bad_export_flags_are_refused_by_name(argv, message):
     with pytest.raises(UserError, match=message):
-        _tool("export").parse(argv)
+        tool_module("export").parse(argv)
 
 
 @pytest.mark.parametrize("tool", ["eval", "val"])
 def test_val_flags_as_yolov5_spells_them(tool):
-    parse = _tool(tool).parse
+    parse = tool_module(tool).parse
     args = parse(["--data", "d.yaml", "--weights", "w.pdparams", "--batch", "16", "--img", "320", "--task", "val",
                   "--conf-thres", "0.01", "--iou-thres", "0.7", "--max-det", "100", "--single-cls", "--device", "cpu",
                   "--project", "p", "--name", "n", "--exist-ok", "--save-txt", "--save-conf", "--save-json"])
@@ -113,7 +105,7 @@ def test_val_flags_as_yolov5_spells_them(tool):
         parse(["--weights", "w", "--task", "test"])
     with pytest.raises(UserError, match="--save-txt and a bare --save-json write into the results directory"):
         parse(["-c", "x.yml", "--save-txt"])
-    assert _tool(tool).build_parser().prog == f"tools/{tool}.py"
+    assert tool_module(tool).build_parser().prog == f"tools/{tool}.py"
 
 
 # ----------------------------------------------------------------------------- sources
