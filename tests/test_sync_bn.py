@@ -135,11 +135,11 @@ def _half_batch_mean(name: str) -> np.ndarray:
 def test_two_ranks_with_data_parallel_train_as_one_process_with_the_whole_batch(tmp_path):
     """Under fleet's data-parallel wrapper (its gradient all-reduce in the same backward pass) 2 ranks with
     batch 4 each end 5 SGD steps with the weights and running statistics of one process with batch 8."""
-    script = str(FIXTURES / "sync_bn_train.py")
-    one = run_tool([script, str(tmp_path / "one.npz"), "8", "5"])
+    script = str(FIXTURES / "equivalence_train.py")
+    one = run_tool([script, str(tmp_path / "one.npz"), "8", "5", "syncbn"])
     assert one.returncode == 0, one.stderr[-2000:]
     two = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path / "two.npz"),
-                    "8", "5"], cwd=tmp_path)
+                    "8", "5", "syncbn"], cwd=tmp_path)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
     a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
     assert sorted(a.files) == sorted(b.files) and any(k.endswith("_variance") for k in a.files)
