@@ -52,7 +52,8 @@ def main() -> int:
         for r in range(args.rounds):
             for mode in ("plain", "sync"):
                 times[mode].append(one_run(args, mode == "sync", Path(tmp) / f"{mode}{r}"))
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python", "bench/sync_bn.py", *sys.argv[1:]]),
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "command": " ".join(["python", "bench/sync_bn.py", *sys.argv[1:]]),
               "seconds_per_step": times,
               "ratio_sync_over_plain": statistics.median(times["sync"]) / statistics.median(times["plain"])}
     atomic_write_text(REPO / "bench" / "results" / "sync_bn.json", json.dumps(result, indent=1) + "\n")
