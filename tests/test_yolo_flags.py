@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
+from conftest import REPO
 from ppmulti.rank import yolo_config as yolo_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.train_flags import build_parser, parse
@@ -187,6 +189,8 @@ def test_short_yolov5_training_from_flags(yolov5_run):
     assert "YOLOv5's warmup, first 8 batches: batches per optimizer step from 1 to" in log   # a third of 4 x 6
     resolved = (run / "config.yml").read_text()
     assert "YOLODataSet" in resolved and "num_classes: 3" in resolved
+    hyp = yaml.safe_load((REPO / "configs/hyps/hyp.demo.yaml").read_text())
+    assert yaml.safe_load((run / "hyp.yaml").read_text()) == hyp                  # the hyps, beside opt.yaml
 
 
 def test_ppdet_dataset_yml_with_base_as_data(tmp_path, repo):

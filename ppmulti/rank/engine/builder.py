@@ -89,6 +89,10 @@ class _Build:
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
             if opts.record is not None:
                 _write_record(self.run_dir / "opt.yaml", opts.record)
+                if opts.record.get("hyp"):   # the hyps this run trains with, beside its flags (as YOLOv5 keeps them)
+                    from ppmulti.common.hyp import load_hyp
+
+                    _write_record(self.run_dir / "hyp.yaml", load_hyp(opts.record["hyp"]))
         self._build_parts()
         state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
                                 accumulate=self.batch.accumulate)
