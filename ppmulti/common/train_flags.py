@@ -106,7 +106,8 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache", nargs="?", const="ram", default=None, choices=("ram", "disk"),
                    help="cache decoded training images: ram (bare --cache; one shared copy per node, not per rank) "
                         "or disk (.npy files beside the images)")
-    g.add_argument("--noplots", action="store_true", help="draw no pictures (results.png, labels.jpg, confusion_matrix.png, ...)")
+    g.add_argument("--noplots", action="store_true",
+                   help="draw no pictures (results.png, labels.jpg, confusion_matrix.png, ...)")
     g.add_argument("--multi-scale", "--multi_scale", dest="multi_scale", action="store_true",
                    help="every step a random size in [0.5, 1.5] x imgsz (multiples of 32), the same on every rank; "
                         "the batch is resized on the device")
