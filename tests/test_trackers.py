@@ -103,7 +103,10 @@ def mlflow_server(root: Path):
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                              "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                              "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
-                            cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            # no job runner: it needs none here, and its queue is a /dev/shm directory that MLflow's
+                            # server leaves behind when it stops
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # loopback: never through a proxy
 
     def healthy() -> None:
