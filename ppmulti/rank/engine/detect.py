@@ -3,8 +3,11 @@ streams), label files, crops, a CSV, annotated images and videos."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,6 +349,23 @@ def label_path(labels_dir: Path, frame: Frame) -> Path:
     return labels_dir / (f"{frame.stem}.txt" if frame.mode == "image" else f"{frame.stem}_{frame.frame}.txt")
 
 
+@contextlib.contextmanager
+def _whole_frame():
+    """Ctrl-C (SIGINT) inside the block is held until its end, then raised: a frame's label, crop, CSV rows, video
+    frame and line are written all or none. Reading and inference stay interruptible at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit = []
+    previous = signal.signal(signal.SIGINT, lambda *_: hit.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hit:
+        raise KeyboardInterrupt
+
+
 def run_detect(backend, frames: Iterable[Frame], opts: DetectOptions) -> dict:
     """Detect on every frame, write what ``opts`` asks, log one line per frame (YOLOv5's ``image 1/3 ...`` and
     ``video 1/1 (frame 3/30) ...``); Ctrl-C stops it with everything written so far closed and kept. Returns
@@ -367,6 +387,10 @@ def run_detect(backend, frames: Iterable[Frame], opts: DetectOptions) -> dict:
         if fresh:
             csv_writer.writerow(CSV_COLUMNS)
     found, interrupted = 0, False
+
+    def class_of(det) -> str:
+        return names.get(int(det[5]), str(int(det[5])))
+
     tic = t0 = time.time()
     try:
         for frame in frames:
@@ -376,33 +400,34 @@ def run_detect(backend, frames: Iterable[Frame], opts: DetectOptions) -> dict:
             dets = nms_done(pred.dets, opts.nms) if pred.dets is not None else \
                 nms_raw(pred.boxes, pred.scores, opts.nms)
             dets = clip_boxes(dets, width, height)
-            found += len(dets)
-            counts[frame.mode] += 1
-            if opts.save_txt:
-                label = label_path(labels_dir, frame)
-                lines = label_lines(dets, width, height, opts.save_conf)
-                if lines:
-                    label.write_text("\n".join(lines) + "\n")
-                elif label.exists():
-                    label.unlink()   # --exist-ok into an earlier run: no stale boxes for a frame with none now
-            if csv_writer is not None:
-                csv_writer.writerows((frame.name, names.get(int(d[5]), str(int(d[5]))), f"{d[4]:.2f}") for d in dets)
-                csv_file.flush()
-            if opts.save_crop:
-                for d in dets:
-                    crops.save(bgr, d, names.get(int(d[5]), str(int(d[5]))), frame.stem)
-            if opts.save_img:
-                img = Image.fromarray(np.ascontiguousarray(bgr[..., ::-1]))
-                draw(img, dets, names, opts.line_thickness, opts.hide_labels, opts.hide_conf)
-                if frame.mode == "image":
-                    img.save(opts.save_dir / frame.name)
-                else:
-                    videos.write(frame, np.ascontiguousarray(np.asarray(img)[..., ::-1]), opts.save_dir)
-            per_class = np.unique(dets[:, 5].astype(int), return_counts=True) if len(dets) else ([], [])
-            what = ", ".join(f"{k} {names.get(int(c), c)}" for c, k in zip(*per_class)) or "(no detections)"
-            log.info("%s: %dx%d %s, %.1fms", frame.prefix, width, height, what,
-                     (time.time() - t0) * 1000)   # reading, inference, NMS and writing
-            t0 = time.time()
+            with _whole_frame():   # a Ctrl-C here waits for the frame's files and line: they stay in step
+                found += len(dets)
+                counts[frame.mode] += 1
+                if opts.save_txt:
+                    label = label_path(labels_dir, frame)
+                    lines = label_lines(dets, width, height, opts.save_conf)
+                    if lines:
+                        label.write_text("\n".join(lines) + "\n")
+                    elif label.exists():
+                        label.unlink()   # --exist-ok into an earlier run: no stale boxes for a frame with none now
+                if csv_writer is not None:
+                    csv_writer.writerows((frame.name, class_of(d), f"{d[4]:.2f}") for d in dets)
+                    csv_file.flush()
+                if opts.save_crop:
+                    for d in dets:
+                        crops.save(bgr, d, class_of(d), frame.stem)
+                if opts.save_img:
+                    img = Image.fromarray(np.ascontiguousarray(bgr[..., ::-1]))
+                    draw(img, dets, names, opts.line_thickness, opts.hide_labels, opts.hide_conf)
+                    if frame.mode == "image":
+                        img.save(opts.save_dir / frame.name)
+                    else:
+                        videos.write(frame, np.ascontiguousarray(np.asarray(img)[..., ::-1]), opts.save_dir)
+                per_class = np.unique(dets[:, 5].astype(int), return_counts=True) if len(dets) else ([], [])
+                what = ", ".join(f"{k} {names.get(int(c), c)}" for c, k in zip(*per_class)) or "(no detections)"
+                log.info("%s: %dx%d %s, %.1fms", frame.prefix, width, height, what,
+                         (time.time() - t0) * 1000)   # reading, inference, NMS and writing
+                t0 = time.time()
     except KeyboardInterrupt:
         interrupted = True
         log.warning("stopped by Ctrl-C after %d frames; what was detected so far is saved", sum(counts.values()))
