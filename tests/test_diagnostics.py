@@ -161,6 +161,15 @@ def test_table_has_yolov5s_columns_and_rows():
     assert len(diag.table(per_class=False).splitlines()) == 2
 
 
+def test_no_detection_at_all_scores_zero():
+    """An early model that finds nothing in any image (a first epoch, a fine-tune's re-initialised head)."""
+    from ppmulti.rank.engine.diagnostics import diagnose
+
+    diag = diagnose([(np.zeros((0, 6)), labels) for _, labels in _fixed_images()], NAMES)
+    assert diag.means() == {"precision": 0.0, "recall": 0.0, "mAP50": 0.0, "mAP50_95": 0.0}
+    assert diag.table().splitlines()[1].split()[:3] == ["all", "30", str(sum(len(g) for _, g in _fixed_images()))]
+
+
 
 @pytest.mark.slow
 def test_yolov5_run_columns_noplots_and_val_pictures(yolov5_run, small_demo, tmp_path):

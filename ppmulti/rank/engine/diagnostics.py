@@ -105,7 +105,9 @@ def ap_per_class(correct: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, ta
                  eps: float = 1e-16) -> ClassMetrics:
     """YOLOv5's per-class metrics of all images' detections (``correct`` (N, 10) from ``match_detections``,
     ``conf``, ``pred_cls``) against all labels' classes (``target_cls``)."""
-    correct = np.asarray(correct, dtype=np.float64).reshape(len(conf), -1)
+    correct = np.asarray(correct, dtype=np.float64)
+    if correct.ndim != 2:   # (N, 10); no detection at all is (0, 10), which reshape(0, -1) cannot tell
+        correct = correct.reshape(len(conf), -1) if correct.size else np.zeros((0, len(IOU_THRESHOLDS)))
     conf, pred_cls = np.asarray(conf, dtype=np.float64), np.asarray(pred_cls)
     order = np.argsort(-conf, kind="stable")
     correct, conf, pred_cls = correct[order], conf[order], pred_cls[order]
