@@ -318,7 +318,8 @@ class _Running:
     """tools/detect.py started in the background, its output lines read as they come."""
 
     def __init__(self, argv: list[str], cwd: Path):
-        self.proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE,
+        # -X faulthandler: a run that does not end is stopped with SIGABRT, which prints every thread's stack
+        self.proc = subprocess.Popen([sys.executable, "-X", "faulthandler", *argv], cwd=cwd, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env={**_env(), "PYTHONUNBUFFERED": "1"})
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -337,11 +338,19 @@ class _Running:
             except queue.Empty:
                 pytest.fail(f"no {count} lines with {needle!r} in {timeout} s: {self.seen[-20:]}")
 
-    def finish(self, timeout: float = 60) -> int:
-        code = self.proc.wait(timeout)
+    def finish(self, timeout: float = 120) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(30)
+            code = None
         self.reader.join(10)
         while not self.lines.empty():
             self.seen.append(self.lines.get())
+        if code is None:
+            pytest.fail(f"detect did not end within {timeout} s; its last lines and stacks:\n"
+                        + "\n".join(self.seen[-80:]))
         return code
 
     def stop(self) -> None:
