@@ -320,7 +320,9 @@ class _Running:
     def __init__(self, argv: list[str], cwd: Path):
         # -X faulthandler: a run that does not end is stopped with SIGABRT, which prints every thread's stack
         self.proc = subprocess.Popen([sys.executable, "-X", "faulthandler", *argv], cwd=cwd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env={**_env(), "PYTHONUNBUFFERED": "1"})
+                                     stderr=subprocess.STDOUT, text=True, env={**_env(), "PYTHONUNBUFFERED": "1"},
+                                     # Ctrl-C reaches it even where this process ignores SIGINT (a child inherits that)
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
