@@ -84,7 +84,7 @@ def test_tracking_uri_is_printed_without_credentials():
     assert display_uri("http://alice:s3cr3t@mlflow.example:5000/x") == "http://***@mlflow.example:5000/x"
     assert display_uri("https://tok3n@host") == "https://***@host"
     assert display_uri("postgresql://u:p@db/mlflow?sslmode=require&password=x") == "postgresql://***@db/mlflow?***"
-    assert display_uri("sqlite:////work/mlflow.db") == "sqlite:////work/mlflow.db"
+    assert display_uri("sqlite:////srv/mlflow.db") == "sqlite:////srv/mlflow.db"
 
 
 # ----------------------------------------------------------------------------- a real training, real trackers
