@@ -174,6 +174,7 @@ EFFECT_TESTS = {
     "metric": "test_ppdet_flags.py::test_refused_keys_stop_by_name_and_false_passes",
     "print_params": "test_ppdet_flags.py::test_resume_a_paddledetection_checkpoint",
     "find_unused_parameters": "test_ppdet_zoo.py::test_family_trains_an_epoch_on_two_ranks_and_evaluates",
+    "profiler_options": "test_profiler_hook.py::test_profiler_options_record_the_range_and_stop_the_training",
 }
 
 

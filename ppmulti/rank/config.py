@@ -39,6 +39,7 @@ HONOURED_KEYS = {
     "metric": "COCO only: anything else is refused below (check_values)",
     "print_params": "engine/builder.py: the model's parameter count after the start line",
     "find_unused_parameters": "compat.distributed_model: the ranks' DataParallel (Cascade R-CNN, DETR, DINO)",
+    "profiler_options": "hooks/profiler.py: paddle.profiler over a range of steps (PaddleDetection's option string)",
 }
 # Keys PaddleDetection reads that ppmulti does not: -o with a true value stops with the reason (false asks for
 # nothing, so PaddleDetection's runtime.yml values such as print_flops: false pass).

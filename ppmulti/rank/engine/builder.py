@@ -104,6 +104,10 @@ class _Build:
             hooks.append(ImageWeightsHook(self.image_weights))
         if self.warmup_batches:
             hooks.append(self._yolov5_warmup_hook())
+        if self.cfg.get("profiler_options"):   # PaddleDetection's --profiler_options (-o profiler_options=...)
+            from ppmulti.rank.engine.hooks.profiler import ProfilerHook, parse_options
+
+            hooks.append(ProfilerHook(parse_options(self.cfg["profiler_options"])))
         trainer = trainer_class(self.model, self.loader, self.optimizer, lr=self.lr, cfg=self.cfg, opts=opts,
                                 run_dir=self.run_dir, state=state, batch=self.batch, world=self.world, rank=self.rank,
                                 train_model=self.train_model, amp=self.amp, dataset=self.dataset,
