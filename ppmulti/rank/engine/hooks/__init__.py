@@ -5,6 +5,8 @@ Trainer built from options (engine.builder), the reporting ones with ``Trainer.d
 built run, when no hook was chosen). A Trainer built from parts runs the hooks it is given, no others:
 
 prio hook              module       does                                                    state in a checkpoint
+3    ProfilerHook      profiler     -o profiler_options: paddle.profiler over its steps, a  -
+                                    trace per rank, the summary on rank 0 (PaddleDetection's)
 5    YOLOv5WarmupHook  warmup       YOLOv5's warmup per batch: biases' lr from warmup_bias_lr, -
                                     momentum from warmup_momentum (YOLOv5 command lines)
 10   EMAHook           ema          builds ModelEMA; updates it right after each optimizer  ema: averaged weights,

@@ -100,7 +100,6 @@ class ProfilerHook(Hook):
         self._on_gpu = on_gpu and self.options.state != "CPU"
         self._prof = profiler.Profiler(targets=targets, scheduler=(start, end), on_trace_ready=self._export)
         self._prof.start()
-        log.info("profiler: steps %d-%d of the run are recorded; the trace goes to %s", start, end - 1, self._path)
 
     def _export(self, prof) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +125,8 @@ class ProfilerHook(Hook):
             with contextlib.redirect_stdout(sys.stderr):   # stdout carries the run's JSON summary
                 prof.summary(sorted_by=getattr(profiler.SortedKeys, key),
                              op_detail=self.options.tracer_option != "Default", time_unit="ms")
-            log.info("profiler: steps %d-%d recorded; trace in %s", *self.options.batch_range, self._path)
+            start, end = self.options.batch_range
+            log.info("profiler: steps %d-%d recorded; rank 0's trace is %s", start, end - 1, self._path)
         if self.options.exit_on_finished:
             log.info("profiler: exit_on_finished: training stops here, as PaddleDetection's does")
             trainer.stop_training = True
