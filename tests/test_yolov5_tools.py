@@ -91,13 +91,13 @@ def test_val_flags_as_yolov5_spells_them(tool):
     args = parse(["--data", "d.yaml", "--weights", "w.pdparams", "--batch", "16", "--img", "320", "--task", "val",
                   "--conf-thres", "0.01", "--iou-thres", "0.7", "--max-det", "100", "--single-cls", "--device", "cpu",
                   "--project", "p", "--name", "n", "--exist-ok", "--save-txt", "--save-conf", "--save-json"])
-    got = {k: getattr(args, k) for k in ("batch_size", "imgsz", "conf_thres", "iou_thres", "max_det", "single_cls",
+    got = {k: getattr(args, k) for k in ("batch", "imgsz", "conf_thres", "iou_thres", "max_det", "single_cls",
                                          "use_gpu", "project", "name", "exist_ok", "save_txt", "save_conf",
                                          "save_json", "save_dir_wanted")}
-    assert got == {"batch_size": 16, "imgsz": 320, "conf_thres": 0.01, "iou_thres": 0.7, "max_det": 100,
+    assert got == {"batch": 16, "imgsz": 320, "conf_thres": 0.01, "iou_thres": 0.7, "max_det": 100,
                    "single_cls": True, "use_gpu": False, "project": "p", "name": "n", "exist_ok": True,
                    "save_txt": True, "save_conf": True, "save_json": True, "save_dir_wanted": True}
-    assert parse(["--weights", "w", "--batch-size", "3"]).batch_size == 3
+    assert parse(["--weights", "w", "--batch-size", "3"]).batch == 3
     assert parse(["-c", "x.yml", "--save-json", "m.json"]).save_json == "m.json"   # ppdet's spelling: a file
     assert parse(["-c", "x.yml"]).save_dir_wanted is False   # -c command lines write no results directory
     assert parse(["--weights", "w"]).save_dir_wanted is True   # a YOLOv5 command line does (runs/val/exp*)

@@ -10,6 +10,7 @@ import json
 import sys
 
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.flags import add
 from ppmulti.common.stack import check_stack
 
 
@@ -19,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("weights",
                    help="YOLOv5 v6/v7 .pt: a release file, a train.py checkpoint (its ema, else model) or a state_dict")
     p.add_argument("out", help="the .pdparams to write")
-    p.add_argument("--cfg", default="yolov5s", help="ppmulti model to check it against: yolov5n/s/m/l/x or a .yml")
+    add(p, "cfg", default="yolov5s", help="ppmulti model to check it against: yolov5n/s/m/l/x or a .yml")
     return p
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.flags import add
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
-from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra, square_size
+from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
 # YOLOv5 detect.py flags without an equivalent here; each is refused by name rather than ignored.
 UNSUPPORTED = {
@@ -31,34 +32,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", default="data/images",
                    help="an image or video file, a folder, a glob ('imgs/*.jpg'), a .txt file of paths, a stream "
                         "URL (rtsp://, rtmp://, http(s)://) or a webcam index (0) (default: data/images)")
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", nargs="+", type=int,
-                   help="inference size in pixels, square, a multiple of 32 (default: the run's; an ONNX file's "
-                        "own size)")
-    p.add_argument("--conf-thres", "--conf_thres", dest="conf_thres", type=float, default=0.25,
-                   help="confidence threshold (default 0.25)")
-    p.add_argument("--iou-thres", "--iou_thres", dest="iou_thres", type=float, default=0.45,
-                   help="NMS IoU threshold (default 0.45)")
-    p.add_argument("--max-det", "--max_det", dest="max_det", type=int, default=1000,
-                   help="maximum detections per image (default 1000)")
-    p.add_argument("--device", help="cpu or one GPU id")
-    p.add_argument("--save-txt", "--save_txt", dest="save_txt", action="store_true",
-                   help="write labels/<image stem>.txt: class xc yc w h, normalised (YOLO format)")
-    p.add_argument("--save-conf", "--save_conf", dest="save_conf", action="store_true",
-                   help="add each box's confidence to the --save-txt lines")
+    add(p, "imgsz", help="inference size in pixels, square, a multiple of 32 (default: the run's; an ONNX file's "
+                         "own size)")
+    add(p, "conf_thres", default=0.25, help="confidence threshold (default 0.25)")
+    add(p, "iou_thres", default=0.45, help="NMS IoU threshold (default 0.45)")
+    add(p, "max_det", default=1000, help="maximum detections per image (default 1000)")
+    add(p, "device", help="cpu or one GPU id")
+    add(p, "save_txt")
+    add(p, "save_conf")
     p.add_argument("--save-crop", "--save_crop", dest="save_crop", action="store_true",
                    help="write each box's part of the image to crops/CLASS/NAME.jpg")
     p.add_argument("--save-csv", "--save_csv", dest="save_csv", action="store_true",
                    help="write predictions.csv: Image Name, Prediction, Confidence (one row per box)")
-    p.add_argument("--nosave", action="store_true", help="do not write annotated images and videos")
+    add(p, "nosave", help="do not write annotated images and videos")
     p.add_argument("--vid-stride", "--vid_stride", dest="vid_stride", type=int, default=1,
                    help="detect on every Nth frame of a video or stream (default 1)")
     p.add_argument("--classes", nargs="+", type=int, help="keep these class indices only: --classes 0 2 3")
     p.add_argument("--agnostic-nms", "--agnostic_nms", dest="agnostic_nms", action="store_true",
                    help="NMS across classes")
-    p.add_argument("--project", default="runs/detect", help="results go to PROJECT/NAME (default runs/detect)")
-    p.add_argument("--name", default="exp", help="results go to PROJECT/NAME, NAME2, ... (default exp)")
-    p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
-                   help="write into an existing PROJECT/NAME instead of the next free one")
+    add(p, "project", default="runs/detect", help="results go to PROJECT/NAME (default runs/detect)")
+    add(p, "name", default="exp")
+    add(p, "exist_ok")
     p.add_argument("--line-thickness", "--line_thickness", dest="line_thickness", type=int, default=3,
                    help="box line width in pixels (default 3)")
     p.add_argument("--hide-labels", "--hide_labels", dest="hide_labels", action="store_true",
@@ -82,7 +76,6 @@ def parse(argv) -> argparse.Namespace:
                                    ("--vid-stride", args.vid_stride, 1, None)):
         if value < low or (high is not None and value > high):
             raise UserError(f"{flag} {value}: use a value {'in [0, 1]' if high else f'of at least {low}'}")
-    args.imgsz = square_size(args.imgsz)
     if args.classes is not None and min(args.classes) < 0:
         raise UserError(f"--classes {' '.join(map(str, args.classes))}: class indices start at 0")
     kind, ids, _ = parse_device(args.device, None)

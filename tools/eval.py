@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.flags import add
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 from ppmulti.common.ppdet_flags import resolve as resolve_ppdet
 from ppmulti.common.stack import check_stack
@@ -32,35 +33,25 @@ def build_parser(prog: str = "tools/eval.py") -> argparse.ArgumentParser:
                         "detections as COCO json, <weights stem>_predictions.json in the results directory")
     g = p.add_argument_group("YOLOv5 val.py flags (the model: -c, else --cfg, else the run's config.yml beside "
                              "--weights, else yolov5n/s/m/l/x inferred from the weights' shapes)")
-    g.add_argument("--cfg", help="model: a name (yolov5s, ppyoloe_s), a YOLOv5 model yaml or a ppdet .yml")
-    g.add_argument("--data", help="a YOLOv5 data yaml (its val split, names, nc) or a ppdet dataset .yml")
-    g.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int,
-                   help="inference size in pixels, a multiple of 32 (default: the config's; YOLOv5 configs 640)")
-    g.add_argument("--batch-size", "--batch_size", "--batch", dest="batch_size", type=int,
-                   help="images per batch and rank (default: the config's EvalReader batch_size)")
-    g.add_argument("--conf-thres", "--conf_thres", dest="conf_thres", type=float,
-                   help="confidence threshold (default: the config's; YOLOv5 configs 0.001 as val.py)")
-    g.add_argument("--iou-thres", "--iou_thres", dest="iou_thres", type=float,
-                   help="NMS IoU threshold (default: the config's; YOLOv5 configs 0.6 as val.py)")
-    g.add_argument("--max-det", "--max_det", dest="max_det", type=int,
-                   help="maximum detections per image (default: the config's; YOLOv5 configs 300 as val.py)")
-    g.add_argument("--device", help="cpu or one GPU id (several GPUs: ppmulti launch --gpus 0,1 tools/eval.py ...)")
-    g.add_argument("--workers", type=int, help="data loader worker processes (default: the config's worker_num)")
-    g.add_argument("--single-cls", "--single_cls", dest="single_cls", action="store_true",
-                   help="the data's classes as one (for weights trained with --single-cls)")
+    add(g, "cfg")
+    add(g, "data", help="a YOLOv5 data yaml (its val split, names, nc) or a ppdet dataset .yml")
+    add(g, "imgsz", help="inference size in pixels, a multiple of 32 (default: the config's; YOLOv5 configs 640)")
+    add(g, "batch", help="images per batch and rank (default: the config's EvalReader batch_size)")
+    add(g, "conf_thres", help="confidence threshold (default: the config's; YOLOv5 configs 0.001 as val.py)")
+    add(g, "iou_thres", help="NMS IoU threshold (default: the config's; YOLOv5 configs 0.6 as val.py)")
+    add(g, "max_det", help="maximum detections per image (default: the config's; YOLOv5 configs 300 as val.py)")
+    add(g, "device", help="cpu or one GPU id (several GPUs: ppmulti launch --gpus 0,1 tools/eval.py ...)")
+    add(g, "workers", help="data loader worker processes (default: the config's worker_num)")
+    add(g, "single_cls", help="the data's classes as one (for weights trained with --single-cls)")
     g.add_argument("--task", default="val", help="val: the data's val split (the only one evaluated here)")
-    g.add_argument("--project", help="results go to PROJECT/NAME (default runs/val; without -c always written)")
-    g.add_argument("--name", help="results go to PROJECT/NAME, NAME2, ... (default exp)")
-    g.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
-                   help="write into an existing PROJECT/NAME instead of the next free one")
-    g.add_argument("--save-txt", "--save_txt", dest="save_txt", action="store_true",
-                   help="write labels/<image stem>.txt of the detections: class xc yc w h, normalised (YOLO format)")
-    g.add_argument("--save-conf", "--save_conf", dest="save_conf", action="store_true",
-                   help="add each box's confidence to the --save-txt lines")
-    g.add_argument("--verbose", action="store_true",
-                   help="print every class's row of the table (default: only under 50 classes)")
-    g.add_argument("--noplots", action="store_true",
-                   help="no confusion_matrix.png, PR/F1/P/R_curve.png in the results directory")
+    add(g, "project", help="results go to PROJECT/NAME (default runs/val; without -c always written)")
+    add(g, "name")
+    add(g, "exist_ok")
+    add(g, "save_txt", help="write labels/<image stem>.txt of the detections: class xc yc w h, normalised (YOLO "
+                            "format)")
+    add(g, "save_conf")
+    add(g, "verbose", help="print every class's row of the table (default: only under 50 classes)")
+    add(g, "noplots", help="no confusion_matrix.png, PR/F1/P/R_curve.png in the results directory")
     add_ppdet_flags(p, "eval")
     return p
 
@@ -81,7 +72,7 @@ def parse(argv, prog: str = "tools/eval.py") -> argparse.Namespace:
                         "(or give --save-json FILE for the metrics)")
     for flag, value, low, high in (("--conf-thres", args.conf_thres, 0.0, 1.0),
                                    ("--iou-thres", args.iou_thres, 0.0, 1.0),
-                                   ("--max-det", args.max_det, 1, None), ("--batch-size", args.batch_size, 1, None),
+                                   ("--max-det", args.max_det, 1, None), ("--batch-size", args.batch, 1, None),
                                    ("--workers", args.workers, 0, None)):
         if value is not None and (value < low or (high is not None and value > high)):
             raise UserError(f"{flag} {value}: use a value {'in [0, 1]' if high else f'of at least {low}'}")

@@ -9,9 +9,10 @@ import tempfile
 from pathlib import Path
 
 from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.flags import add
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
-from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra, square_size
+from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
 FORMATS = ("paddle", "onnx")
 # YOLOv5 export.py's other formats, refused by name (the first is what --include names them).
@@ -31,9 +32,8 @@ PADDLE_DIR = "_paddle_model"   # YOLOv5's name for its Paddle export: best.pdpar
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tools/export.py", description=__doc__)
     add_model_args(p, config_required=False)
-    p.add_argument("--output_dir", "--output-dir", dest="output_dir",
-                   help="with -c: where ppdet's exporter writes (default output_inference); without -c the files "
-                        "go beside --weights, as YOLOv5 writes them")
+    add(p, "output_dir", help="with -c: where ppdet's exporter writes (default output_inference); without -c the "
+                              "files go beside --weights, as YOLOv5 writes them")
     p.add_argument("--format", dest="format", choices=FORMATS,
                    help="with -c: paddle, Paddle's inference model (default); onnx, also model.onnx beside it, "
                         "through paddle2onnx (pip install -e \".[export]\")")
@@ -48,20 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "without -c, as YOLOv5's ONNX files; tools/detect.py runs the NMS)")
     p.add_argument("--dynamic", "--dynamic-batch", dest="dynamic", action="store_true",
                    help="ONNX: a symbolic batch dimension (needs NMS out of the graph)")
-    p.add_argument("--batch-size", "--batch_size", "--batch", dest="batch", type=int, default=1,
-                   help="ONNX: the fixed batch without --dynamic (default 1; above 1 needs NMS out of the graph)")
+    add(p, "batch", default=1,
+        help="ONNX: the fixed batch without --dynamic (default 1; above 1 needs NMS out of the graph)")
     p.add_argument("--opset", type=int, default=11, help="ONNX opset, 11 to 17 (default 11)")
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", nargs="+", type=int,
-                   help="input size in pixels, square, a multiple of 32 (default: the run's)")
-    p.add_argument("--device", help="cpu or one GPU id to build the model on (the files are the same)")
+    add(p, "imgsz", help="input size in pixels, square, a multiple of 32 (default: the run's)")
+    add(p, "device", help="cpu or one GPU id to build the model on (the files are the same)")
     p.add_argument("--half", action="store_true",
                    help="FP16 export: ONNX with float16 weights and arithmetic (float32 inputs and outputs); "
                         "Paddle's inference model only where Paddle writes float16 (a GPU build of Paddle 2.6)")
     p.add_argument("--simplify", action="store_true",
                    help="ONNX: slim the graph with onnxslim, as YOLOv5 does (pip install onnxslim)")
     g = p.add_argument_group("the model without -c: the run's config.yml beside --weights, else --cfg/--data")
-    g.add_argument("--cfg", help="model: a name (yolov5s, ppyoloe_s), a YOLOv5 model yaml or a ppdet .yml")
-    g.add_argument("--data", help="a YOLOv5 data yaml (its nc and names) when the weights have no run directory")
+    add(g, "cfg")
+    add(g, "data", help="a YOLOv5 data yaml (its nc and names) when the weights have no run directory")
     return p
 
 
@@ -86,7 +85,6 @@ def parse(argv) -> argparse.Namespace:
     args.output_dir = args.output_dir or "output_inference"
     if args.nms is None:
         args.nms = not args.yolov5
-    args.imgsz = square_size(args.imgsz)
     kind, ids, _ = parse_device(args.device, None)
     if len(ids) > 1:
         raise UserError(f"--device {args.device}: export builds the model on one device; pass one id or cpu")

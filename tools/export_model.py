@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.flags import add
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 from ppmulti.common.ppdet_flags import resolve as resolve_ppdet
 from ppmulti.rank.tool_args import add_model_args, refuse_extra
@@ -21,8 +22,8 @@ _spec.loader.exec_module(_export)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     add_model_args(p)
-    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output_inference",
-                   help="where the model goes, in a folder named after the config (default output_inference)")
+    add(p, "output_dir", default="output_inference",
+        help="where the model goes, in a folder named after the config (default output_inference)")
     add_ppdet_flags(p, "export")
     return p
 

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.flags import add
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 from ppmulti.common.ppdet_flags import resolve as resolve_ppdet
 from ppmulti.common.stack import check_stack
@@ -18,8 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--infer_img", "--infer-img", dest="infer_img", help="one image (with --infer_dir: both)")
     p.add_argument("--infer_dir", "--infer-dir", dest="infer_dir", help="a directory of images")
-    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default="output/infer",
-                   help="where the drawn images and detections.json go (default output/infer)")
+    add(p, "output_dir", default="output/infer",
+        help="where the drawn images and detections.json go (default output/infer)")
     p.add_argument("--draw_threshold", "--draw-threshold", dest="draw_threshold", type=float, default=0.5,
                    help="score from which a box is drawn and listed (default 0.5)")
     add_ppdet_flags(p, "infer")

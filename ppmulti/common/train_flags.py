@@ -1,4 +1,5 @@
-"""The train command's flags, ppmulti's own and YOLOv5's train.py ones (pure argparse: both sides parse them)."""
+"""The train command's flags, ppmulti's own and YOLOv5's train.py ones (pure argparse: both sides parse them); the
+ones other tools take too come from ppmulti.common.flags."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import os
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.flags import add
 from ppmulti.common.paths import TRAIN_SCRIPT
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 
@@ -30,29 +32,25 @@ OPTIMIZERS = ("SGD", "Adam", "AdamW")
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", help="ppdet YAML config, e.g. configs/yolo.yml")
-    p.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="override config values, e.g. -o epoch=10 TrainReader.batch_size=4")
+    add(p, "config")
+    add(p, "opt")
     p.add_argument("--eval", action="store_true", help="evaluate every snapshot_epoch and keep the best weights")
     p.add_argument("-r", "--resume", metavar="PATH", nargs="?", const=True, default=None,
                    help="a run directory or weights/last to continue from; bare --resume takes the newest run; "
                         "a PaddleDetection checkpoint (output/CONFIG/model_final or output/CONFIG/N: N.pdparams "
                         "beside N.pdopt) continues its weights, optimizer and epoch in a new run directory")
-    p.add_argument("--batch", "--batch-size", "--batch_size", dest="batch", type=int,
-                   help="GLOBAL batch size, split evenly across ranks (e.g. 64)")
+    add(p, "batch")
     p.add_argument("--accumulate", type=int, metavar="N",
                    help="batches whose gradients add up before each optimizer step: effective batch = global "
                         "batch x N, the lr scaled from it (default 1; --cfg/--data/--hyp runs: YOLOv5's "
                         "max(round(64 / global batch), 1))")
-    p.add_argument("--epochs", type=int, help="number of epochs (overrides the config's epoch)")
-    p.add_argument("--output", metavar="DIR", help="run directory (default: runs/train/exp for YOLOv5 command lines, "
-                        "save_dir/<config name> for -c ones; numbered unless --exist-ok)")
-    p.add_argument("--exist-ok", "--exist_ok", dest="exist_ok", action="store_true",
-                   help="reuse the run directory instead of numbering a new one")
+    add(p, "epochs")
+    add(p, "output", help="run directory (default: runs/train/exp for YOLOv5 command lines, save_dir/<config name> "
+                          "for -c ones; numbered unless --exist-ok)")
+    add(p, "exist_ok", help="reuse the run directory instead of numbering a new one")
     p.add_argument("--sync-bn", "--sync_bn", dest="sync_bn", action="store_true",
                    help="BatchNorm statistics over all ranks' batches (SyncBatchNorm; CPU ranks: 2-3x the step time)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="random seed (rank r seeds its augmentation with SEED + r; the initial weights with SEED)")
+    add(p, "seed", help="random seed (rank r seeds its augmentation with SEED + r; the initial weights with SEED)")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
                    help="deterministic GPU kernels (FLAGS_cudnn_deterministic, FLAGS_embedding_deterministic, "
                         "CUBLAS_WORKSPACE_CONFIG) in every rank; default: on for YOLOv5 command lines "
@@ -60,12 +58,12 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cudnn-benchmark", "--cudnn_benchmark", dest="cudnn_benchmark", action="store_true",
                    help="let cuDNN time its convolution algorithms and keep the fastest "
                         "(FLAGS_cudnn_exhaustive_search, torch's cudnn.benchmark); not with --deterministic")
-    p.add_argument("--workers", type=int, help="data loader worker processes per rank")
-    p.add_argument("--weights", metavar="FILE",
-                   help="initial weights: a .pdparams, or a YOLOv5 .pt (yolov5s.pt: downloaded once when not on disk; "
-                        "converted without torch and cached beside it); '' trains from scratch")
-    p.add_argument("--device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
-    p.add_argument("--nproc", type=int, help="with --device cpu: number of CPU ranks to start (gloo)")
+    add(p, "workers")
+    add(p, "weights", metavar="FILE",
+        help="initial weights: a .pdparams, or a YOLOv5 .pt (yolov5s.pt: downloaded once when not on disk; "
+             "converted without torch and cached beside it); '' trains from scratch")
+    add(p, "device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
+    add(p, "nproc")
     # --no-amp: argparse's own on/off pair, and ultralytics' amp=False; YOLOv5 has no flag (AMP always on CUDA)
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                    help="mixed precision: float16 on GPUs, bfloat16 convolutions on CPUs with AVX512-BF16/AMX; "
@@ -79,20 +77,17 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
 def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     """YOLOv5 train.py's flags (the ones shared with ppmulti's own are added by train_cli)."""
     g = p.add_argument_group("YOLOv5 train.py flags")
-    g.add_argument("--cfg",
-                   help="model: a ppdet .yml, a YOLOv5 model yaml, or a name (yolov5s, yolov5n.yaml, ppyoloe_s)")
-    g.add_argument("--data", help="dataset: a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml")
+    add(g, "cfg", help="model: a ppdet .yml, a YOLOv5 model yaml, or a name (yolov5s, yolov5n.yaml, ppyoloe_s)")
+    add(g, "data", help="dataset: a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml")
     g.add_argument("--hyp", help="YOLOv5 hyperparameter yaml, e.g. configs/hyps/hyp.scratch-low.yaml")
-    g.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, help="train and val image size (pixels)")
-    g.add_argument("--project", help="runs go to PROJECT/NAME (default runs/train for YOLOv5 command lines)")
-    g.add_argument("--name", help="run name under --project (default exp; exp2, exp3, ... when taken, "
-                                  "unless --exist-ok)")
+    add(g, "imgsz", help="train and val image size (pixels)")
+    add(g, "project", help="runs go to PROJECT/NAME (default runs/train for YOLOv5 command lines)")
+    add(g, "name", help="run name under --project (default exp; exp2, exp3, ... when taken, unless --exist-ok)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, help="SGD (Nesterov momentum), Adam or AdamW")
     g.add_argument("--cos-lr", "--cos_lr", dest="cos_lr", action="store_true", help="cosine lr decay (default linear)")
-    g.add_argument("--single-cls", "--single_cls", dest="single_cls", action="store_true",
-                   help="train every class as one class")
+    add(g, "single_cls", help="train every class as one class")
     g.add_argument("--noval", action="store_true", help="validate only after the last epoch")
-    g.add_argument("--nosave", action="store_true", help="save weights only after the last epoch")
+    add(g, "nosave", help="save weights only after the last epoch")
     g.add_argument("--save-period", "--save_period", dest="save_period", type=int, default=-1,
                    help="also keep weights/epochN every N epochs")
     g.add_argument("--patience", type=int, default=None,
@@ -106,11 +101,9 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache", nargs="?", const="ram", default=None, choices=("ram", "disk"),
                    help="cache decoded training images: ram (bare --cache; one shared copy per node, not per rank) "
                         "or disk (.npy files beside the images)")
-    g.add_argument("--noplots", action="store_true",
-                   help="draw no pictures (results.png, labels.jpg, confusion_matrix.png, ...)")
-    g.add_argument("--multi-scale", "--multi_scale", dest="multi_scale", action="store_true",
-                   help="every step a random size in [0.5, 1.5] x imgsz (multiples of 32), the same on every rank; "
-                        "the batch is resized on the device")
+    add(g, "noplots", help="draw no pictures (results.png, labels.jpg, confusion_matrix.png, ...)")
+    add(g, "multi_scale", help="every step a random size in [0.5, 1.5] x imgsz (multiples of 32), the same on every "
+                               "rank; the batch is resized on the device")
     g.add_argument("--image-weights", "--image_weights", dest="image_weights", action="store_true",
                    help="draw each epoch's images by class weights (rare classes and classes with a low mAP more "
                         "often), the same draw on every rank, then sharded")
@@ -121,9 +114,8 @@ def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
                    help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
                         "the same command resumes; ppmulti evolve runs one worker per device")
-    g.add_argument("--storage", default=None, metavar="URL",
-                   help="with --evolve: Optuna storage of the population (default sqlite:///PROJECT/NAME/evolve.db; "
-                        "postgresql://user@host/db shares it across machines)")
+    add(g, "storage", help="with --evolve: Optuna storage of the population (default "
+                           "sqlite:///PROJECT/NAME/evolve.db; postgresql://user@host/db shares it across machines)")
 
 
 def reject_unknown(extra: list[str]) -> None:

@@ -215,8 +215,8 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
                                 f"nms section to set; drop these flags")
             for section in sections:
                 section.update(nms)
-        if args.batch_size is not None:
-            cfg["EvalReader"]["batch_size"] = int(args.batch_size)
+        if args.batch is not None:
+            cfg["EvalReader"]["batch_size"] = int(args.batch)
         if args.workers is not None:
             cfg["worker_num"] = int(args.workers)
         if args.use_gpu is not None:

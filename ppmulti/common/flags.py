@@ -1,0 +1,160 @@
+"""The one table of flags that several tools take (spellings in every dialect, dest, value, help); pure argparse."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from ppmulti.common.errors import UserError
+
+# The tools that build a parser; a Flag names the ones that take it (tests/test_flags_table.py checks each
+# parser against this). "eval" is also tools/val.py (YOLOv5's name, the same parser).
+TOOLS = ("train", "eval", "detect", "infer", "export", "export_model", "convert_yolov5", "demo", "data_demo",
+         "bench", "evolve", "board", "launch")
+
+# Dialect rules, applied to every flag of the table (so a tool cannot speak half a dialect):
+# - YOLOv5 spells its flags with dashes (--exist-ok) and, as torchrun does, ppmulti takes the underscore twin
+#   (--exist_ok) too; PaddleDetection spells its with underscores (--output_dir), so the dash twin comes along.
+# - PaddleDetection's short names (-c CONFIG, -o KEY=VALUE) and its own long names stay as it has them.
+# A tool passes its own help text (and default) where the meaning differs; never its own spellings, dest or type.
+
+
+def twins(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Each long name followed by its dash/underscore twin, in order, once each."""
+    out: list[str] = []
+    for name in names:
+        twin = name
+        if name.startswith("--"):
+            body = name[2:]
+            twin = "--" + (body.replace("-", "_") if "-" in body else body.replace("_", "-"))
+        for item in (name, twin):
+            if item not in out:
+                out.append(item)
+    return tuple(out)
+
+
+def square_size(values, flag: str = "--imgsz") -> int | None:
+    """``--imgsz 640`` or ``--imgsz 640 640`` (YOLOv5's h, w) as one side; other shapes refused by name."""
+    if values is None or isinstance(values, int):
+        return values
+    if not values:
+        return None
+    if len(values) > 2 or len(set(values)) != 1:
+        raise UserError(f"{flag} {' '.join(map(str, values))}: give one size (square inputs only), e.g. "
+                        f"{flag} {max(values)}")
+    return values[0]
+
+
+class SquareSize(argparse.Action):
+    """An image size given as one side or YOLOv5's h w pair, stored as one int."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, square_size(values, option_string or "--imgsz"))
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]          # as each dialect spells it, the first shown first; twins() adds the rest
+    dest: str
+    help: str
+    tools: tuple[str, ...]
+    value: dict = field(default_factory=dict)   # type / action / nargs / const / choices / default / metavar
+    ppdet: tuple[str, ...] = ()     # the names that are PaddleDetection's own spelling
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return twins(self.names)
+
+
+def _f(names, dest, help, tools, ppdet=(), **value) -> Flag:
+    return Flag(tuple(names), dest, help, tuple(tools), value, tuple(ppdet))
+
+
+MODEL_TOOLS = ("train", "eval", "detect", "infer", "export", "export_model")
+
+FLAGS: tuple[Flag, ...] = (
+    # --- the model: PaddleDetection's -c/-o and YOLOv5's --weights/--cfg/--data ---
+    _f(("-c", "--config"), "config", "ppdet YAML config, e.g. configs/yolo.yml", (*MODEL_TOOLS, "demo"),
+       ppdet=("-c", "--config")),
+    _f(("-o", "--opt"), "opt", "override config values, e.g. -o epoch=10 TrainReader.batch_size=4",
+       (*MODEL_TOOLS, "demo"), ppdet=("-o", "--opt"), action="append", nargs="+", default=[], metavar="KEY=VALUE"),
+    _f(("--weights",), "weights", "a .pdparams file or a run directory (uses weights/best)", MODEL_TOOLS),
+    _f(("--cfg",), "cfg", "model: a name (yolov5s, ppyoloe_s), a YOLOv5 model yaml or a ppdet .yml",
+       ("train", "eval", "export", "convert_yolov5")),
+    _f(("--data",), "data", "a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml",
+       ("train", "eval", "export", "demo", "bench")),
+    _f(("--imgsz", "--img", "--img-size"), "imgsz",
+       "image size in pixels, square, a multiple of 32 (YOLOv5's h w pair: both the same)",
+       ("train", "eval", "detect", "export", "bench"), type=int, nargs="+", action=SquareSize),
+    _f(("--batch", "--batch-size"), "batch", "GLOBAL batch size, split evenly across ranks (e.g. 64)",
+       ("train", "eval", "export", "demo", "bench"), type=int),
+    # --- devices and processes ---
+    _f(("--device",), "device", "cpu, one GPU id (0) or several (0,1,2,3)", ("train", "eval", "detect", "export",
+                                                                            "launch")),
+    _f(("--devices",), "devices", "GPU ids, e.g. 0,1", ("evolve", "launch")),
+    _f(("--nproc",), "nproc", "with --device cpu: number of CPU ranks to start (gloo)", ("train", "demo"),
+       type=int),
+    _f(("--workers",), "workers", "data loader worker processes per rank", ("train", "eval", "bench", "evolve"),
+       type=int),
+    _f(("--seed",), "seed", "random seed", ("train", "data_demo", "evolve"), type=int, default=0),
+    # --- where results go ---
+    _f(("--project",), "project", "results go to PROJECT/NAME", ("train", "eval", "detect", "evolve")),
+    _f(("--name",), "name", "results go to PROJECT/NAME, NAME2, ... (default exp)", ("train", "eval", "detect")),
+    _f(("--exist-ok",), "exist_ok", "write into an existing PROJECT/NAME instead of the next free one",
+       ("train", "eval", "detect"), action="store_true"),
+    _f(("--output",), "output", "run directory", ("train", "demo"), metavar="DIR"),
+    _f(("--output_dir",), "output_dir", "where the exported or drawn files go", ("infer", "export", "export_model"),
+       ppdet=("--output_dir",)),
+    _f(("--nosave",), "nosave", "save nothing but the final result", ("train", "detect"), action="store_true"),
+    _f(("--noplots",), "noplots", "draw no pictures", ("train", "eval"), action="store_true"),
+    _f(("--save-txt",), "save_txt", "write labels/<image stem>.txt: class xc yc w h, normalised (YOLO format)",
+       ("eval", "detect"), action="store_true"),
+    _f(("--save-conf",), "save_conf", "add each box's confidence to the --save-txt lines", ("eval", "detect"),
+       action="store_true"),
+    # --- training and evaluation ---
+    _f(("--epochs",), "epochs", "number of epochs (overrides the config's epoch)", ("train", "demo"), type=int),
+    _f(("--single-cls",), "single_cls", "the data's classes as one class", ("train", "eval"), action="store_true"),
+    _f(("--multi-scale",), "multi_scale", "random training image sizes", ("train", "bench"), action="store_true"),
+    _f(("--storage",), "storage", "Optuna storage of the evolution's population", ("train", "evolve"),
+       metavar="URL"),
+    _f(("--conf-thres",), "conf_thres", "confidence threshold", ("eval", "detect"), type=float),
+    _f(("--iou-thres",), "iou_thres", "NMS IoU threshold", ("eval", "detect"), type=float),
+    _f(("--max-det",), "max_det", "maximum detections per image", ("eval", "detect"), type=int),
+    # --- consoles and servers ---
+    _f(("--verbose",), "verbose", "print more", ("eval", "demo", "launch"), action="store_true"),
+    _f(("--host",), "host", "address to listen on", ("board", "evolve")),
+    _f(("--port",), "port", "port to serve on", ("board", "evolve"), type=int),
+)
+
+BY_DEST: dict[str, Flag] = {f.dest: f for f in FLAGS}
+BY_NAME: dict[str, Flag] = {name: f for f in FLAGS for name in f.spellings}
+assert len(BY_DEST) == len(FLAGS) and len(BY_NAME) == sum(len(f.spellings) for f in FLAGS)
+
+_UNSET = object()
+
+
+def add(p, dest: str, help: str | None = None, default=_UNSET, metavar: str | None = None,
+        required: bool | None = None) -> argparse.Action:
+    """Add table flag ``dest`` to parser or group ``p``, with the tool's own help text or default where its meaning
+    differs (the spellings, dest and type are the table's)."""
+    flag = BY_DEST[dest]
+    kw = dict(flag.value)
+    if isinstance(kw.get("default"), list):
+        kw["default"] = list(kw["default"])
+    if default is not _UNSET:
+        kw["default"] = default
+    if metavar is not None:
+        kw["metavar"] = metavar
+    if required is not None:
+        kw["required"] = required
+    return p.add_argument(*flag.spellings, dest=flag.dest, help=flag.help if help is None else help, **kw)
+
+
+def names(dest: str) -> tuple[str, ...]:
+    """Every spelling of table flag ``dest`` (for a table-driven parser such as launch's)."""
+    return BY_DEST[dest].spellings
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The -o values, flattened (each -o may carry several key=value items)."""
+    return [item for group in (getattr(args, "opt", None) or []) for item in group]
