@@ -7,6 +7,7 @@ import sys
 
 from ppmulti import version_line
 from ppmulti.common.errors import exit_on_user_error
+from ppmulti.common.flags import add
 from ppmulti.common.stack import check_stack
 
 # Subcommands that train (so need Paddle and ppdet); the others also run where Paddle is absent (data tools,
@@ -48,18 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="generate the demo data, train the demo config, evaluate, summarise")
-    demo.add_argument("--data", default="dataset/demo", help="demo dataset directory (default: dataset/demo)")
-    demo.add_argument("--output", help="run directory (default: output/ppyoloe_demo, numbered)")
-    demo.add_argument("--epochs", type=int, help="epochs (default: the demo config's)")
-    demo.add_argument("--nproc", type=int, default=None,
-                      help="train as N ranks on this machine (gloo on CPU); default 2 where there are 2+ cores "
-                           "(a Paddle CPU process keeps about one core busy), else 1")
-    demo.add_argument("--batch", type=int, default=16, help="global batch, split across the ranks (default 16)")
-    demo.add_argument("--config", help="config to train (default: configs/demo/ppyoloe_demo.yml)")
-    demo.add_argument("--verbose", action="store_true",
-                      help="also show Paddle's launcher, glog and topology lines (always kept in log/)")
-    demo.add_argument("-o", "--opt", action="append", nargs="+", default=[], metavar="KEY=VALUE",
-                      help="config overrides, e.g. -o TrainReader.batch_size=4")
+    add(demo, "data", default="dataset/demo", help="demo dataset directory (default: dataset/demo)")
+    add(demo, "output", help="run directory (default: output/ppyoloe_demo, numbered)")
+    add(demo, "epochs", help="epochs (default: the demo config's)")
+    add(demo, "nproc", help="train as N ranks on this machine (gloo on CPU); default 2 where there are 2+ cores "
+                            "(a Paddle CPU process keeps about one core busy), else 1")
+    add(demo, "batch", default=16, help="global batch, split across the ranks (default 16)")
+    add(demo, "config", help="config to train (default: configs/demo/ppyoloe_demo.yml)")
+    add(demo, "verbose", help="also show Paddle's launcher, glog and topology lines (always kept in log/)")
+    add(demo, "opt", help="config overrides, e.g. -o TrainReader.batch_size=4")
     demo.set_defaults(func=_cmd_demo)
 
     data = sub.add_parser("data", help="dataset utilities")
@@ -70,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--train", type=int, default=256, help="training images (default 256)")
     gen.add_argument("--val", type=int, default=64, help="validation images (default 64)")
     gen.add_argument("--size", type=int, default=256, help="image side in pixels (default 256)")
-    gen.add_argument("--seed", type=int, default=0)
+    add(gen, "seed", help="random seed of the images and boxes")
     gen.set_defaults(func=_cmd_data_demo)
     data.set_defaults(func=lambda a: (data.print_help(), 2)[1])
 

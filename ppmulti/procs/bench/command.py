@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.flags import add
 from ppmulti.common.rundir import new_run_dir
 
 HELP = "measure training throughput, overheads, start-up and memory here; --predict multi-GPU scaling"
@@ -26,19 +27,17 @@ def register(subparsers: Any) -> None:
                    help="models to train, comma-separated: --cfg names (ppyoloe_s, yolov5s, ...) or 'demo' "
                         "(configs/demo/ppyoloe_demo.yml); the first is also run under ppdet's Trainer")
     p.add_argument("--ranks", default="1,2", help="rank counts to compare (default 1,2)")
-    p.add_argument("--img", type=int, default=None, help="image size (default 160; --quick 64)")
-    p.add_argument("--batch", type=int, default=None, help="global batch, split across the ranks "
-                                                             "(default 16 as the demo: 8 per rank with 2; --quick 4)")
+    add(p, "imgsz", help="image size (default 160; --quick 64)")
+    add(p, "batch", help="global batch, split across the ranks (default 16 as the demo: 8 per rank with 2; --quick 4)")
     p.add_argument("--steps", type=int, default=None, help="steps per case (default 12; --quick 5)")
     p.add_argument("--repeat", type=int, default=1, help="interleaved rounds, medians reported (default 1)")
-    p.add_argument("--workers", type=int, default=1, help="data loader workers per rank (default 1)")
-    p.add_argument("--multi-scale", "--multi_scale", dest="multi_scale", action="store_true",
-                   help="keep the readers' random training sizes (default: one size, so every step does the "
-                        "same work and runs compare)")
+    add(p, "workers", default=1, help="data loader workers per rank (default 1)")
+    add(p, "multi_scale", help="keep the readers' random training sizes (default: one size, so every step does the "
+                               "same work and runs compare)")
     p.add_argument("--heartbeat", action="store_true",
                    help="also train the first model on the most ranks with the watchdog's progress reports off "
                         "(PPMULTI_HEARTBEAT=0), interleaved, and report their cost against a step")
-    p.add_argument("--data", help="a demo-format dataset (data.yaml + COCO json) to use instead of generating one")
+    add(p, "data", help="a demo-format dataset (data.yaml + COCO json) to use instead of generating one")
     p.add_argument("--predict", action="store_true", help="print the scaling model's prediction and exit")
     p.add_argument("--model", default="yolov5l", choices=("yolov5l", "ppyoloe_s"),
                    help="--predict: the model whose published parameters and step time are the defaults")
@@ -98,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if batch % n:
             raise UserError(f"--batch {batch} is not divisible by {n} ranks (--ranks {args.ranks})")
     plan = runner.BenchPlan(
-        models=models, ranks=ranks, img=args.img or base.img, batch=batch,
+        models=models, ranks=ranks, img=args.imgsz or base.img, batch=batch,
         steps=args.steps or base.steps, warmup=base.warmup, workers=args.workers, repeat=args.repeat,
         train_images=base.train_images, out=output_dir(args.out),
         data=Path(args.data).resolve() if args.data else None,

@@ -12,6 +12,7 @@ from typing import Mapping
 from ppmulti.common import envvars as E
 from ppmulti.common.compat import LauncherSpec, launcher_spec
 from ppmulti.common.errors import UserError
+from ppmulti.common.flags import names
 from ppmulti.common.paths import WORKER_SCRIPT
 from ppmulti.procs.launch.cluster_env import Resolve, with_cluster
 from ppmulti.procs.launch.plan import (DEFAULT_HANG_TIMEOUT, DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT,
@@ -76,8 +77,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--gpus",), "gpus", "GPU ids, one rank each, e.g. 0,1,2,3 (fleetrun)", metavar="IDS"),
     Flag(("--selected_gpus", "--selected-gpus", "--selected_gpu"), "selected_gpus",
          "the legacy fleetrun spelling of --gpus, e.g. 0,1; runs on Paddle's new launcher", metavar="IDS"),
-    Flag(("--devices",), "devices", "Paddle's spelling of --gpus, e.g. 0,1", metavar="IDS"),
-    Flag(("--device",), "device", "cpu or gpu (default: gpu when GPUs are visible, else cpu)", metavar="KIND"),
+    Flag(names("devices"), "devices", "Paddle's spelling of --gpus, e.g. 0,1", metavar="IDS"),
+    Flag(names("device"), "device", "cpu or gpu (default: gpu when GPUs are visible, else cpu)", metavar="KIND"),
     Flag(("--ips",), "ips", "every node's address, fleetrun style, e.g. 10.0.0.1,10.0.0.2; node rank = position",
          metavar="IP,IP"),
     Flag(("--host",), "host", "this node's address in --ips (or for Paddle's endpoints), e.g. 10.0.0.2",
@@ -116,7 +117,7 @@ FLAGS: tuple[Flag, ...] = (
          "MB node 0 sends each node to time its link, and --check-network's all-reduce size: your model's "
          "gradients, 4 bytes a parameter, e.g. 64 (default 32 with --check-network, about YOLOv5s's; else 4)",
          metavar="MB"),
-    Flag(("--verbose",), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
+    Flag(names("verbose"), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
          "(they always go to LOG_DIR)", takes_value=False),
     Flag(("--hang-timeout", "--hang_timeout"), "hang_timeout",
          f"seconds a rank may make no progress (no step, no CPU) before it is named as hung, its stack and every "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.flags import add
 
 HELP = "serve VisualDL (loopback) over one run's logs or every run under a directory"
 LOG_SUBDIR = "vdl"
@@ -37,10 +38,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("board", help=HELP, description=HELP)
     parser.add_argument("target", nargs="?", default=DEFAULT_TARGET,
                         help="a run directory, or a directory holding runs (default: output)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"port to serve on (default {DEFAULT_PORT})")
-    parser.add_argument("--host", default=DEFAULT_HOST,
-                        help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
+    add(parser, "port", default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
+    add(parser, "host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
     parser.set_defaults(func=run)
 
 

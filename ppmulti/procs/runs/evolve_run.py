@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from ppmulti.common import envvars as E
 from ppmulti.common.cpus import usable_cores
 from ppmulti.common.errors import UserError, exit_on_user_error
+from ppmulti.common.flags import add, names
 from ppmulti.common.paths import CONFIGS
 from ppmulti.common.rundir import STATE
 from ppmulti.procs import supervisor
@@ -521,11 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
               "       ppmulti evolve --dashboard [--project DIR | --storage URL] [--port N]",
         epilog="example: ppmulti evolve --devices 0,1,2,3 --generations 300 --project runs/evolve/coco -- "
                "--cfg yolov5s --data coco.yaml --epochs 10 --batch 64 --hyp configs/hyps/hyp.scratch-low.yaml")
-    p.add_argument("--devices", default="cpu",
-                   help="GPU ids, one worker each (e.g. 0,1,2,3), or cpu (default cpu)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="with --devices cpu: concurrent CPU workers (default 1); the CPU's cores are shared "
-                        "between them. Not the data loader's --workers, which goes after --")
+    add(p, "devices", default="cpu", help="GPU ids, one worker each (e.g. 0,1,2,3), or cpu (default cpu)")
+    add(p, "workers", help="with --devices cpu: concurrent CPU workers (default 1); the CPU's cores are shared "
+                           "between them. Not the data loader's --workers, which goes after --")
     p.add_argument("--per-device", "--per_device", dest="per_device", type=int, default=1,
                    help="concurrent workers per device (or device group), e.g. 2 small models per GPU (default 1)")
     p.add_argument("--devices-per-worker", "--devices_per_worker", dest="group", type=int, default=1,
@@ -533,12 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generations", type=int, default=None,
                    help="finished candidates in total (trials of the study, already finished ones count), "
                         "however many workers and machines share the study")
-    p.add_argument("--project", default=DEFAULT_PROJECT,
-                   help=f"evolution directory: evolve.db, evolve.csv, {BEST_NAME}, {PLOT_NAME}, candidates/ "
-                        f"(default {DEFAULT_PROJECT}; the same directory resumes)")
-    p.add_argument("--storage", default=None, metavar="URL",
-                   help="Optuna storage holding the population (default sqlite:///PROJECT/evolve.db); across machines "
-                        "a server, e.g. postgresql://user@host:5432/db (password from ~/.pgpass or PGPASSWORD)")
+    add(p, "project", default=DEFAULT_PROJECT,
+        help=f"evolution directory: evolve.db, evolve.csv, {BEST_NAME}, {PLOT_NAME}, candidates/ "
+             f"(default {DEFAULT_PROJECT}; the same directory resumes)")
+    add(p, "storage", help="Optuna storage holding the population (default sqlite:///PROJECT/evolve.db); across "
+                           "machines a server, e.g. postgresql://user@host:5432/db (password from ~/.pgpass or "
+                           "PGPASSWORD)")
     p.add_argument("--study", default=None, metavar="NAME",
                    help="study name in the storage (default the --project directory's name); workers and machines "
                         "with the same storage and study share one evolution")
@@ -547,12 +546,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=int, default=60, metavar="SECONDS",
                    help="a running candidate's heartbeat period; a candidate silent for twice this (its worker or "
                         "machine died) is failed and trained again by another worker (default 60)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the yolov5 sampler's mutations (candidate k draws from (seed, k)) and of tpe/cmaes")
+    add(p, "seed", help="seed of the yolov5 sampler's mutations (candidate k draws from (seed, k)) and of tpe/cmaes")
     p.add_argument("--dashboard", action="store_true",
                    help="serve optuna-dashboard on the study's storage (no training) and print its URL")
-    p.add_argument("--host", default="127.0.0.1", help="with --dashboard: address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="with --dashboard: port (default 8080)")
+    add(p, "host", default="127.0.0.1", help="with --dashboard: address to listen on (default 127.0.0.1)")
+    add(p, "port", default=8080, help="with --dashboard: port (default 8080)")
     p.add_argument("--detach", action="store_true",
                    help="run in the background (ppmulti ps / logs / stop); output goes to PROJECT/evolve.log")
     return p
@@ -681,14 +679,14 @@ def evolve_from_train(args: argparse.Namespace, argv: list[str]) -> int:
         raise UserError("--evolve places every candidate itself: drop --resume/--output (use --project/--name)")
     base_hyp = load_base_hyp(args.hyp)
     project = Path(args.project or DEFAULT_PROJECT, args.name or "exp").resolve()
-    rest = _strip(list(argv), {"--hyp", "--project", "--name", "--storage"}, {"--exist-ok", "--exist_ok"},
+    rest = _strip(list(argv), {"--hyp", *names("project"), *names("name"), *names("storage")}, set(names("exist_ok")),
                   {"--evolve"})
     check = _check_train_args(rest, refuse_owned=False)
     for dest in ("evolve", "project", "name", "hyp", "storage"):
         if getattr(check, dest, None) not in (None, False):
             raise UserError(f"spell --{dest} in full with --evolve (an abbreviation cannot be taken apart)")
     slot_args = []
-    candidate = _strip(rest, {"--device", "--nproc"}, set(), set())
+    candidate = _strip(rest, {*names("device"), *names("nproc")}, set(), set())
     if check.device is not None:
         slot_args += ["--device", str(check.device)]
     if check.nproc is not None:
