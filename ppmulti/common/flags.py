@@ -122,7 +122,7 @@ FLAGS: tuple[Flag, ...] = (
     _f(("--max-det",), "max_det", "maximum detections per image", ("eval", "detect"), type=int),
     # --- consoles and servers ---
     _f(("--verbose",), "verbose", "print more", ("eval", "demo", "launch"), action="store_true"),
-    _f(("--host",), "host", "address to listen on", ("board", "evolve")),
+    _f(("--host",), "host", "address to listen on", ("board", "evolve", "launch")),
     _f(("--port",), "port", "port to serve on", ("board", "evolve"), type=int),
 )
 

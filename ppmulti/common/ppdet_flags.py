@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 from ppmulti.common.errors import UserError
+from ppmulti.common.flags import twins
 
 TOOLS = ("train", "eval", "infer", "export")
 
@@ -54,6 +55,11 @@ class Flag:
     @property
     def dest(self) -> str:
         return self.spellings[0].lstrip("-").replace("-", "_")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """PaddleDetection's spelling and its dash twin (the dialect rule of ppmulti.common.flags)."""
+        return twins(self.spellings)
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -135,12 +141,12 @@ def add_ppdet_flags(p: argparse.ArgumentParser, tool: str) -> None:
         use = flag.uses[tool]
         text = f"refused: {use.text}" if use.kind == "refuse" else flag.help
         if flag.value == BOOL:
-            g.add_argument(*flag.spellings, dest=flag.dest, nargs="?", const=True, default=None, type=parse_bool,
+            g.add_argument(*flag.names, dest=flag.dest, nargs="?", const=True, default=None, type=parse_bool,
                            metavar="BOOL", help=text)
         elif flag.value == STR:
-            g.add_argument(*flag.spellings, dest=flag.dest, default=None, metavar="VALUE", help=text)
+            g.add_argument(*flag.names, dest=flag.dest, default=None, metavar="VALUE", help=text)
         else:
-            g.add_argument(*flag.spellings, dest=flag.dest, nargs="*", default=None, metavar="VALUE", help=text)
+            g.add_argument(*flag.names, dest=flag.dest, nargs="*", default=None, metavar="VALUE", help=text)
 
 
 def resolve(args: argparse.Namespace, tool: str) -> list[str]:

@@ -81,7 +81,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(names("device"), "device", "cpu or gpu (default: gpu when GPUs are visible, else cpu)", metavar="KIND"),
     Flag(("--ips",), "ips", "every node's address, fleetrun style, e.g. 10.0.0.1,10.0.0.2; node rank = position",
          metavar="IP,IP"),
-    Flag(("--host",), "host", "this node's address in --ips (or for Paddle's endpoints), e.g. 10.0.0.2",
+    Flag(names("host"), "host", "this node's address in --ips (or for Paddle's endpoints), e.g. 10.0.0.2",
          metavar="IP"),
     Flag(("--log_dir", "--log-dir"), "log_dir", "directory for Paddle's workerlog.N files, e.g. log (default ./log)",
          metavar="DIR"),

@@ -1,0 +1,176 @@
+"""The one flag table (ppmulti/common/flags.py): every tool that takes a table flag takes it in every spelling with
+the table's dest and type, tools that do not take it take none of its spellings, and no file defines one itself."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from ppmulti.common import flags, ppdet_flags
+from ppmulti.common.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+# what a tool needs besides the flag under test (argparse refuses the line without it)
+REQUIRED = {"infer": ["-c", "r.yml"], "export_model": ["-c", "r.yml"], "convert_yolov5": ["w.pt", "o.pdparams"],
+            "data_demo": ["d"]}
+
+
+def _tool(name: str) -> argparse.ArgumentParser:
+    spec = importlib.util.spec_from_file_location(f"_flags_table_{name}", REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_parser()
+
+
+def _sub(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:
+    for name in path:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[name]
+    return parser
+
+
+@lru_cache(maxsize=None)
+def parsers() -> dict[str, tuple[tuple[str, argparse.ArgumentParser], ...]]:
+    """Each tool of flags.TOOLS -> its real parsers (tools/val.py is eval's second name)."""
+    from ppmulti.cli import build_parser as cli
+    from ppmulti.common.train_flags import build_parser as train
+    from ppmulti.procs.launch.flags import build_parser as launch
+    from ppmulti.procs.runs.evolve_run import build_parser as evolve
+
+    root = cli()
+    out = {"train": (("tools/train.py", train()),), "eval": (("tools/eval.py", _tool("eval")),
+                                                             ("tools/val.py", _tool("val"))),
+           "demo": (("ppmulti demo", _sub(root, "demo")),), "data_demo": (("ppmulti data demo",
+                                                                          _sub(root, "data", "demo")),),
+           "bench": (("ppmulti bench", _sub(root, "bench")),), "board": (("ppmulti board", _sub(root, "board")),),
+           "evolve": (("ppmulti evolve", evolve()),), "launch": (("ppmulti launch", launch()),)}
+    for name in ("detect", "infer", "export", "export_model", "convert_yolov5"):
+        out[name] = ((f"tools/{name}.py", _tool(name)),)
+    assert set(out) == set(flags.TOOLS)
+    return out
+
+
+def _shape(action: argparse.Action) -> tuple:
+    return type(action), action.type, action.nargs, action.const, action.choices
+
+
+def _reference(flag: flags.Flag) -> argparse.Action:
+    return flags.add(argparse.ArgumentParser(), flag.dest)
+
+
+def _argv(flag: flags.Flag, spelling: str) -> tuple[list[str], object]:
+    """A small command line giving ``flag`` by ``spelling``, and the value it must parse to."""
+    action = _reference(flag)
+    if action.nargs == 0:
+        return [spelling], action.const
+    if flag.dest == "opt":
+        return [spelling, "a=1", "b=2"], [["a=1", "b=2"]]
+    if flag.dest == "imgsz":
+        return [spelling, "64", "64"], 64
+    if action.type is int:
+        return [f"{spelling}=3"], 3
+    if action.type is float:
+        return [spelling, "0.5"], 0.5
+    return [spelling, "x.yml"], "x.yml"
+
+
+@pytest.mark.parametrize("tool", flags.TOOLS)
+def test_a_tool_takes_each_table_flag_in_every_spelling_or_in_none(tool):
+    for prog, parser in parsers()[tool]:
+        for flag in flags.FLAGS:
+            actions = [a for a in parser._actions if set(a.option_strings) & set(flag.spellings)]
+            if tool not in flag.tools:
+                assert not actions, f"{prog} takes {actions[0].option_strings}, not in the table's tools for it"
+                continue
+            assert len(actions) == 1, f"{prog} lacks {flag.spellings[0]} (the table says it takes it)"
+            action = actions[0]
+            assert tuple(action.option_strings) == flag.spellings and action.dest == flag.dest, prog
+            assert _shape(action) == _shape(_reference(flag)), f"{prog} {flag.spellings[0]}"
+            for spelling in flag.spellings:
+                argv, want = _argv(flag, spelling)
+                if flag.dest != "config":
+                    argv = REQUIRED.get(tool, []) + argv
+                got = getattr(parser.parse_args(argv), flag.dest)
+                assert got == want, f"{prog} {' '.join(argv)}: {flag.dest} = {got!r}"
+
+
+PPDET_TOOLS = {"train": "train", "eval": "eval", "infer": "infer", "export": "export_model"}
+
+
+def test_paddledetections_own_flags_read_alike_in_every_tool_that_takes_them():
+    """ppdet_flags' table (what each PaddleDetection flag does per tool) under the same dialect rule: one dest and
+    shape in every tool, its spelling and the dash twin."""
+    values = {ppdet_flags.BOOL: (["false"], False), ppdet_flags.STR: (["x"], "x"), ppdet_flags.ANY: (["1", "2"],
+                                                                                                  ["1", "2"])}
+    for flag in ppdet_flags.FLAGS:
+        assert flag.names == flags.twins(flag.spellings) and not set(flag.names) & set(flags.BY_NAME)
+        shapes = set()
+        for tool in flag.uses:
+            for prog, parser in parsers()[PPDET_TOOLS[tool]]:
+                action = next(a for a in parser._actions if flag.spellings[0] in a.option_strings)
+                assert (tuple(action.option_strings), action.dest) == (flag.names, flag.dest), prog
+                shapes.add(_shape(action))
+                for spelling in flag.names:
+                    tail, want = values[flag.value]
+                    got = getattr(parser.parse_args(REQUIRED.get(PPDET_TOOLS[tool], []) + [spelling, *tail]),
+                                  flag.dest)
+                    assert got == want, f"{prog} {spelling} {' '.join(tail)}: {got!r}"
+        assert len(shapes) == 1, flag.spellings[0]
+
+
+def test_dialects_come_in_pairs_and_spellings_are_unique():
+    seen: dict[str, str] = {}
+    for flag in flags.FLAGS:
+        for name in flag.spellings:
+            assert seen.setdefault(name, flag.dest) == flag.dest, f"{name}: {seen[name]} and {flag.dest}"
+            if name.startswith("--") and ("-" in name[2:] or "_" in name[2:]):
+                assert {"--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_")} <= set(flag.spellings)
+        assert set(flag.ppdet) <= set(flag.names) and set(flag.tools) <= set(flags.TOOLS)
+
+
+def test_an_image_size_is_one_side_or_yolov5s_square_pair():
+    parser = parsers()["train"][0][1]
+    assert parser.parse_args(["--img-size", "320"]).imgsz == 320
+    assert parser.parse_args(["--img_size", "320", "320"]).imgsz == 320
+    with pytest.raises(UserError, match=r"--imgsz 320 640: give one size \(square inputs only\), e.g. --imgsz 640"):
+        parser.parse_args(["--imgsz", "320", "640"])
+
+
+def _literal_names(node: ast.AST) -> list[str]:
+    out = []
+    for arg in getattr(node, "args", []):
+        items = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]
+        out += [item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+    return out
+
+
+# PaddleDetection flags some tool honours (a refusal-only one, eval's --amp, may be another tool's own flag)
+PPDET_NAMES = {name for flag in ppdet_flags.FLAGS if any(u.kind != "refuse" for u in flag.uses.values())
+               for name in flag.names}
+
+
+def test_no_file_defines_a_table_flag_itself():
+    """An add_argument (or a launcher Flag entry) spelling a table flag anywhere but its table is a copy."""
+    copies = []
+    for path in sorted([*(REPO / "ppmulti").rglob("*.py"), *(REPO / "tools").glob("*.py")]):
+        if path == REPO / "ppmulti" / "common" / "flags.py":
+            continue
+        text = path.read_text()
+        if "add_argument" not in text and "Flag(" not in text:
+            continue
+        for node in ast.walk(ast.parse(text, str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name not in ("add_argument", "Flag"):
+                continue
+            table = set(flags.BY_NAME) | (set() if path.name == "ppdet_flags.py" else PPDET_NAMES)
+            copies += [f"{path.relative_to(REPO)}:{node.lineno} {item}" for item in _literal_names(node)
+                       if item in table]
+    assert not copies, "table flags defined outside ppmulti/common/flags.py: " + ", ".join(copies)
