@@ -133,6 +133,19 @@ def test_dialects_come_in_pairs_and_spellings_are_unique():
         assert set(flag.ppdet) <= set(flag.names) and set(flag.tools) <= set(flags.TOOLS)
 
 
+def test_a_spelling_several_tools_take_is_in_a_table_or_a_named_homonym():
+    ppdet = {name for flag in ppdet_flags.FLAGS for name in flag.names}
+    tools_of: dict[str, set[str]] = {}
+    for tool, found in parsers().items():
+        for _, parser in found:
+            for action in parser._actions:
+                for name in action.option_strings:
+                    tools_of.setdefault(name, set()).add(tool)
+    loose = {name: sorted(tools) for name, tools in tools_of.items() if len(tools) > 1 and name not in ("-h", "--help")
+             and name not in flags.BY_NAME and not (name in ppdet and name not in flags.HOMONYMS)}
+    assert set(loose) == set(flags.HOMONYMS), loose
+
+
 def test_an_image_size_is_one_side_or_yolov5s_square_pair():
     parser = parsers()["train"][0][1]
     assert parser.parse_args(["--img-size", "320"]).imgsz == 320

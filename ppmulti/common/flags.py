@@ -126,6 +126,15 @@ FLAGS: tuple[Flag, ...] = (
     _f(("--port",), "port", "port to serve on", ("board", "evolve"), type=int),
 )
 
+# One spelling, two different flags (values of another kind), each kept in its tool; a new one is added here with why.
+HOMONYMS = {
+    "--format": "export's model format (paddle, onnx) and `ppmulti data demo`'s annotation format (coco, yolo, both)",
+    "--gpus": "launch's GPU ids (fleetrun's, 0,1,2,3) and bench --predict's GPUs per node (a count)",
+    "--nodes": "launch's hosts to start over ssh and bench --predict's number of nodes",
+    "--heartbeat": "evolve's heartbeat period in seconds and bench's on/off comparison of the watchdog's reports",
+    "--amp": "train's mixed precision and eval's refusal of PaddleDetection's eval.py --amp (ppdet_flags)",
+}
+
 BY_DEST: dict[str, Flag] = {f.dest: f for f in FLAGS}
 BY_NAME: dict[str, Flag] = {name: f for f in FLAGS for name in f.spellings}
 assert len(BY_DEST) == len(FLAGS) and len(BY_NAME) == sum(len(f.spellings) for f in FLAGS)
