@@ -97,6 +97,29 @@ def test_batch_sampler_of_a_ppdet_reader():
     assert compat.batch_sampler(object()) is None
 
 
+def test_a_built_reader_takes_num_classes_from_the_data():
+    """YOLOv3's reader as PaddleDetection writes it, built with coco_detection.yml's 80 classes: after
+    ``set_reader_num_classes(3)`` its Gt2YoloTarget makes targets of 3 classes, what the 3-class model's loss
+    compares them with."""
+    import numpy as np
+    from ppdet.data.reader import TrainReader
+
+    anchors = [[10, 13], [16, 30], [33, 23]]
+    reader = TrainReader(sample_transforms=[{"Decode": {}}], batch_size=1, num_classes=80, batch_transforms=[
+        {"Gt2YoloTarget": {"anchor_masks": [[0, 1, 2]], "anchors": anchors, "downsample_ratios": [32]}}])
+    sample = {"image": np.zeros((3, 64, 64), "float32"), "gt_bbox": np.array([[0.5, 0.5, 0.2, 0.3]], "float32"),
+              "gt_class": np.array([1], "int32"), "gt_score": np.ones(1, "float32")}
+
+    def target_channels() -> int:
+        out = reader._batch_transforms.transforms_cls[0]([dict(sample)])
+        return out[0]["target0"].shape[1]
+
+    assert target_channels() == 6 + 80
+    assert compat.set_reader_num_classes(reader, 3) == ["Gt2YoloTarget"]
+    assert target_channels() == 6 + 3
+    assert compat.set_reader_num_classes(reader, 3) == []   # already told
+
+
 def test_device_and_gpus_on_this_build():
     if not paddle.is_compiled_with_cuda():
         assert compat.usable_gpu_count() == 0

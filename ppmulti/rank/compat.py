@@ -681,6 +681,23 @@ def batch_sampler(loader: Any) -> Any:
     return getattr(loader, "_batch_sampler", None)
 
 
+def set_reader_num_classes(loader: Any, num_classes: int) -> list[str]:
+    """A built ppdet reader's transforms told the new ``num_classes``, as its build told them the old one: ppdet
+    2.6.0's ``Compose`` and ``BatchCompose`` (ppdet/data/reader.py:43-73) give every transform that has a
+    ``num_classes`` attribute the reader's value when they build it, e.g. ``Gt2YoloTarget``'s targets (YOLOv3,
+    PP-YOLO: one channel per class) and ``Gt2GFLTarget``'s background label (GFL). The reader is built before
+    the data's classes are known (building it parses the annotations), so a ``num_classes`` taken from the data
+    afterwards reaches them here; YOLOv3 failed otherwise in its first step on both stacks (``Input(X) and
+    Input(Label) shall have the same shape``: 3 classes against 80). Returns the transforms it changed."""
+    changed = []
+    for compose in (getattr(loader, "_sample_transforms", None), getattr(loader, "_batch_transforms", None)):
+        for op in getattr(compose, "transforms_cls", None) or ():
+            if hasattr(op, "num_classes") and op.num_classes != num_classes:
+                op.num_classes = num_classes
+                changed.append(type(op).__name__)
+    return changed
+
+
 def epoch_batches(loader: Any) -> Any:
     """An iterator of one epoch's batches, made now, after the trainer's ``sampler.set_epoch``.
 

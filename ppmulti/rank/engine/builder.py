@@ -274,6 +274,9 @@ class _Build:
         for note in notes:
             log.warning("%s", note)
         if notes:
+            from ppmulti.rank import compat
+
+            compat.set_reader_num_classes(self.loader, int(cfg["num_classes"]))   # built with the old one
             if self.image_weights is not None:
                 self.image_weights.nc = int(cfg["num_classes"])
             if dist.is_main():
