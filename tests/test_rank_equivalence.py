@@ -85,3 +85,25 @@ def test_two_ranks_with_sync_bn_train_as_one_process(tmp_path):
     for column in ("val/box_loss", "val/obj_loss", "val/cls_loss"):
         assert float(rows["one"][column]) > 0
         np.testing.assert_allclose(float(rows["two"][column]), float(rows["one"][column]), rtol=1e-3, err_msg=column)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_sharded_evaluation_scores_rank_0s_batchnorm_statistics(tmp_path):
+    """With per-rank BatchNorm the ranks' running statistics differ; each rank scores its shard of the eval set, so
+    each takes rank 0's (the weights it saves) first. Trained parameters are left as they are (equal anyway)."""
+    from launching import FIXTURES
+
+    script = str(FIXTURES / "rank0_statistics_ranks.py")
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(tmp_path)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
+    stats = [k[len("after:"):] for k in ranks[0].files if k.startswith("after:") and k.endswith(("_mean", "_variance"))]
+    assert len(stats) == 4 and int(ranks[0]["taken"]) == int(ranks[1]["taken"]) == 4
+    for key in stats:
+        assert not np.allclose(ranks[1][f"before:{key}"], ranks[0][f"before:{key}"])   # the control: they differed
+        for r in (0, 1):
+            np.testing.assert_array_equal(ranks[r][f"after:{key}"], ranks[0][f"before:{key}"])
+    for key in (k[len("after:"):] for k in ranks[0].files if k.startswith("after:")):
+        if key not in stats:   # weights and biases: untouched
+            np.testing.assert_array_equal(ranks[1][f"after:{key}"], ranks[1][f"before:{key}"])

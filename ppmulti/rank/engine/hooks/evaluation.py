@@ -55,9 +55,24 @@ class EvaluationHook(Hook):
         if getattr(trainer, "ema", None) is not None:
             raw = copy.deepcopy(model.state_dict())
             model.set_dict(trainer.inference_weights())
+        if getattr(trainer, "world", 1) > 1:
+            rank0_statistics(model)
         try:
             return self.evaluator.evaluate(model)
         finally:
             if raw is not None:
                 model.set_dict(raw)
             model.train()
+
+
+def rank0_statistics(model) -> int:
+    """Rank 0's BatchNorm running statistics on every rank (returns how many tensors): each rank scores its shard
+    of the eval set, and with per-rank BatchNorm each rank's statistics (and their EMA) are its own, so the mAP would
+    mix the ranks' models instead of scoring the weights rank 0 saves. The trained parameters agree already (the
+    tensors taken: those without gradient, BatchNorm's _mean and _variance, and any frozen layer's, equal anyway)."""
+    import paddle.distributed as pdist
+
+    statistics = [t for t in model.state_dict().values() if t.stop_gradient]   # BatchNorm's _mean and _variance
+    for tensor in statistics:
+        pdist.broadcast(tensor, src=0)
+    return len(statistics)
