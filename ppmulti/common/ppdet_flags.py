@@ -74,9 +74,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--enable_ce",), BOOL, {"train": TOOL},
          "PaddleDetection's continuous-evaluation seeds: the same as --seed 0 (ppmulti always seeds; 0 is the "
          "default)"),
-    Flag(("--profiler_options",), ANY, {"train": refuse(
-        "ppdet's step profiler (ppdet/utils/profiler.py) is not wired into ppmulti's trainer; time a run with "
-        "`ppmulti bench` or the step timings in the log")}, "refused: see the reason it prints"),
+    Flag(("--profiler_options",), STR, {"train": key("profiler_options")},
+         "paddle.profiler over some steps, e.g. \"batch_range=[10,20];profile_path=p.json\": a Chrome trace per "
+         "rank, the summary on the console, then the run stops (-o profiler_options; PaddleDetection's keys)"),
     Flag(("--slim_config",), ANY, {t: SLIM for t in TOOLS}, "refused: QAT, pruning and distillation are not built"),
     Flag(("--use_wandb",), ANY, {"train": refuse("Weights & Biases logging; ppmulti logs to VisualDL")},
          "refused: W&B logging"),
