@@ -13,10 +13,10 @@ The step time is wall time, the same for both: the bench timestamps every log li
 interval between the step's log line and the one before it (everything the loop does per step: data wait, forward,
 backward, optimizer, EMA, logging). The first ``--skip`` steps are warm-up; the window is the next ``--steps`` steps,
 the same for both. Each trainer's own figures ride along: PaddleDetection's ``batch_cost`` (which leaves out its EMA
-update and logging) and ``data_cost``, ppmulti's data wait (its log gives the epoch's running total), and the CPU
-seconds per step of each trainer's process and of its loader workers (from /proc when the lines arrive: what each
-does per step, whatever the load). Writes ``ppdet_trainer.json`` and ``ppdet_trainer.md`` into ``--out`` (default
-bench/results/); run it on an idle machine.
+update and logging) and ``data_cost``, ppmulti's data wait (its log gives the mean per step since its last line),
+and the CPU seconds per step of each trainer's process and of its loader workers (from /proc when the lines arrive:
+what each does per step, whatever the load). Writes ``ppdet_trainer.json`` and ``ppdet_trainer.md`` into ``--out``
+(default bench/results/); run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ TOOLS = ("ppdet", "ppmulti")
 # PaddleDetection's LogPrinter (ppdet/engine/callbacks.py), with log_iter=1 its batch_cost/data_cost are the step's own
 PPDET_STEP = re.compile(r"Epoch: \[(?P<epoch>\d+)\]\s*\[\s*(?P<step>\d+)/(?P<steps>\d+)\].*?"
                         r"batch_cost: (?P<batch>[0-9.]+).*?data_cost: (?P<data>[0-9.]+)")
-# ppmulti's ConsoleLogHook: epoch and step count from 1; "data" is the epoch's running total of data wait
-PPMULTI_STEP = re.compile(r"\bepoch (?P<epoch>\d+)/\d+ step (?P<step>\d+)/(?P<steps>\d+) .*?\bdata (?P<data>[0-9.]+)s")
+# ppmulti's ConsoleLogHook: epoch and step count from 1; "data" is the mean data wait per step since its last line
+PPMULTI_STEP = re.compile(r"\bepoch (?P<epoch>\d+)/\d+ step (?P<step>\d+)/(?P<steps>\d+) "
+                          r".*?\bdata (?P<data>[0-9.]+)s/step")
 
 
 @dataclass
@@ -78,7 +79,6 @@ def parse_steps(tool: str, lines: list[tuple]) -> list[Step]:
     """The step lines among ``(arrival time, text[, cpu])`` of ``tool``'s output ("ppdet" or "ppmulti"), in order;
     ``cpu``: (process, workers) CPU seconds when the line arrived."""
     steps: list[Step] = []
-    running = {}   # ppmulti: epoch -> data wait total so far
     for arrived, text, *cpu in lines:
         if tool == "ppdet":
             m = PPDET_STEP.search(text)
@@ -90,10 +90,8 @@ def parse_steps(tool: str, lines: list[tuple]) -> list[Step]:
             m = PPMULTI_STEP.search(text)
             if m is None:
                 continue
-            epoch, total = int(m["epoch"]), float(m["data"])
-            index = (epoch - 1) * int(m["steps"]) + int(m["step"]) - 1
-            steps.append(Step(index, arrived, max(0.0, total - running.get(epoch, 0.0)), cpu=cpu[0] if cpu else None))
-            running[epoch] = total
+            index = (int(m["epoch"]) - 1) * int(m["steps"]) + int(m["step"]) - 1   # log_iter=1: a line per step
+            steps.append(Step(index, arrived, float(m["data"]), cpu=cpu[0] if cpu else None))
         else:
             raise ValueError(f"unknown trainer {tool!r}")
     return steps

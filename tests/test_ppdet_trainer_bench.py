@@ -31,10 +31,10 @@ def ppdet_line(step, steps, batch_cost, data_cost, epoch=0):
             f"eta: 0:00:08 batch_cost: {batch_cost:.4f} data_cost: {data_cost:.4f} ips: 5.2107 images/s")
 
 
-def ppmulti_line(step, steps, data_total, epoch=1):
-    # ppmulti's ConsoleLogHook: 1-based epoch and step; data is the epoch's running total
+def ppmulti_line(step, steps, data, epoch=1):
+    # ppmulti's ConsoleLogHook: 1-based epoch and step; data is the mean wait per step since its last line
     return (f"21:42:{step:02d} INFO epoch {epoch}/1 step {step}/{steps} loss_vfl=1.6127 loss_bbox=1.1779 "
-            f"loss_dfl=1.0287 loss=3.8193 lr=0.008 3.1 img/s (global) data {data_total:.3f}s")
+            f"loss_dfl=1.0287 loss=3.8193 lr=0.008 3.1 img/s (global) data {data:.3f}s/step")
 
 
 def test_ppdet_steps_and_window(bench):
@@ -53,17 +53,17 @@ def test_ppdet_steps_and_window(bench):
     assert w.own_per_step == pytest.approx(statistics_mean([1.92, 1.93, 1.94]))
 
 
-def test_ppmulti_running_data_total_becomes_per_step(bench):
-    totals = [0.44, 0.441, 0.443, 0.446, 0.447]
+def test_ppmulti_steps_and_their_data_wait(bench):
+    waits = [0.44, 0.001, 0.002, 0.003, 0.001]
     lines = [(0.5, "21:41:48 INFO world size 1, global batch 8 (8 per rank) x accumulate 1 = effective batch 8")]
-    lines += [(10.0 + 3 * k, ppmulti_line(k + 1, 28, total)) for k, total in enumerate(totals)]
+    lines += [(10.0 + 3 * k, ppmulti_line(k + 1, 28, wait)) for k, wait in enumerate(waits)]
     lines.append((30.0, "21:43:48 INFO epoch 1 done in 111.1s, 2.02 img/s, loss=3.9668"))
     steps = bench.parse_steps("ppmulti", lines)
     assert [s.index for s in steps] == [0, 1, 2, 3, 4]
     w = bench.window(steps, skip=1, count=4)
     assert w.seconds_per_step == pytest.approx(3.0)
     assert w.first_data == pytest.approx(0.44)
-    assert w.data_per_step == pytest.approx((0.447 - 0.44) / 4)
+    assert w.data_per_step == pytest.approx(0.007 / 4)
     assert w.own_per_step is None and w.cpu_per_step is None
 
 
@@ -76,9 +76,9 @@ def test_cpu_seconds_per_step_from_the_samples_taken_with_the_lines(bench):
     assert bench._cpu(w.__dict__) == "2.17 + 0.23"
 
 
-def test_second_epoch_restarts_the_running_total(bench):
-    lines = [(1.0, ppmulti_line(1, 2, 0.4)), (2.0, ppmulti_line(2, 2, 0.5)),
-             (3.0, ppmulti_line(1, 2, 0.01, epoch=2)), (4.0, ppmulti_line(2, 2, 0.03, epoch=2))]
+def test_steps_are_counted_over_epochs(bench):
+    lines = [(1.0, ppmulti_line(1, 2, 0.4)), (2.0, ppmulti_line(2, 2, 0.1)),
+             (3.0, ppmulti_line(1, 2, 0.01, epoch=2)), (4.0, ppmulti_line(2, 2, 0.02, epoch=2))]
     steps = bench.parse_steps("ppmulti", lines)
     assert [s.index for s in steps] == [0, 1, 2, 3]
     assert [round(s.data, 3) for s in steps] == [0.4, 0.1, 0.01, 0.02]

@@ -103,6 +103,20 @@ def test_not_a_terminal_prints_plain_lines(rank_log):
     assert "epoch 1/2 step 2/4" in rank_log[0].read_text()
 
 
+def test_step_lines_give_the_data_wait_per_step_since_the_last_line(rank_log):
+    """The loop passes the epoch's running total of data wait; a line shows the mean per step of its interval."""
+    from ppmulti.rank.engine.hooks import ConsoleLogHook
+
+    hook = ConsoleLogHook(stream=io.StringIO())
+    trainer = _trainer()
+    hook.before_train(trainer)
+    for epoch, totals in ((0, (0.4, 0.402, 0.404, 0.406)), (1, (0.001, 0.002, 0.003, 0.004))):
+        for step, total in enumerate(totals):
+            hook.after_step(trainer, epoch, step, {"loss": LossStub(1.5)}, 0.001, total)
+    waits = re.findall(r"step \d/4 .* data ([0-9.]+)s/step", rank_log[1].getvalue())
+    assert waits == ["0.201", "0.002", "0.001", "0.001"]
+
+
 def test_track_bar_on_terminal_lines_elsewhere_silent_off_rank0(rank_log, monkeypatch):
     train_log = rank_log[0]
     from ppmulti.rank import dist

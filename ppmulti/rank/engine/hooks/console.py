@@ -30,6 +30,7 @@ class ConsoleLogHook(Hook):
         self.interval = max(1, int(trainer.cfg.get("log_iter", 20)))
         self.tic = time.time()
         self.steps = 0
+        self.data_mark = 0.0   # the epoch's data wait so far at the last line (the loop gives a running total)
         self.bar = None
         self.bars = ConsoleBars(self.stream).__enter__() if wants_bars(self.stream) else None
 
@@ -54,11 +55,15 @@ class ConsoleLogHook(Hook):
             from ppmulti.rank.engine.progress import FILE_ONLY
 
             extra = {FILE_ONLY: True}
-        log.info("epoch %d/%d step %d/%d %s lr=%.6g %.1f img/s (global) data %.3fs",
+        if data_time < self.data_mark:   # a new epoch's total
+            self.data_mark = 0.0
+        wait = max(0.0, data_time - self.data_mark) / self.steps   # mean data wait per step since the last line
+        log.info("epoch %d/%d step %d/%d %s lr=%.6g %.1f img/s (global) data %.3fs/step",
                  epoch + 1, trainer.cfg["epoch"], step + 1, trainer.steps_per_epoch, losses, lr, ips,
-                 data_time, extra=extra)
+                 wait, extra=extra)
         self.tic = time.time()
         self.steps = 0
+        self.data_mark = data_time
 
     def _close_bar(self) -> None:
         if self.bar is not None:
