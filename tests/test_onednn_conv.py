@@ -92,6 +92,14 @@ def test_only_layers_it_computes_exactly_are_swapped(op):
     assert list(model.state_dict()) == keys     # checkpoints are unchanged
 
 
+def test_a_channel_mismatch_is_paddles_error_not_an_abort(op):
+    """A config whose channels disagree (e.g. a shrunk backbone) gets Paddle's ValueError; oneDNN aborts the rank."""
+    conv = paddle.nn.Conv2D(8, 4, 3, bias_attr=False)
+    assert ops_conv.use_onednn_convs(conv) == 1
+    with pytest.raises(ValueError, match="channel"):
+        conv(paddle.randn([1, 6, 9, 9]))
+
+
 def test_training_steps_follow_paddle_kernel(op):
     """Five SGD steps with the op give the losses Paddle's kernel gives."""
     def losses(use_op: bool):

@@ -206,7 +206,9 @@ def _forward_with(op):
     def forward(self, x):
         import paddle
 
-        if not paddle.in_dynamic_mode() or x.dtype != paddle.float32 or not x.place.is_cpu_place():
+        if (not paddle.in_dynamic_mode() or x.dtype != paddle.float32 or not x.place.is_cpu_place()
+                or x.ndim != 4 or x.shape[1] != self.weight.shape[1]):
+            # a wrong input shape: Paddle's kernel says what is wrong (oneDNN would abort the process)
             return paddle.nn.Conv2D.forward(self, x)
         if not x.is_contiguous():
             x = x.contiguous()
