@@ -84,9 +84,19 @@ def worker(out: Path, train_argv: list[str], aug_seed_offset: int, parts: int = 
     class Recording(Trainer):
         def run_step(self, data, epoch, step_optimizer=True):
             ids = np.asarray(data["im_id"]).reshape(-1).tolist() if "im_id" in data else []
+            if "pad_gt_mask" in data:   # what the augmentation made of them: boxes per image, their mean area
+                valid = np.asarray(data["pad_gt_mask"]).reshape(len(ids) or 1, -1) > 0
+                boxes = np.asarray(data["gt_bbox"]).reshape(valid.shape[0], -1, 4)[valid]
+                data_stats = {"boxes_per_image": float(valid.sum() / valid.shape[0]),
+                              "box_area": float(np.mean((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])))
+                              if len(boxes) else 0.0,
+                              "pixel_mean": float(np.asarray(data["image"], dtype=np.float32).mean())}
+            else:
+                data_stats = {}
             steps.append({"epoch": epoch, "global_step": self.state.global_step, "im_id": ids,
                           "lr_before": float(self.optimizer.get_lr()),
-                          "momentum": compat.optimizer_momentum(self.optimizer), "stepped": bool(step_optimizer)})
+                          "momentum": compat.optimizer_momentum(self.optimizer), "stepped": bool(step_optimizer),
+                          **data_stats})
             outputs, lr = super().run_step(data, epoch, step_optimizer)
             rec = steps[-1]
             rec.update({k: float(np.asarray(v).reshape(-1)[0]) for k, v in outputs.items() if k.startswith("loss")})
@@ -296,13 +306,13 @@ def by_seed(args, names: list[str]) -> int:
         print(f"{name}: train loss {summary[name]['train_loss_mean']:.4f} +- {summary[name]['train_loss_sd']:.4f}, "
               f"val loss {summary[name]['val_loss_mean']:.5f} +- {summary[name]['val_loss_sd']:.5f}, "
               f"mAP50 {summary[name]['mAP50_mean']:.4f} ({', '.join(f'{m:.3f}' for m in maps)})")
-    _write(args, "by_seed", summary)
+    _write(args, f"by_seed {','.join(names)}", summary)
     return 0
 
 
 def _write(args, kind: str, results: dict) -> None:
-    """Keep this kind of measurement ("trajectories", "trajectories_from_weights", "by_seed") in the JSON file
-    beside the others."""
+    """Keep this kind of measurement ("trajectories", "trajectories_from_weights", "by_seed CASES") in the JSON
+    file beside the others."""
     from ppmulti.common.atomic import atomic_write_text
 
     record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
