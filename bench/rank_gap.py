@@ -19,6 +19,7 @@ unchanged ("aug"). Cases (all at global batch 16, 1 or 2 CPU ranks):
     p1_aug_s1    1 process, aug, other augmentation draws (same initial weights)   the draws' own spread
     r2_sync_aug  2 ranks, --sync-bn, aug                suspect: per-rank augmentation seeds
     r2_bn_aug    2 ranks, per-rank BatchNorm, aug       the default 2-rank run
+    p1_nomosaic, r2_sync_nomosaic    aug without the mosaic (hyp mosaic 0)
 
 Writes bench/results/rank_gap.json (or --json; one entry per kind of measurement) and prints one line per
 comparison. ``--worker OUT`` is the per-rank mode the cases run in (started directly, or under
@@ -165,6 +166,8 @@ def write_hyp(path: Path, aug: bool) -> Path:
     hyp = yaml.safe_load((REPO / "configs" / "hyps" / "hyp.scratch-low.yaml").read_text())
     if not aug:
         hyp.update({k: 0.0 for k in AUG_KEYS})
+    elif aug == "nomosaic":   # the rest of the augmentation (letterbox + affine, HSV, flips) as it is
+        hyp["mosaic"] = 0.0
     path.write_text(yaml.safe_dump(hyp))
     return path
 
@@ -182,6 +185,7 @@ CASES = {   # name: (ranks, sync-bn, aug, augmentation seed offset[, loss parts]
     "r2_sync": (2, True, False, 0),
     "r2_bn": (2, False, False, 0), "p1_aug": (1, False, True, 0), "p1_aug_s1": (1, False, True, 1),
     "r2_sync_aug": (2, True, True, 0), "r2_bn_aug": (2, False, True, 0),
+    "p1_nomosaic": (1, False, "nomosaic", 0), "r2_sync_nomosaic": (2, True, "nomosaic", 0),
 }
 
 
@@ -191,7 +195,7 @@ def run_case(args, name: str, work: Path) -> Path:
     if args.reuse and (out / "rank0.json").is_file():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    hyp = write_hyp(work / f"hyp_{'aug' if aug else 'noaug'}.yaml", aug)
+    hyp = write_hyp(work / f"hyp_{aug if isinstance(aug, str) else 'aug' if aug else 'noaug'}.yaml", aug)
     me = [str(Path(__file__).resolve()), "--worker", str(out), "--aug-seed-offset", str(offset),
           "--split-loss", str(parts[0] if parts else 1), "--"]
     rest = train_argv(args, hyp, out, sync)
@@ -356,7 +360,8 @@ def main() -> int:
         work = Path(args.work or tmp).resolve()
         dirs = {name: run_case(args, name, work) for name in names}
         results = {}
-        pairs = [(name, "p1_aug" if CASES[name][2] else "p1") for name in names]
+        pairs = [(name, "p1_nomosaic" if CASES[name][2] == "nomosaic" else "p1_aug" if CASES[name][2] else "p1")
+                 for name in names]
         pairs.append(("r2_sync", "p1_split"))   # 2 ranks against one process computing the ranks' loss
         for name, ref in pairs:
             if name == ref or ref not in dirs or name not in dirs:
