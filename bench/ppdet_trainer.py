@@ -382,8 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         result = {"what": "wall seconds per training step, PaddleDetection's tools/train.py and ppmulti's, same "
                           "config and overrides, one process each; ratio = PaddleDetection / ppmulti (> 1: ppmulti "
                           "faster)",
-                  "command": " ".join(["python", "bench/ppdet_trainer.py",
-                                       *(argv if argv is not None else sys.argv[1:])]),
+                  "command": " ".join(["python", "bench/ppdet_trainer.py",   # the checkout by its name only
+                                       *(a.replace(str(args.ppdet_root), Path(args.ppdet_root).name)
+                                         for a in (argv if argv is not None else sys.argv[1:]))]),
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "versions": versions(args.python), "overrides": overrides(args),
                   "size": args.size, "size_overrides": {c: size_override(root / c, args.size) for c in args.configs},
