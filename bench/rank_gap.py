@@ -20,6 +20,7 @@ unchanged ("aug"). Cases (all at global batch 16, 1 or 2 CPU ranks):
     r2_sync_aug  2 ranks, --sync-bn, aug                suspect: per-rank augmentation seeds
     r2_bn_aug    2 ranks, per-rank BatchNorm, aug       the default 2-rank run
     p1_nomosaic, r2_sync_nomosaic    aug without the mosaic (hyp mosaic 0)
+    p1_split_aug 1 process, aug, computing the loss as 2 ranks do   YOLOv5's DDP loss arithmetic with the mosaic
 
 Writes bench/results/rank_gap.json (or --json; one entry per kind of measurement) and prints one line per
 comparison. ``--worker OUT`` is the per-rank mode the cases run in (started directly, or under
@@ -186,6 +187,7 @@ CASES = {   # name: (ranks, sync-bn, aug, augmentation seed offset[, loss parts]
     "r2_bn": (2, False, False, 0), "p1_aug": (1, False, True, 0), "p1_aug_s1": (1, False, True, 1),
     "r2_sync_aug": (2, True, True, 0), "r2_bn_aug": (2, False, True, 0),
     "p1_nomosaic": (1, False, "nomosaic", 0), "r2_sync_nomosaic": (2, True, "nomosaic", 0),
+    "p1_split_aug": (1, False, True, 0, 2),
 }
 
 
