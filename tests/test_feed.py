@@ -198,20 +198,6 @@ def test_start_forks_the_workers_before_the_first_step_with_stop_signals_blocked
     assert _children() - before == set()
 
 
-def test_start_leaves_a_reader_without_workers_to_the_first_step():
-    """Without workers the batches come from a thread of the trainer's process: started before the hooks' set-up,
-    its augmentation draws would race the set-up's for the process's generators, and a seeded run would not repeat
-    (tests/test_seeds.py, 2 ranks with --workers 0)."""
-    import threading
-
-    feed = Feed(_Reader(_Shuffle(), 0))   # (the reader's own made-ahead iterator has a thread already)
-    before = threading.active_count()
-    feed.start(0, 0, 3)
-    assert feed._batches is None and threading.active_count() == before
-    assert [r[1] for r in _epoch(feed, 0)] == _order(0)   # the first step starts it
-    feed.close()
-
-
 def test_the_iterator_ppdets_reader_made_ahead_is_stopped_when_the_run_is_built():
     """ppdet's reader forks workers for an iterator of its own when it is built; the builder stops them at once
     (compat.drop_made_ahead), as the trainer's feed makes the run's iterator, instead of letting them take CPU

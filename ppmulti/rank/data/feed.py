@@ -238,12 +238,8 @@ class Feed:
         """Make the run-long iterator for ``epoch(epoch, skip, end)`` now, so that its workers make the first
         batches while the run is still setting up (hooks' ``before_train``: evaluation set, plots) instead of
         the first step waiting for them (about 0.4 s for PicoDet's reader on 2 cores; PaddleDetection's reader
-        makes its iterator when it is built, for the same reason). Nothing for a loader that is not run-long,
-        nor for one without workers: its batches are made by a thread of this process, whose augmentation draws
-        would race the set-up's for the process's random generators (a seeded run would not repeat);
+        makes its iterator when it is built, for the same reason). Nothing for a loader that is not run-long;
         ``epoch()`` asked for another start replaces it."""
-        if getattr(getattr(self.loader, "dataloader", None), "num_workers", 0) == 0:
-            return
         if self.run_long() and (self._batches is None or self._next != (epoch, skip) or self._end != end):
             self._open(epoch, skip, end)
 

@@ -198,7 +198,7 @@ class Trainer:
             self.default_hooks()
         self._log_plan()
         try:
-            if not self.opts.resume:   # loader workers start on the first batches while the hooks set up
+            if not self.opts.resume:   # the loader workers start on the first batches while the hooks set up
                 self.feed.start(self.state.epoch, self.state.step_in_epoch, int(self.cfg["epoch"]))
             self.call("before_train")
             for epoch in range(self.state.epoch, int(self.cfg["epoch"])):
