@@ -196,22 +196,3 @@ def test_start_forks_the_workers_before_the_first_step_with_stop_signals_blocked
     assert [r[1] for r in _epoch(feed, 1, skip=2)] == _order(1)[2:]
     feed.close()
     assert _children() - before == set()
-
-
-def test_the_iterator_ppdets_reader_made_ahead_is_stopped_when_the_run_is_built():
-    """ppdet's reader forks workers for an iterator of its own when it is built; the builder stops them at once
-    (compat.drop_made_ahead), as the trainer's feed makes the run's iterator, instead of letting them take CPU
-    while the model is built."""
-    import time
-
-    from ppmulti.rank import compat
-
-    before = _children()
-    reader = _Reader(_Shuffle(), 2)
-    assert _children() - before   # ppdet's made-ahead workers
-    compat.drop_made_ahead(reader)
-    deadline = time.monotonic() + 10
-    while _children() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _children() - before == set()
-    assert list(reader.loader) == []   # an empty iterator stands in its place

@@ -710,11 +710,11 @@ def epoch_batches(loader: Any) -> Any:
     dataloader = getattr(loader, "dataloader", None)
     if dataloader is None or not hasattr(loader, "loader"):
         return iter(loader)
-    drop_made_ahead(loader)
+    _drop_made_ahead(loader)
     return iter(dataloader)
 
 
-def drop_made_ahead(reader: Any) -> None:
+def _drop_made_ahead(reader: Any) -> None:
     """Stop the iterator ppdet's reader made ahead (in ``loader``) and leave an empty one: dropping it alone
     does not stop its workers, as its prefetching thread keeps it alive. Were the empty one read, ppdet would
     make a new one."""
@@ -732,7 +732,7 @@ def loader_like(reader: Any, dataset: Any, batch_sampler: Any) -> Any:
     import paddle
 
     made = reader.dataloader
-    drop_made_ahead(reader)
+    _drop_made_ahead(reader)
     return paddle.io.DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=made.collate_fn,
                                 num_workers=made.num_workers, return_list=made.return_list,
                                 use_shared_memory=made.use_shared_memory, prefetch_factor=made.prefetch_factor,

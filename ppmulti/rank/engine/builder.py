@@ -221,9 +221,6 @@ class _Build:
         try:
             with prints_to_log():   # pycocotools' notices while the annotations load
                 self.loader = create("TrainReader")(self.dataset, cfg.get("worker_num", 0), self.image_weights)
-            # ppdet's reader forked workers for an iterator of its own; the trainer's Feed makes the run's, so
-            # these stop now instead of taking CPU while the model is built
-            compat.drop_made_ahead(self.loader)
         except KeyError:   # ppdet's COCO parse meets an annotation whose category is not listed
             explained = agree.explain_parse_error(cfg, "TrainDataset")
             if explained is None:
@@ -307,7 +304,6 @@ class _Build:
         self.image_weights = self._image_weights_sampler()
         with prints_to_log():
             self.loader = create("TrainReader")(self.dataset, self.cfg.get("worker_num", 0), self.image_weights)
-        compat.drop_made_ahead(self.loader)
         if len(self.loader) < 1:   # our own invariant: a shard always fills one batch of its own size
             raise RuntimeError(f"training loader still empty with a per-rank batch of {shard}")
         log.warning("the training set has %d images, fewer than the batch %d: training with batch %d "
