@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 
 import numpy as np
 import paddle
@@ -174,25 +173,3 @@ def test_the_tagged_sampler_refuses_a_sampler_whose_len_disagrees():
     with pytest.raises(RuntimeError, match="gave 4 batches in epoch 0, its len"):
         list(EpochTaggedSampler(Short(), 0, 1))
     assert len(EpochTaggedSampler(_Shuffle(), 2, 5, skip=1)) == 3 * 4 - 1
-
-
-def test_start_forks_the_workers_before_the_first_step_with_stop_signals_blocked():
-    """The trainer starts the run-long iterator before its hooks set up; the first epoch then takes the batches
-    those workers made, and the workers leave SIGINT/SIGTERM to the trainer (its StopOnSignalHook)."""
-    before = _children()
-    feed = Feed(_Reader(_Shuffle(), 1))
-    feed.start(0, 0, 3)
-    started = _children() - before
-    assert started   # forked at start(), before any batch was asked for
-    for pid in started:
-        with open(f"/proc/{pid}/status") as f:
-            blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
-        assert blocked & (1 << (signal.SIGINT - 1)) and blocked & (1 << (signal.SIGTERM - 1))
-    assert not signal.pthread_sigmask(signal.SIG_BLOCK, set()) & {signal.SIGINT, signal.SIGTERM}   # ours unblocked
-    rows = _epoch(feed, 0)
-    assert [r[1] for r in rows] == _order(0) and {r[2] for r in rows} <= started
-    # asked for another start (a resumed run's), the feed replaces the iterator it started
-    feed.start(1, 2, 3)
-    assert [r[1] for r in _epoch(feed, 1, skip=2)] == _order(1)[2:]
-    feed.close()
-    assert _children() - before == set()

@@ -24,10 +24,8 @@ trainer, after one line naming the image.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
-import signal
 import threading
 from typing import Any, Iterator, Mapping
 
@@ -181,21 +179,6 @@ def _to_tensors(batch: Any) -> Any:
     return batch
 
 
-@contextlib.contextmanager
-def _stop_signals_blocked() -> Iterator[None]:
-    """SIGINT and SIGTERM held back in this thread while loader workers fork: the workers keep them blocked for
-    good, so a Ctrl-C is the trainer's alone (StopOnSignalHook finishes the step and saves) whether the workers
-    forked before or after its handlers were installed; signals that come meanwhile reach this process after."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def batches_of(dataloader: Any) -> Any:
     """An iterator over a paddle.io.DataLoader: its own with workers, ``ThreadBatches`` without."""
     if getattr(dataloader, "num_workers", 1) == 0:
@@ -223,7 +206,6 @@ class Feed:
         self.loader = loader
         self._batches = None          # the run-long iterator, once made
         self._next: tuple[int, int] | None = None   # the (epoch, skip) it stands at, between epochs
-        self._end: int | None = None                # the epoch it ends before (the run's epoch count)
 
     def _sampler(self) -> Any:
         return compat.batch_sampler(self.loader)
@@ -234,29 +216,15 @@ class Feed:
         return (sampler is not None and getattr(self.loader, "dataloader", None) is not None
                 and not getattr(sampler, "drawn_at_epoch_start", False))
 
-    def start(self, epoch: int, skip: int = 0, end: int | None = None) -> None:
-        """Make the run-long iterator for ``epoch(epoch, skip, end)`` now, so that its workers make the first
-        batches while the run is still setting up (hooks' ``before_train``: evaluation set, plots) instead of
-        the first step waiting for them (about 0.4 s for PicoDet's reader on 2 cores; PaddleDetection's reader
-        makes its iterator when it is built, for the same reason). Nothing for a loader that is not run-long;
-        ``epoch()`` asked for another start replaces it."""
-        if self.run_long() and (self._batches is None or self._next != (epoch, skip) or self._end != end):
-            self._open(epoch, skip, end)
-
-    def _open(self, epoch: int, skip: int, end: int | None) -> None:
-        self.close()
-        tagged = EpochTaggedSampler(self._sampler(), epoch, max(end or 0, epoch + 1), skip)
-        loader = compat.loader_like(self.loader, EpochTaggedDataset(self.loader.dataloader.dataset), tagged)
-        with _stop_signals_blocked():   # the workers fork in iter()
-            self._batches = batches_of(loader)
-        self._next, self._end = (epoch, skip), end
-
     def epoch(self, epoch: int, skip: int = 0, end: int | None = None) -> Iterator[tuple[int, Any]]:
         if not self.run_long():
             yield from self._fresh(epoch, skip)
             return
-        if self._batches is None or self._next != (epoch, skip) or self._end != end:
-            self._open(epoch, skip, end)
+        if self._batches is None or self._next != (epoch, skip):
+            self.close()
+            tagged = EpochTaggedSampler(self._sampler(), epoch, max(end or 0, epoch + 1), skip)
+            self._batches = batches_of(compat.loader_like(self.loader,
+                                                          EpochTaggedDataset(self.loader.dataloader.dataset), tagged))
         self._next = None   # mid-epoch: a stop here leaves the iterator unusable for a later request
         for step in range(skip, len(self._sampler())):
             yield step, next(self._batches)
@@ -281,7 +249,7 @@ class Feed:
 
     def close(self) -> None:
         """Stop the run-long iterator's workers (and its prefetching thread)."""
-        batches, self._batches, self._next, self._end = self._batches, None, None, None
+        batches, self._batches, self._next = self._batches, None, None
         if isinstance(batches, ThreadBatches):
             batches.close()
         elif batches is not None:

@@ -198,8 +198,6 @@ class Trainer:
             self.default_hooks()
         self._log_plan()
         try:
-            if not self.opts.resume:   # the loader workers start on the first batches while the hooks set up
-                self.feed.start(self.state.epoch, self.state.step_in_epoch, int(self.cfg["epoch"]))
             self.call("before_train")
             for epoch in range(self.state.epoch, int(self.cfg["epoch"])):
                 self.call("before_epoch", epoch)
