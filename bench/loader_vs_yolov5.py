@@ -26,7 +26,7 @@ Images: --images (128) JPEGs at 640x480, quality 90, cut at random places and sc
 that every YOLOv5 checkout ships (data/images/bus.jpg, zidane.jpg), mirrored at random; 1-8 random boxes each
 (3 classes). Written once to a temp dir (or --data DIR, kept).
 
-Run:  python bench/loader_vs_yolov5.py --yolov5 DIR [--workers 1 2 4] [--rounds 2] [--cache ram]
+Run:  python bench/loader_vs_yolov5.py --yolov5 DIR [--workers 1 2 4] [--rounds 2] [--cache ram] [--mosaic-buffer 0]
 Writes bench/results/loader_vs_yolov5.json and .md (--out) and prints the markdown table.
 """
 
@@ -127,14 +127,17 @@ def _ppmulti_worker(argv: list[str]) -> None:
              "--batch", str(a.batch), "--workers", str(a.workers)]
     if a.cache:
         flags += ["--cache", a.cache]
+    if a.mosaic_buffer is not None:
+        flags += ["--mosaic-buffer", str(a.mosaic_buffer)]
     # --hsv device: the loader a GPU run builds (the HSV gains drawn here, applied on the GPU)
     _, cfg = _ppdet_config(argparse.Namespace(one_size=0), flags, device="gpu" if a.hsv == "device" else "cpu")
     dist.set_cpu_threads(1)
     dataset = create("TrainDataset")()
     loader = create("TrainReader")(dataset, a.workers)
     prebuild_cache(dataset, cfg)   # --cache ram/disk: built before the workers fork, as the Trainer does
+    mosaic = next(op["YOLOv5Mosaic"] for op in cfg["TrainReader"]["sample_transforms"] if "YOLOv5Mosaic" in op)
     result = {"side": "ppmulti" if a.hsv == "device" else "ppmulti-hsv-host", "workers": a.workers,
-              "cache": a.cache}
+              "cache": a.cache, "mosaic_buffer": int(mosaic.get("buffer", 0))}
     if a.workers == 0:
         result["cpu_ms_per_img"] = _cpu_per_image(loader, a.images, a.batch)
         result["device_ms_per_img"] = _device_per_image(loader, cfg, a.batch)
@@ -196,6 +199,7 @@ def _worker_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--images", type=int, default=64)
     p.add_argument("--cache", default="")
     p.add_argument("--hsv", choices=["host", "device"], default="device")
+    p.add_argument("--mosaic-buffer", type=int, default=None)
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -269,7 +273,8 @@ def markdown(summary: dict, workers: list[int], meta: dict) -> str:
                  f"in the loader (a CPU run); the GPU's share run on this CPU: "
                  f"{summary['ppmulti'].get('device_ms_per_img_on_this_cpu')} ms per image. "
                  f"{meta['images']} JPEGs 640x480 q90 from YOLOv5's data/images photographs; "
-                 f"--img 640 --batch {meta['batch']}, hyp.scratch-low, cache: {meta['cache'] or 'none'}; "
+                 f"--img 640 --batch {meta['batch']}, hyp.scratch-low, cache: {meta['cache'] or 'none'}, "
+                 f"ppmulti's mosaic buffer: {meta.get('mosaic_buffer', 64)} (0: YOLOv5's draw); "
                  f"medians of {meta['rounds']} alternated rounds; {meta['when']}, {meta['cpus']} CPUs.")
     return "\n".join(lines) + "\n"
 
@@ -293,6 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternations of all cases")
     ap.add_argument("--cache", choices=["", "ram"], default="",
                     help="pass --cache ram to both sides (ppmulti's needs its --cache flag)")
+    ap.add_argument("--mosaic-buffer", type=int, default=None,
+                    help="ppmulti's --mosaic-buffer (0: the mosaic's extra tiles loaded from the whole set, as "
+                         "YOLOv5 loads them; default: the reader's buffer of 64)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "loader_vs_yolov5.json"))
     args = ap.parse_args(argv)
     yolov5 = Path(args.yolov5).resolve()
@@ -309,11 +317,13 @@ def main(argv: list[str] | None = None) -> None:
                   "--batches", str(args.batches), "--images", str(args.cpu_images)]
         if args.cache:
             common += ["--cache", args.cache]
+        ppmulti_only = [] if args.mosaic_buffer is None else ["--mosaic-buffer", str(args.mosaic_buffer)]
         results = []
         for r in range(args.rounds):
             for w in [0, *args.workers]:
-                for side, py, cwd, extra in (("ppmulti", sys.executable, REPO, ["--hsv", "device"]),
-                                             ("ppmulti-hsv-host", sys.executable, REPO, ["--hsv", "host"]),
+                for side, py, cwd, extra in (("ppmulti", sys.executable, REPO, ["--hsv", "device", *ppmulti_only]),
+                                             ("ppmulti-hsv-host", sys.executable, REPO,
+                                              ["--hsv", "host", *ppmulti_only]),
                                              ("yolov5", str(python), yolov5, [])):
                     res = run_case(side, py, common + extra, w, tmp / "runs" / f"{side}_w{w}_r{r}.json", cwd)
                     what = (f"{res['cpu_ms_per_img']:.2f} CPU ms/img" if "cpu_ms_per_img" in res
@@ -323,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         meta = {"images": args.images, "batch": args.batch, "rounds": args.rounds, "cache": args.cache,
                 "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "images_from": f"{', '.join(PHOTOS)} of the YOLOv5 checkout, random 640x480 crops, JPEG q90"}
+        meta["mosaic_buffer"] = next((r["mosaic_buffer"] for r in results if "mosaic_buffer" in r), None)
         summary = summarise(results, args.workers)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ Each case is tools/train.py's YOLOv5 command line (``--cfg yolov5n.yaml --weight
 --seed 0 --noval --noplots``), parsed and built by the same code as tools/train.py, with a recorder added: every
 step's images, losses, lr, momentum, bias lr, optimizer step and gradient norm on every rank, the first optimizer
 step's gradient, the final weights and EMA. ``H`` is hyp.scratch-low.yaml with every augmentation at 0 ("noaug") or
-unchanged ("aug"). Cases (all at global batch 16, 1 or 2 CPU ranks):
+unchanged ("aug", with ``--mosaic-buffer 64``: each mosaic's extra tiles from its loader's last 64 images).
+Cases (all at global batch 16, 1 or 2 CPU ranks):
 
     p1           1 process, noaug                       the reference
     p1_again     the same again                         run-to-run noise of the reference (0 = deterministic)
@@ -18,9 +19,11 @@ unchanged ("aug"). Cases (all at global batch 16, 1 or 2 CPU ranks):
     p1_aug       1 process, augmentation on             reference with augmentation
     p1_aug_s1    1 process, aug, other augmentation draws (same initial weights)   the draws' own spread
     r2_sync_aug  2 ranks, --sync-bn, aug                suspect: per-rank augmentation seeds
-    r2_bn_aug    2 ranks, per-rank BatchNorm, aug       the default 2-rank run
+    r2_bn_aug    2 ranks, per-rank BatchNorm, aug       a 2-rank run without --sync-bn
     p1_nomosaic, r2_sync_nomosaic    aug without the mosaic (hyp mosaic 0)
     p1_split_aug 1 process, aug, computing the loss as 2 ranks do   YOLOv5's DDP loss arithmetic with the mosaic
+    p1_uniform, r2_sync_uniform      aug with --mosaic-buffer 0 (the default): the mosaic's 3 extra tiles drawn
+                 from the whole set (YOLOv5's draw) instead of from each loader's last 64 images
 
 Writes bench/results/rank_gap.json (or --json; one entry per kind of measurement) and prints one line per
 comparison. ``--worker OUT`` is the per-rank mode the cases run in (started directly, or under
@@ -169,6 +172,7 @@ def write_hyp(path: Path, aug: bool) -> Path:
         hyp.update({k: 0.0 for k in AUG_KEYS})
     elif aug == "nomosaic":   # the rest of the augmentation (letterbox + affine, HSV, flips) as it is
         hyp["mosaic"] = 0.0
+    # aug == "uniform": the hyps as they are
     path.write_text(yaml.safe_dump(hyp))
     return path
 
@@ -188,6 +192,7 @@ CASES = {   # name: (ranks, sync-bn, aug, augmentation seed offset[, loss parts]
     "r2_sync_aug": (2, True, True, 0), "r2_bn_aug": (2, False, True, 0),
     "p1_nomosaic": (1, False, "nomosaic", 0), "r2_sync_nomosaic": (2, True, "nomosaic", 0),
     "p1_split_aug": (1, False, True, 0, 2),
+    "p1_uniform": (1, False, "uniform", 0), "r2_sync_uniform": (2, True, "uniform", 0),
 }
 
 
@@ -200,7 +205,9 @@ def run_case(args, name: str, work: Path) -> Path:
     hyp = write_hyp(work / f"hyp_{aug if isinstance(aug, str) else 'aug' if aug else 'noaug'}.yaml", aug)
     me = [str(Path(__file__).resolve()), "--worker", str(out), "--aug-seed-offset", str(offset),
           "--split-loss", str(parts[0] if parts else 1), "--"]
-    rest = train_argv(args, hyp, out, sync)
+    # "aug": the mosaic's extra tiles from each loader's last 64 images; "uniform": from the whole set (the default)
+    rest = train_argv(args, hyp, out, sync) + {True: ["--mosaic-buffer", "64"],
+                                                "uniform": ["--mosaic-buffer", "0"]}.get(aug, [])
     if ranks == 1:
         cmd = [sys.executable, *me, *rest]
     else:

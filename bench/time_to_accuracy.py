@@ -13,6 +13,9 @@ What is compared
       * ppmulti/N -- the same with ``--nproc N`` gloo ranks.
       * ppmulti/N+amp -- the same with ``--amp`` (bf16 convolutions on a CPU with AVX512-BF16 or AMX; YOLOv5 trains
                      in float32 on a CPU, its AMP is for CUDA only). Not among the default cases.
+      * ppmulti/N+buffer64 -- the same with ``--mosaic-buffer 64``: each mosaic's 3 extra tiles drawn from its
+                     loader's last 64 images instead of from the whole training set (YOLOv5's draw, the default).
+                     Not among the default cases.
     ``--cases`` picks them (default ``yolov5,ppmulti/1,ppmulti/2``); ``yolov5`` is always run: it sets the target.
     Scoring: both with pycocotools' COCOeval (bbox, stats[1] = mAP50) against ground truth converted from the same
     YOLO label files (ppmulti's evaluator does this itself; YOLOv5's prediction files are scored here against the
@@ -32,8 +35,8 @@ torch made on first use, offline settings, the torchvision shim). Run it with a 
 (torch==2.13.0 lies on this machine's disk for Python 3.11).
 
 Run:  python bench/time_to_accuracy.py --yolov5 DIR [--cfg yolov5n] [--img 256] [--batch 16] [--epochs 30]
-                                       [--cases yolov5,ppmulti/1,ppmulti/2,ppmulti/2+amp] [--workers 2]
-                                       [--seeds 0,1,2]
+                                       [--cases yolov5,ppmulti/1,ppmulti/2,ppmulti/2+amp,ppmulti/2+buffer64]
+                                       [--workers 2] [--seeds 0,1,2]
 Writes bench/results/time_to_accuracy.json (--out) and prints a markdown table.
 """
 
@@ -162,7 +165,7 @@ def run_yolov5(python: Path, yolov5: Path, data: Path, a: argparse.Namespace, se
     return {"epochs": epochs, "torchvision_shim": info["torchvision_shim"]}
 
 
-def run_ppmulti(nproc: int, amp: bool, data: Path, a: argparse.Namespace, seed: int, out: Path) -> dict:
+def run_ppmulti(nproc: int, option: str, data: Path, a: argparse.Namespace, seed: int, out: Path) -> dict:
     from ppmulti.common.metrics import read_results
 
     out.mkdir(parents=True, exist_ok=True)
@@ -172,8 +175,8 @@ def run_ppmulti(nproc: int, amp: bool, data: Path, a: argparse.Namespace, seed: 
            "--seed", str(seed), "--output", str(out / "run")]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
-    if amp:
-        cmd += ["--amp"]
+    cmd += OPTIONS[option]
+    amp = option == "amp"
     threads, env = vs.ppmulti_threads(nproc, auto=False)
     vs._run(cmd, out / "log.txt", env=env)
     cols = read_results(out / "run" / "results.csv")
@@ -234,26 +237,29 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def _cases(text: str) -> list[tuple[str, int, bool]]:
-    """``yolov5,ppmulti/1,ppmulti/2+amp`` as (side, processes, amp), YOLOv5 first whether named or not."""
-    cases = [("yolov5", 1, False)]
+OPTIONS = {"": [], "amp": ["--amp"], "buffer64": ["--mosaic-buffer", "64"]}   # a case's +OPTION: its train flags
+
+
+def _cases(text: str) -> list[tuple[str, int, str]]:
+    """``yolov5,ppmulti/1,ppmulti/2+amp`` as (side, processes, option), YOLOv5 first whether named or not."""
+    cases = [("yolov5", 1, "")]
     for name in (c.strip() for c in text.split(",")):
         if name in ("", "yolov5"):
             continue
         side, _, rest = name.partition("/")
-        n, plus, amp = rest.partition("+")
-        if side != "ppmulti" or not n.isdigit() or int(n) < 1 or (plus and amp != "amp"):
-            raise argparse.ArgumentTypeError(f"{name!r} is not a case: give yolov5, ppmulti/N or ppmulti/N+amp, "
-                                             f"e.g. yolov5,ppmulti/1,ppmulti/2,ppmulti/2+amp")
-        case = ("ppmulti", int(n), bool(plus))
+        n, plus, option = rest.partition("+")
+        if side != "ppmulti" or not n.isdigit() or int(n) < 1 or (plus and option not in set(OPTIONS) - {""}):
+            raise argparse.ArgumentTypeError(f"{name!r} is not a case: give yolov5, ppmulti/N, ppmulti/N+amp or "
+                                             f"ppmulti/N+buffer64, e.g. yolov5,ppmulti/1,ppmulti/2,ppmulti/2+amp")
+        case = ("ppmulti", int(n), option)
         if case in cases:
             raise argparse.ArgumentTypeError(f"{name!r} is named twice in --cases")
         cases.append(case)
     return cases
 
 
-def case_key(side: str, n: int, amp: bool) -> str:
-    return f"{side}/{n}" + ("+amp" if amp else "")
+def case_key(side: str, n: int, option: str) -> str:
+    return f"{side}/{n}" + (f"+{option}" if option else "")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,7 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=2, help="loader workers per process, both sides")
     ap.add_argument("--cases", type=_cases, default=_cases("yolov5,ppmulti/1,ppmulti/2"),
                     help="the runs, comma-separated: yolov5 (always run), ppmulti/N (N ranks), ppmulti/N+amp "
-                         "(with --amp); default yolov5,ppmulti/1,ppmulti/2")
+                         "(with --amp), ppmulti/N+buffer64 (with --mosaic-buffer 64); "
+                         "default yolov5,ppmulti/1,ppmulti/2")
     ap.add_argument("--seeds", type=_seeds, default=[0], help="training seeds, every case once per seed: 0,1,2")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "time_to_accuracy.json"))
     return ap.parse_args(argv)
@@ -299,13 +306,13 @@ def main(argv: list[str] | None = None) -> None:
         gt = _ground_truth(data, tmp)
         runs: dict[str, dict[int, dict]] = {}
         for seed in a.seeds:   # the cases interleaved seed by seed: a drift in the machine's speed touches each alike
-            for side, n, amp in a.cases:
+            for side, n, option in a.cases:
                 t = time.time()
-                key = case_key(side, n, amp)
+                key = case_key(side, n, option)
                 out = tmp / f"{key.replace('/', '').replace('+', '_')}_seed{seed}"
                 runs.setdefault(key, {})[seed] = (
                     run_yolov5(python, yolov5, data, a, seed, out, gt) if side == "yolov5"
-                    else run_ppmulti(n, amp, data, a, seed, out))
+                    else run_ppmulti(n, option, data, a, seed, out))
                 print(f"{key} seed {seed}: {time.time() - t:.0f}s wall", flush=True)
     curves = {key: mean_curve([r["epochs"] for r in by_seed.values()]) for key, by_seed in runs.items()}
     y = curves["yolov5/1"]

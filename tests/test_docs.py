@@ -92,6 +92,12 @@ MEASURED = {
     "python bench/time_to_accuracy.py --yolov5 DIR --seeds 0,1,2": "bench/time_to_accuracy.py",
     "python bench/time_to_accuracy.py --yolov5 DIR --seeds 0,1,2 --cases yolov5,ppmulti/2,ppmulti/1+amp,ppmulti/2+amp":
         "bench/time_to_accuracy.py",
+    "python bench/time_to_accuracy.py --yolov5 DIR --seeds 0,1,2 --cases yolov5,ppmulti/2+buffer64,ppmulti/2":
+        "bench/time_to_accuracy.py",
+    "python bench/loader_vs_yolov5.py --yolov5 DIR --rounds 3 --out bench/results/loader_vs_yolov5_whole_set.json":
+        "bench/loader_vs_yolov5.py",
+    "python bench/loader_vs_yolov5.py --yolov5 DIR --rounds 3 --mosaic-buffer 64 "
+    "--out bench/results/loader_vs_yolov5_buffer64.json": "bench/loader_vs_yolov5.py",
     "python tools/train.py --data DATA/data.yaml --cfg yolov5n --weights '' --hyp configs/hyps/hyp.scratch-low.yaml "
     "--img 256 --epochs 30 --batch 16 --device cpu --workers 2 --nproc 2 --accumulate 1": "tools/train.py",
     "python bench/amp.py --rounds 2 --demo-epochs 30 --yolo-epochs 15": "bench/amp.py",

@@ -288,6 +288,23 @@ def test_mosaic_op_decodes_each_image_once_and_bounds_its_buffer():
     assert out["gt_bbox"].max() <= 160
 
 
+def test_mosaic_op_without_a_buffer_draws_its_extra_tiles_from_the_whole_set():
+    """buffer 0 (--mosaic-buffer 0): YOLOv5's draw, every mosaic's 3 extra tiles loaded at random indices of the
+    whole set, nothing kept between samples."""
+    from ppmulti.rank.data.pipeline import register_ops
+
+    op = register_ops()["YOLOv5Mosaic"](img_size=160, buffer=0)
+    source = _Source(40)
+    random.seed(0)
+    np.random.seed(0)
+    for index in range(20):   # the first half of an epoch, in order
+        op({"_source": source, "_index": index})
+        assert not op._buffer
+    loads = source.store.loads
+    assert sum(loads.values()) == 20 * 4   # its own image and 3 extras, each loaded
+    assert any(i >= 20 for i in loads)     # extras from images no sample has reached yet
+
+
 def test_mosaic_op_letterboxes_without_mosaic_and_mixes_up():
     from ppmulti.rank.data.pipeline import register_ops
 

@@ -75,10 +75,12 @@ def test_the_recorded_command_line_holds_no_machine_path(tta):
 
 def test_cases_flag(tta):
     default = tta.parse_args(["--yolov5", "DIR"]).cases
-    assert default == [("yolov5", 1, False), ("ppmulti", 1, False), ("ppmulti", 2, False)]
-    cases = tta.parse_args(["--yolov5", "DIR", "--cases", "ppmulti/2,ppmulti/2+amp"]).cases
-    assert cases == [("yolov5", 1, False), ("ppmulti", 2, False), ("ppmulti", 2, True)]   # YOLOv5 sets the target
-    assert [tta.case_key(*c) for c in cases] == ["yolov5/1", "ppmulti/2", "ppmulti/2+amp"]
-    for bad in ("ppmulti/0", "ppmulti/x", "torch/1", "ppmulti/2+fp16", "ppmulti/1,ppmulti/1"):
+    assert default == [("yolov5", 1, ""), ("ppmulti", 1, ""), ("ppmulti", 2, "")]
+    cases = tta.parse_args(["--yolov5", "DIR", "--cases", "ppmulti/2,ppmulti/2+amp,ppmulti/2+buffer64"]).cases
+    assert cases == [("yolov5", 1, ""), ("ppmulti", 2, ""), ("ppmulti", 2, "amp"),   # YOLOv5 sets the target
+                     ("ppmulti", 2, "buffer64")]
+    assert [tta.case_key(*c) for c in cases] == ["yolov5/1", "ppmulti/2", "ppmulti/2+amp", "ppmulti/2+buffer64"]
+    assert [tta.OPTIONS[c[2]] for c in cases[2:]] == [["--amp"], ["--mosaic-buffer", "64"]]
+    for bad in ("ppmulti/0", "ppmulti/x", "torch/1", "ppmulti/2+fp16", "ppmulti/2+", "ppmulti/1,ppmulti/1"):
         with pytest.raises(SystemExit):
             tta.parse_args(["--yolov5", "DIR", "--cases", bad])

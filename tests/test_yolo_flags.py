@@ -129,6 +129,20 @@ def test_cache_flag_as_yolov5_spells_it():
         parse(["--cfg", "yolov5n", "--cache", "gpu"])
 
 
+def test_mosaic_buffer_flag_reaches_the_mosaic_op(repo):
+    def buffer(*argv):
+        cfg, _, _ = _edited("--cfg", "yolov5n", *argv)
+        return {k: v for op in cfg["TrainReader"]["sample_transforms"] for k, v in op.items()}["YOLOv5Mosaic"]["buffer"]
+
+    assert buffer() == 0                                  # the reader's own value: YOLOv5's draw
+    assert buffer("--mosaic-buffer", "64") == 64
+    assert buffer("--mosaic_buffer", "0") == 0            # 0 is a value, not "not given"
+    with pytest.raises(UserError, match="--mosaic-buffer -1"):
+        buffer("--mosaic-buffer", "-1")
+    with pytest.raises(UserError, match="needs the YOLOv5 reader"):
+        _edited("-c", str(repo / "configs/demo/ppyoloe_demo.yml"), "--mosaic-buffer", "0")
+
+
 def test_unsupported_flag_exits_2_with_one_line(repo):
     out = subprocess.run([sys.executable, str(repo / "tools/train.py"), "--cfg", "yolov5n", "--quad"],
                          capture_output=True, text=True, timeout=120)

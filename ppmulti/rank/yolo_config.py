@@ -326,6 +326,18 @@ def _rescale_sizes(sizes, factor: float):
     return [_rescale_sizes(s, factor) if isinstance(s, (list, tuple)) else one(s) for s in sizes]
 
 
+# ----------------------------------------------------------------------------- --mosaic-buffer
+def apply_mosaic_buffer(cfg, n: int) -> None:
+    """--mosaic-buffer N: where YOLOv5Mosaic takes a mosaic's 3 extra tiles (its ``buffer``; 0: the whole set)."""
+    mosaic = _find_op(cfg, "YOLOv5Mosaic")
+    if mosaic is None:
+        raise UserError("--mosaic-buffer needs the YOLOv5 reader (YOLOv5Mosaic in TrainReader); this config's "
+                        "reader has none")
+    if n < 0:
+        raise UserError(f"--mosaic-buffer {n}: give 0 (extra tiles from the whole set) or a number of images")
+    mosaic["buffer"] = n
+
+
 # ----------------------------------------------------------------------------- --rect
 def apply_rect(cfg, global_batch: int | None) -> None:
     """YOLOv5's --rect: the dataset in aspect-ratio order, batches letterboxed to their own shape, no mosaic,
@@ -428,6 +440,8 @@ def config_edit(args: argparse.Namespace):
             cfg["snapshot_epoch"] = 1   # YOLOv5 validates and saves last after every epoch
         if getattr(args, "rect", False):
             apply_rect(cfg, getattr(args, "batch", None))
+        if getattr(args, "mosaic_buffer", None) is not None:
+            apply_mosaic_buffer(cfg, int(args.mosaic_buffer))
         if getattr(args, "label_smoothing", None) is not None:
             if not is_yolov5(cfg):
                 raise UserError("--label-smoothing applies to YOLOv5 models (YOLOv5Loss); PP-YOLOE's loss has none")

@@ -54,21 +54,23 @@ def _ops():
         its letterbox + random affine) as one warp per tile; BGR uint8 out with the boxes in its pixels.
 
         ``prob`` is YOLOv5's hyp ``mosaic``; degrees, translate, scale, shear, perspective and mixup are its
-        hyp values, same meaning. ``buffer``: how many recently loaded images each loader process keeps for
-        the 3 extra tiles (each image is decoded once per epoch as its own sample; its tiles in other mosaics
-        come from this buffer, as ultralytics' dataset does). It holds at most ``buffer`` images of at most
-        img_size x img_size x 3 bytes (64 at 640 px: at most 79 MB per loader process).
+        hyp values, same meaning. A mosaic's 3 extra tiles are drawn as YOLOv5 draws them: any image of the
+        whole training set, each loaded (from --cache when there is one). ``buffer`` N > 0 draws them instead
+        from the last N images this loader process loaded (as ultralytics' newer dataset does): about one load
+        per image instead of four, at most N images of img_size x img_size x 3 bytes kept per loader process
+        (79 MB for 64 at 640 px); 2 ranks trained that way ended at a lower mAP (bench/results/rank_gap.md,
+        time_to_accuracy_mosaic.json), as every rank's mosaics then mix only its own shard's recent images.
         """
 
         uses_source = True   # YOLODataSet hands this op its store and an index instead of a record
 
         def __init__(self, img_size=640, prob=1.0, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
-                     perspective=0.0, mixup=0.0, buffer=64, rect=False, stride=32):
+                     perspective=0.0, mixup=0.0, buffer=0, rect=False, stride=32):
             super().__init__()
             self.img_size = int(img_size)
             self.prob, self.mixup = float(prob), float(mixup)
             self.hyp = A.AffineHyp(float(degrees), float(translate), float(scale), float(shear), float(perspective))
-            self.buffer_size = max(1, int(buffer))
+            self.buffer_size = max(0, int(buffer))
             self.rect, self.stride = bool(rect), int(stride)
             self._buffer: OrderedDict = OrderedDict()
             self._stores: dict = {}
@@ -90,15 +92,17 @@ def _ops():
             else:
                 loaded = decode(record["im_file"], self.img_size)
             tile = _tile(record, loaded.image, loaded.orig_hw)
+            if not self.buffer_size:
+                return tile
             self._buffer[key] = tile
             while len(self._buffer) > self.buffer_size:
                 self._buffer.popitem(last=False)
             return tile
 
         def _extras(self, source, records: list[dict], k: int) -> list[A.Tile]:
-            """k more tiles: from the buffer once it holds a few images, else loaded (random indices, or the
-            extra records a plain ppdet dataset handed over)."""
-            if len(self._buffer) >= min(self.buffer_size, 8):
+            """k more tiles: from the buffer once it holds a few images, else loaded (random indices over the
+            whole set, or the extra records a plain ppdet dataset handed over)."""
+            if self.buffer_size and len(self._buffer) >= min(self.buffer_size, 8):
                 return random.choices(list(self._buffer.values()), k=k)
             if source is not None:
                 n = len(source.roidbs)
