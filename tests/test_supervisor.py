@@ -90,6 +90,29 @@ def test_sweep_finds_a_tagged_process_that_left_the_group():
     assert _gone(escaped)
 
 
+def test_a_tagged_process_caught_inside_exec_is_found(monkeypatch):
+    """Inside exec a process's environment and command line read empty for a moment (Popen has already returned):
+    the scan reads such a process again instead of passing it over. A real child of this test, whose first two
+    reads are made to look as they do in that window."""
+    tag = f"t{uuid.uuid4().hex}"
+    child = S.start(_py('print("ready", flush=True); import time; time.sleep(60)'), stdout=S.PIPE,
+                    env={**os.environ, "PPMULTI_TEST_TAG": tag})
+    _ready(child)
+    real, calls = procfs._read, {"n": 0}
+
+    def in_exec(pid, name):
+        if pid == child.pid and name in ("environ", "cmdline") and calls["n"] < 4:
+            calls["n"] += 1
+            return b""
+        return real(pid, name)
+
+    monkeypatch.setattr(procfs, "_read", in_exec)
+    try:
+        assert procfs.tagged("PPMULTI_TEST_TAG", tag) == [child.pid] and calls["n"] == 4
+    finally:
+        child.stop(grace=2.0)
+
+
 def test_stop_tree_stops_the_group_then_sweeps_what_ignored_sigterm_elsewhere():
     tag = f"t{uuid.uuid4().hex}"
     stubborn = """

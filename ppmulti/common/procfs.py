@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterator
 
 
@@ -99,12 +100,20 @@ def environ(pid: int) -> dict[str, str] | None:
     return out
 
 
+PF_KTHREAD = 0x00200000   # /proc/PID/stat's flags: a kernel thread (no memory of its own, so no environment)
+EXEC_WINDOW_ROUNDS, EXEC_WINDOW_WAIT = 5, 0.02
+
+
 def tagged(key: str, value: str, sid: int | None = None, cmdline_mark: bytes | None = None) -> list[int]:
     """Live processes other than this one whose environment has ``key=value``; also those in session ``sid``
     and, with ``cmdline_mark``, those whose command line contains it (then one whose command line cannot be
-    read is left out)."""
+    read is left out).
+
+    A process inside exec shows an empty environment and command line from the moment the kernel swaps in its
+    new memory until it has built the new stack, and Python's Popen returns within that window: a user process
+    read so is read again, in up to EXEC_WINDOW_ROUNDS rounds EXEC_WINDOW_WAIT s apart for all of them."""
     me = os.getpid()
-    found = []
+    found, empty = [], []
     for pid in pids():
         if pid == me:
             continue
@@ -114,15 +123,31 @@ def tagged(key: str, value: str, sid: int | None = None, cmdline_mark: bytes | N
         if sid is not None and int(fields[3]) == sid:
             found.append(pid)
             continue
-        env = environ(pid)
-        if env is None:
-            continue
-        cmdline = _read(pid, "cmdline") if cmdline_mark is not None else b""
-        if cmdline is None:
-            continue
-        if env.get(key) == value or (cmdline_mark is not None and cmdline_mark in cmdline):
+        verdict = _tag_matches(pid, key, value, cmdline_mark)
+        if verdict is None and not int(fields[6]) & PF_KTHREAD:
+            empty.append(pid)
+        elif verdict:
             found.append(pid)
+    for _ in range(EXEC_WINDOW_ROUNDS):
+        if not empty:
+            break
+        time.sleep(EXEC_WINDOW_WAIT)
+        verdicts = {pid: _tag_matches(pid, key, value, cmdline_mark) for pid in empty}
+        found += [pid for pid, verdict in verdicts.items() if verdict]
+        empty = [pid for pid, verdict in verdicts.items() if verdict is None and alive(pid)]
     return found
+
+
+def _tag_matches(pid: int, key: str, value: str, cmdline_mark: bytes | None) -> bool | None:
+    """Whether ``pid`` carries the tag; None while both its environment and command line read empty (inside
+    exec, see ``tagged``; a process started with an empty environment has its command line)."""
+    env = environ(pid)
+    cmdline = _read(pid, "cmdline")
+    if env is None or cmdline is None:
+        return False
+    if not env and not cmdline:
+        return None
+    return env.get(key) == value or (cmdline_mark is not None and cmdline_mark in cmdline)
 
 
 def exit_code(returncode: int) -> int:
