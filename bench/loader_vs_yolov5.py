@@ -121,6 +121,7 @@ def _ppmulti_worker(argv: list[str]) -> None:
 
     from ppmulti.rank import dist
     from ppmulti.rank.bench_probe import _ppdet_config
+    from ppmulti.rank.config import reader_ops
     from ppmulti.rank.data.cache import prebuild_cache
 
     flags = ["--cfg", "yolov5s", "--data", a.data, "--hyp", str(REPO / "configs" / "hyps" / HYP), "--img", "640",
@@ -135,7 +136,7 @@ def _ppmulti_worker(argv: list[str]) -> None:
     dataset = create("TrainDataset")()
     loader = create("TrainReader")(dataset, a.workers)
     prebuild_cache(dataset, cfg)   # --cache ram/disk: built before the workers fork, as the Trainer does
-    mosaic = next(op["YOLOv5Mosaic"] for op in cfg["TrainReader"]["sample_transforms"] if "YOLOv5Mosaic" in op)
+    mosaic = reader_ops(cfg, "YOLOv5Mosaic")[0]
     result = {"side": "ppmulti" if a.hsv == "device" else "ppmulti-hsv-host", "workers": a.workers,
               "cache": a.cache, "mosaic_buffer": int(mosaic.get("buffer", 0))}
     if a.workers == 0:

@@ -205,9 +205,11 @@ def run_case(args, name: str, work: Path) -> Path:
     hyp = write_hyp(work / f"hyp_{aug if isinstance(aug, str) else 'aug' if aug else 'noaug'}.yaml", aug)
     me = [str(Path(__file__).resolve()), "--worker", str(out), "--aug-seed-offset", str(offset),
           "--split-loss", str(parts[0] if parts else 1), "--"]
-    # "aug": the mosaic's extra tiles from each loader's last 64 images; "uniform": from the whole set (the default)
-    rest = train_argv(args, hyp, out, sync) + {True: ["--mosaic-buffer", "64"],
-                                                "uniform": ["--mosaic-buffer", "0"]}.get(aug, [])
+    rest = train_argv(args, hyp, out, sync)
+    if aug is True:   # the mosaic's extra tiles from each loader's last 64 images, as these cases were measured
+        rest += ["--mosaic-buffer", "64"]
+    elif aug == "uniform":   # from the whole set (the default, spelled out)
+        rest += ["--mosaic-buffer", "0"]
     if ranks == 1:
         cmd = [sys.executable, *me, *rest]
     else:

@@ -146,17 +146,13 @@ def _match(paddle_dets: np.ndarray, onnx_dets: np.ndarray) -> int:
         if not len(lone_mine) + len(lone_theirs):
             paired += len(scores)
             continue
-        top, other = _highest(lone_mine, lone_theirs)
+        # the highest-scoring unpaired detection of either side, and the other side's unpaired ones
+        top, other = max([(row, lone_theirs) for row in lone_mine] + [(row, lone_mine) for row in lone_theirs],
+                         key=lambda side: side[0][1])
         tied = any(abs(r[1] - top[1]) <= TIE and _iou(r, top) > TIE_IOU for r in other)
         assert tied or top[1] - floor <= TIE, (cls, top, other, floor)
         paired += sum(score > top[1] for score in scores)
     return paired
-
-
-def _highest(lone_mine: np.ndarray, lone_theirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The highest-scoring unpaired detection of either side, and the other side's unpaired ones."""
-    sides = [(row, lone_theirs) for row in lone_mine] + [(row, lone_mine) for row in lone_theirs]
-    return max(sides, key=lambda side: side[0][1])
 
 
 def test_the_nms_comparison_takes_ties_and_refuses_differences():

@@ -123,8 +123,10 @@ def tagged(key: str, value: str, sid: int | None = None, cmdline_mark: bytes | N
         if sid is not None and int(fields[3]) == sid:
             found.append(pid)
             continue
+        if int(fields[6]) & PF_KTHREAD:
+            continue
         verdict = _tag_matches(pid, key, value, cmdline_mark)
-        if verdict is None and not int(fields[6]) & PF_KTHREAD:
+        if verdict is None:
             empty.append(pid)
         elif verdict:
             found.append(pid)
@@ -142,12 +144,18 @@ def _tag_matches(pid: int, key: str, value: str, cmdline_mark: bytes | None) -> 
     """Whether ``pid`` carries the tag; None while both its environment and command line read empty (inside
     exec, see ``tagged``; a process started with an empty environment has its command line)."""
     env = environ(pid)
-    cmdline = _read(pid, "cmdline")
-    if env is None or cmdline is None:
+    if env is None:
+        return False
+    if env.get(key) == value:
+        return True
+    if env and cmdline_mark is None:
+        return False
+    cmdline = _read(pid, "cmdline")   # read only for a mark, or to tell an empty environment from exec's window
+    if cmdline is None:
         return False
     if not env and not cmdline:
         return None
-    return env.get(key) == value or (cmdline_mark is not None and cmdline_mark in cmdline)
+    return cmdline_mark is not None and cmdline_mark in cmdline
 
 
 def exit_code(returncode: int) -> int:
