@@ -81,7 +81,7 @@ REQUIRES = PADDLE_REQUIRES + (PADDLE_26_REQUIRES if PADDLE_26 else []) + [
 BELOW_313 = "python_version < '3.13'"
 EXPORT = ([f"paddle2onnx==1.3.1; {BELOW_313}"] if PADDLE_26 else [f"paddle2onnx==2.1.0; {BELOW_313}"]) + [
     f"onnx<=1.17.0; {BELOW_313}", f"onnxslim; {BELOW_313}", "onnxruntime"]
-TEST = ["pytest>=7", "pytest-timeout", "pytest-rerunfailures>=12"]
+TEST = ["pytest>=7.3", "pytest-timeout", "pytest-rerunfailures>=12"]
 DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5"]
 LINT = ["ruff==0.17.6"]
 # evolution across machines on PostgreSQL (the driver), the study's dashboard in a browser, and the trackers beside
