@@ -26,7 +26,7 @@ Images: --images (128) JPEGs at 640x480, quality 90, cut at random places and sc
 that every YOLOv5 checkout ships (data/images/bus.jpg, zidane.jpg), mirrored at random; 1-8 random boxes each
 (3 classes). Written once to a temp dir (or --data DIR, kept).
 
-Run:  python bench/loader_vs_yolov5.py --yolov5 DIR [--workers 1 2 4] [--rounds 2] [--cache ram] [--mosaic-buffer 0]
+Run:  python bench/loader_vs_yolov5.py --yolov5 DIR [--workers 1 2 4] [--rounds 2] [--cache ram] [--mosaic-buffer 64]
 Writes bench/results/loader_vs_yolov5.json and .md (--out) and prints the markdown table.
 """
 
@@ -275,7 +275,7 @@ def markdown(summary: dict, workers: list[int], meta: dict) -> str:
                  f"{summary['ppmulti'].get('device_ms_per_img_on_this_cpu')} ms per image. "
                  f"{meta['images']} JPEGs 640x480 q90 from YOLOv5's data/images photographs; "
                  f"--img 640 --batch {meta['batch']}, hyp.scratch-low, cache: {meta['cache'] or 'none'}, "
-                 f"ppmulti's mosaic buffer: {meta.get('mosaic_buffer', 64)} (0: YOLOv5's draw); "
+                 f"ppmulti's mosaic buffer: {meta['mosaic_buffer']} (0: YOLOv5's draw); "
                  f"medians of {meta['rounds']} alternated rounds; {meta['when']}, {meta['cpus']} CPUs.")
     return "\n".join(lines) + "\n"
 
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache", choices=["", "ram"], default="",
                     help="pass --cache ram to both sides (ppmulti's needs its --cache flag)")
     ap.add_argument("--mosaic-buffer", type=int, default=None,
-                    help="ppmulti's --mosaic-buffer (0: the mosaic's extra tiles loaded from the whole set, as "
-                         "YOLOv5 loads them; default: the reader's buffer of 64)")
+                    help="ppmulti's --mosaic-buffer N: the mosaic's extra tiles from each loader's last N images "
+                         "(default: the reader's own, 0: from the whole set, as YOLOv5 loads them)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "loader_vs_yolov5.json"))
     args = ap.parse_args(argv)
     yolov5 = Path(args.yolov5).resolve()
@@ -333,8 +333,8 @@ def main(argv: list[str] | None = None) -> None:
                     results.append(res)
         meta = {"images": args.images, "batch": args.batch, "rounds": args.rounds, "cache": args.cache,
                 "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "images_from": f"{', '.join(PHOTOS)} of the YOLOv5 checkout, random 640x480 crops, JPEG q90"}
-        meta["mosaic_buffer"] = next((r["mosaic_buffer"] for r in results if "mosaic_buffer" in r), None)
+                "images_from": f"{', '.join(PHOTOS)} of the YOLOv5 checkout, random 640x480 crops, JPEG q90",
+                "mosaic_buffer": next((r["mosaic_buffer"] for r in results if "mosaic_buffer" in r), None)}
         summary = summarise(results, args.workers)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

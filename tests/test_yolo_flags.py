@@ -13,6 +13,7 @@ from conftest import REPO
 from ppmulti.rank import yolo_config as yolo_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.train_flags import build_parser, parse
+from ppmulti.rank.config import reader_ops
 from ppmulti.rank.entry import options_from_args
 
 
@@ -132,7 +133,7 @@ def test_cache_flag_as_yolov5_spells_it():
 def test_mosaic_buffer_flag_reaches_the_mosaic_op(repo):
     def buffer(*argv):
         cfg, _, _ = _edited("--cfg", "yolov5n", *argv)
-        return {k: v for op in cfg["TrainReader"]["sample_transforms"] for k, v in op.items()}["YOLOv5Mosaic"]["buffer"]
+        return reader_ops(cfg, "YOLOv5Mosaic")[0]["buffer"]
 
     assert buffer() == 0                                  # the reader's own value: YOLOv5's draw
     assert buffer("--mosaic-buffer", "64") == 64

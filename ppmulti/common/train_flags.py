@@ -216,4 +216,6 @@ def yolo_style(args: argparse.Namespace) -> bool:
 
 
 def wants_edit(args: argparse.Namespace) -> bool:
-    return any(getattr(args, k, None) is not None and getattr(args, k) is not False for k in EDIT_FLAGS)
+    """Whether any EDIT_FLAGS flag was given (0 is a value: ``--mosaic-buffer 0``)."""
+    values = (getattr(args, k, None) for k in EDIT_FLAGS)
+    return any(v is not None and v is not False for v in values)
