@@ -12,7 +12,7 @@ from ppmulti.common.stack import check_stack
 
 # Subcommands that train (so need Paddle and ppdet); the others also run where Paddle is absent (data tools,
 # dry runs, the board) and refuse only a broken stack.
-TRAINING_COMMANDS = ("demo", "bench")
+TRAINING_COMMANDS = ("demo", "bench", "yolo")
 
 
 def _cmd_data_demo(args: argparse.Namespace) -> int:
@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ppmulti.procs.runs import board as board_command
     from ppmulti.procs.runs import detach as detach_commands
     from ppmulti.procs.runs import evolve_run as evolve_command
+    from ppmulti.procs import yolo_command
 
-    for module in (launch_command, board_command, evolve_command, detach_commands, bench_command):
+    for module in (launch_command, board_command, evolve_command, detach_commands, bench_command, yolo_command):
         module.register(sub)
     return parser
 

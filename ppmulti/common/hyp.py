@@ -20,11 +20,13 @@ HYP_NO_EQUIVALENT = {
     "flipud": "ppdet has no vertical flip op",
     "copy_paste": "needs segments; detection labels here are boxes",
     "anchors": "anchors come from the model config",
+    "dfl": "the distribution focal loss gain of YOLOv8-family losses; this model's loss has no DFL term",
 }
 
 
 # the value at which a key without an equivalent changes nothing in YOLOv5 either (None: always matters)
-HYP_NEUTRAL = {"iou_t": None, "fl_gamma": 0.0, "perspective": 0.0, "flipud": 0.0, "copy_paste": 0.0, "anchors": None}
+HYP_NEUTRAL = {"iou_t": None, "fl_gamma": 0.0, "perspective": 0.0, "flipud": 0.0, "copy_paste": 0.0, "anchors": None,
+               "dfl": None}
 
 
 def load_hyp(path: str) -> dict[str, float]:

@@ -1,0 +1,389 @@
+"""ultralytics' command line (`yolo detect train key=value ...`): every key of its cfg/default.yaml (8.4, and
+8.3's half/int8/keras), what each becomes here (a flag of ppmulti's train/val/detect/export tools, a hyperparameter,
+or a refusal by name), and the pure mapping from such a command line to the tool's argv."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ppmulti.common.errors import UserError
+
+TASKS = ("detect", "segment", "semantic", "depth", "classify", "pose", "obb")
+MODES = ("train", "val", "predict", "export", "track", "benchmark")
+MODE_TOOLS = {"train": "train", "val": "eval", "predict": "detect", "export": "export"}
+# ultralytics' run directories: runs/detect/train, train2, ...; val, predict and export likewise
+DEFAULT_PROJECT = "runs/detect"
+
+# The hyperparameters that go to the run's hyp file (ppmulti.common.hyp's keys, read by the model's recipe).
+HYP_KEYS = ("lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "box",
+            "cls", "dfl", "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective",
+            "flipud", "fliplr", "mosaic", "mixup", "copy_paste")
+
+Value = Any
+Emit = Callable[[Value, dict], list]   # (value, every key's value) -> argv items
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of ultralytics' default.yaml: its default, and what a value becomes in each mode."""
+    default: Value
+    to: dict[str, Emit] = field(default_factory=dict)   # mode -> argv for a value that is not the default
+    neutral: tuple = ()          # values besides the default that change nothing here (accepted, no flag)
+    refuse: str = ""             # why another value cannot be honoured (said in the refusal)
+    any_value: str = ""          # accepted with any value: why it changes nothing in detection (as in ultralytics)
+
+
+def _flag(name: str) -> Emit:
+    return lambda v, _: [name, _text(v)]
+
+
+def _switch(name: str, when: bool = True) -> Emit:
+    return lambda v, _: [name] if bool(v) is when else []
+
+
+def _text(v: Value) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+def _seq(name: str) -> Emit:
+    return lambda v, _: [name, *[str(x) for x in (v if isinstance(v, (list, tuple)) else [v])]]
+
+
+def _all(modes: tuple[str, ...], emit: Emit) -> dict[str, Emit]:
+    return {m: emit for m in modes}
+
+
+TRAIN, VAL, PREDICT, EXPORT = ("train",), ("val",), ("predict",), ("export",)
+_RUNS = ("train", "val", "predict")
+
+
+def _batch(v: Value, keys: dict) -> list:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise UserError(f"batch={v}: give the global batch as a whole number, e.g. batch=64 (AutoBatch, batch=-1 "
+                        f"or a memory fraction, is not implemented: ppmulti splits the global batch across ranks)")
+    return ["--batch", str(v)]
+
+
+def _cache(v: Value, keys: dict) -> list:
+    if v is True or v == "ram":
+        return ["--cache", "ram"]
+    if v == "disk":
+        return ["--cache", "disk"]
+    if v in (False, None):
+        return []
+    raise UserError(f"cache={v}: expected True, ram, disk or False")
+
+
+def _amp(v: Value, keys: dict) -> list:
+    # ultralytics' AMP is float16 on CUDA only, as ppmulti's default; bf16 asks for it on CPUs as well
+    if v in (False, "fp32"):
+        return ["--no-amp"]
+    if v in (True, "fp16"):
+        return []
+    if v == "bf16":
+        return ["--amp"]
+    raise UserError(f"amp={v}: expected True, False, fp16, bf16 or fp32")
+
+
+def _optimizer(v: Value, keys: dict) -> list:
+    if v in ("SGD", "Adam", "AdamW"):
+        return ["--optimizer", v]
+    if v == "auto":
+        return []
+    raise UserError(f"optimizer={v}: ppmulti trains with SGD, Adam, AdamW or auto (its model's recipe); "
+                    f"MuSGD, Adamax, NAdam, RAdam and RMSProp are not implemented")
+
+
+def _nbs(v: Value, keys: dict) -> list:
+    batch = keys.get("batch", 16)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise UserError(f"nbs={v}: expected a whole number of images, e.g. nbs=64")
+    return ["--accumulate", str(max(round(v / batch), 1))] if isinstance(batch, int) and batch > 0 else []
+
+
+def _multi_scale(v: Value, keys: dict) -> list:
+    if v in (0, 0.0, False):
+        return []
+    if v in (0.5, True):
+        return ["--multi-scale"]
+    raise UserError(f"multi_scale={v}: ppmulti's multi-scale draws sizes in [0.5, 1.5] x imgsz: give multi_scale=0.5 "
+                    f"or 0")
+
+
+def _resume(v: Value, keys: dict) -> list:
+    if v is False or v is None:
+        return []
+    if isinstance(v, str):
+        return ["--resume", v]
+    model = keys.get("model")
+    return ["--resume", model] if isinstance(model, str) and model.endswith((".pt", ".pdparams")) else ["--resume"]
+
+
+def _pretrained(v: Value, keys: dict) -> list:
+    if isinstance(v, str):
+        return ["--weights", v]
+    return []
+
+
+def _format(v: Value, keys: dict) -> list:
+    if v in ("onnx", "paddle"):
+        return ["--include", v]
+    raise UserError(f"format={v}: ppmulti exports onnx or paddle (a Paddle inference model); {v} is not "
+                    f"implemented")
+
+
+def _device(v: Value, keys: dict) -> list:
+    if v is None or v == "":
+        return []
+    if v == -1 or v == "-1":
+        raise UserError("device=-1 (pick idle GPUs) is not implemented: name the GPUs, e.g. device=0,1")
+    return ["--device", _text(v).replace(" ", "").strip("[]")]
+
+
+def _split(v: Value, keys: dict) -> list:
+    if v == "val":
+        return []
+    raise UserError(f"split={v}: ppmulti validates the data's val split; point data= at a yaml whose val is the "
+                    f"{v} images")
+
+
+_FIXED = "not implemented in ppmulti"
+KEYS: dict[str, Key] = {
+    "task": Key("detect"),
+    "mode": Key("train"),
+    # --- train ---
+    "model": Key(None),
+    "data": Key(None, _all((*TRAIN, *VAL), _flag("--data"))),
+    "epochs": Key(100, _all(TRAIN, _flag("--epochs"))),
+    "time": Key(None, refuse="a time limit in hours: " + _FIXED + "; give epochs="),
+    "patience": Key(100, _all(TRAIN, _flag("--patience"))),
+    "batch": Key(16, {"train": _batch, "val": _batch}),
+    "imgsz": Key(640, _all((*TRAIN, *VAL, *PREDICT, *EXPORT), _flag("--img"))),
+    "save": Key(True, {"train": _switch("--nosave", False), "predict": _switch("--nosave", False)}),
+    "save_period": Key(-1, _all(TRAIN, _flag("--save-period"))),
+    "cache": Key(False, {"train": _cache}),
+    "device": Key(None, _all((*TRAIN, *VAL, *PREDICT, *EXPORT), _device)),
+    "workers": Key(8, _all((*TRAIN, *VAL), _flag("--workers"))),
+    "project": Key(None, _all(_RUNS, _flag("--project"))),
+    "name": Key(None, _all(_RUNS, _flag("--name"))),
+    "exist_ok": Key(False, _all(_RUNS, _switch("--exist-ok"))),
+    "pretrained": Key(True, {"train": _pretrained}, neutral=(False,)),
+    "cls_remap": Key(True, refuse="remapping a pretrained head's class rows by name: " + _FIXED),
+    "optimizer": Key("auto", {"train": _optimizer}),
+    "verbose": Key(True, any_value="the console is the same either way"),
+    "seed": Key(0, _all(TRAIN, _flag("--seed"))),
+    "deterministic": Key(True, {"train": lambda v, _: ["--deterministic" if v else "--no-deterministic"]}),
+    "single_cls": Key(False, _all((*TRAIN, *VAL), _switch("--single-cls"))),
+    "rect": Key(False, _all(TRAIN, _switch("--rect"))),
+    "cos_lr": Key(False, _all(TRAIN, _switch("--cos-lr"))),
+    "close_mosaic": Key(10, _all(TRAIN, _flag("--close-mosaic"))),
+    "resume": Key(False, {"train": _resume}),
+    "amp": Key(True, {"train": _amp}),
+    "fraction": Key(1.0, refuse="training on part of the set: " + _FIXED + "; point data= at a smaller list"),
+    "profile": Key(False, refuse="ONNX/TensorRT speed profiling during training: " + _FIXED),
+    "freeze": Key(None, _all(TRAIN, _seq("--freeze"))),
+    "multi_scale": Key(0.0, {"train": _multi_scale}),
+    "compile": Key(False, refuse="torch.compile has no Paddle counterpart here"),
+    "channels_last": Key(None, neutral=(False,), refuse="a torch memory layout; Paddle keeps NCHW"),
+    "overlap_mask": Key(True, any_value="a segmentation key; detection has no masks"),
+    "mask_ratio": Key(4, any_value="a segmentation key; detection has no masks"),
+    "dropout": Key(0.0, any_value="a classification key; detection heads have no dropout"),
+    # --- val ---
+    "val": Key(True, {"train": _switch("--noval", False)}),
+    "split": Key("val", {"val": _split}),
+    "save_json": Key(False, {"val": _switch("--save-json")}, refuse="in train mode: run val with save_json=True"),
+    "conf": Key(None, _all((*VAL, *PREDICT), _flag("--conf-thres"))),
+    "iou": Key(0.7, _all((*VAL, *PREDICT), _flag("--iou-thres"))),
+    "max_det": Key(300, _all((*VAL, *PREDICT), _flag("--max-det"))),
+    "quantize": Key(None, {"export": lambda v, _: ["--half"] if str(v) in ("16", "fp16") else []},
+                    neutral=(32, "32", "fp32"), refuse="INT8 quantization: " + _FIXED),
+    "half": Key(False, _all(EXPORT, _switch("--half"))),
+    "dnn": Key(False, refuse="OpenCV DNN inference: " + _FIXED),
+    "plots": Key(True, _all((*TRAIN, *VAL), _switch("--noplots", False))),
+    "nms": Key(None, {"export": lambda v, _: ["--nms"] if v else ["--no-nms"]}),
+    # --- predict ---
+    "source": Key(None, _all(PREDICT, _flag("--source"))),
+    "vid_stride": Key(1, _all(PREDICT, _flag("--vid-stride"))),
+    "stream_buffer": Key(False, refuse="buffering every frame of a stream: " + _FIXED),
+    "visualize": Key(False, refuse="feature-map pictures: " + _FIXED),
+    "augment": Key(False, refuse="test-time augmentation: " + _FIXED),
+    "agnostic_nms": Key(False, _all(PREDICT, _switch("--agnostic-nms"))),
+    "classes": Key(None, _all(PREDICT, _seq("--classes"))),
+    "retina_masks": Key(False, any_value="a segmentation key; detection has no masks"),
+    "embed": Key(None, refuse="feature embeddings: " + _FIXED),
+    "show": Key(False, refuse="a window on screen: " + _FIXED + "; results are saved under project/name"),
+    "save_frames": Key(False, refuse="saving each video frame: " + _FIXED),
+    "save_txt": Key(False, _all((*VAL, *PREDICT), _switch("--save-txt"))),
+    "save_conf": Key(False, _all((*VAL, *PREDICT), _switch("--save-conf"))),
+    "save_crop": Key(False, _all(PREDICT, _switch("--save-crop"))),
+    "show_labels": Key(True, _all(PREDICT, _switch("--hide-labels", False))),
+    "show_conf": Key(True, _all(PREDICT, _switch("--hide-conf", False))),
+    "show_boxes": Key(True, refuse="pictures without boxes: " + _FIXED),
+    "line_width": Key(None, _all(PREDICT, _flag("--line-thickness"))),
+    # --- export ---
+    "format": Key("torchscript", {"export": _format}),
+    "keras": Key(False, refuse="TensorFlow: " + _FIXED),
+    "optimize": Key(False, refuse="a DEEPX compiler setting: " + _FIXED),
+    "int8": Key(False, refuse="INT8 quantization: " + _FIXED),
+    "dynamic": Key(False, _all(EXPORT, _switch("--dynamic"))),
+    "simplify": Key(True, _all(EXPORT, _switch("--simplify"))),
+    "opset": Key(None, _all(EXPORT, _flag("--opset"))),
+    "workspace": Key(None, refuse="a TensorRT setting: " + _FIXED),
+    # --- hyperparameters: the run's hyp file (see yolo_args) ---
+    "lr0": Key(0.01), "lrf": Key(0.01), "momentum": Key(0.937), "weight_decay": Key(0.0005),
+    "warmup_epochs": Key(3.0), "warmup_momentum": Key(0.8), "warmup_bias_lr": Key(0.1),
+    "distill_model": Key(None, refuse="knowledge distillation: " + _FIXED),
+    "dis": Key(6.0, any_value="the distillation gain; it matters only with distill_model"),
+    "box": Key(7.5), "cls": Key(0.5),
+    "cls_pw": Key(0.0, refuse="class weights by frequency: " + _FIXED),
+    "dfl": Key(1.5),
+    "pose": Key(12.0, any_value="a pose key"), "kobj": Key(1.0, any_value="a pose key"),
+    "rle": Key(1.0, any_value="a pose key"), "angle": Key(1.0, any_value="an obb key"),
+    "dlog": Key(1.0, any_value="a depth key"), "dgrad": Key(0.5, any_value="a depth key"),
+    "dlam": Key(1.0, any_value="a depth key"),
+    "nbs": Key(64, {"train": _nbs}),
+    "hsv_h": Key(0.015), "hsv_s": Key(0.7), "hsv_v": Key(0.4), "degrees": Key(0.0), "translate": Key(0.1),
+    "scale": Key(0.5), "shear": Key(0.0), "perspective": Key(0.0), "flipud": Key(0.0), "fliplr": Key(0.5),
+    "bgr": Key(0.0, refuse="RGB/BGR channel swaps: " + _FIXED),
+    "mosaic": Key(1.0), "mixup": Key(0.0),
+    "cutmix": Key(0.0, refuse="CutMix: " + _FIXED),
+    "copy_paste": Key(0.0),
+    "copy_paste_mode": Key("flip", any_value="it matters only with copy_paste, which needs segments"),
+    "auto_augment": Key("randaugment", any_value="a classification key"),
+    "erasing": Key(0.4, any_value="a classification key"),
+    "cfg": Key(None),
+    "tracker": Key("tracktrack.yaml", any_value="a track-mode key (track mode is not implemented)"),
+}
+# mode defaults ultralytics applies where default.yaml leaves None (conf) or that differ per mode
+MODE_DEFAULTS = {"train": {"batch": 16, "imgsz": 640},
+                 "val": {"conf": 0.001, "iou": 0.7, "max_det": 300},
+                 "predict": {"conf": 0.25, "iou": 0.7, "max_det": 300}}
+HELP = "ppmulti yolo [TASK] MODE key=value ... (TASK: detect; MODE: train, val, predict, export)"
+
+
+def parse_value(text: str) -> Value:
+    """A command-line value as ultralytics reads it: None/True/False, numbers, [lists], else the string."""
+    import yaml
+
+    low = text.strip()
+    if low.lower() in ("none", "null", ""):
+        return None
+    if low.lower() in ("true", "false"):
+        return low.lower() == "true"
+    try:
+        value = yaml.safe_load(low)
+    except yaml.YAMLError:
+        return low
+    return value if isinstance(value, (int, float, list)) else low
+
+
+@dataclass(frozen=True)
+class YoloCommand:
+    """An ultralytics command line, resolved: which tool runs, its argv, and the hyperparameters given."""
+    task: str
+    mode: str
+    tool: str                       # train, eval, detect or export (ppmulti's tools)
+    argv: tuple[str, ...]
+    hyp: dict = field(default_factory=dict)   # HYP_KEYS given on the line (train only): the run's --hyp file
+    keys: dict = field(default_factory=dict)  # every key given, as parsed
+
+
+def _unknown(key: str) -> UserError:
+    close = difflib.get_close_matches(key, list(KEYS), n=1)
+    hint = f"; did you mean {close[0]}?" if close else "; see ultralytics' cfg/default.yaml for the keys"
+    return UserError(f"'{key}' is not a valid YOLO argument{hint}")
+
+
+def split_line(argv: list[str]) -> tuple[str, str, dict[str, Value]]:
+    """``[TASK] MODE key=value ...`` -> (task, mode, keys); anything else refused by name."""
+    task, mode, keys = "detect", None, {}
+    for item in argv:
+        word = item.lstrip("-") if item.startswith("--") and "=" in item else item
+        if "=" in word:
+            key, _, text = word.partition("=")
+            key = key.strip()
+            if key not in KEYS:
+                raise _unknown(key)
+            keys[key] = parse_value(text)
+        elif word in TASKS and mode is None:
+            task = word
+        elif word in MODES and mode is None:
+            mode = word
+        elif word in MODES or word in TASKS:
+            raise UserError(f"'{word}' given twice or after the mode; usage: {HELP}")
+        else:
+            raise UserError(f"'{word}' is neither a task, a mode nor key=value; usage: {HELP}")
+    task = keys.pop("task", task)
+    mode = keys.pop("mode", mode)
+    if mode is None:
+        raise UserError(f"no mode given; usage: {HELP}")
+    if task != "detect":
+        raise UserError(f"task={task}: ppmulti trains detection models only (task=detect)")
+    if mode not in MODE_TOOLS:
+        raise UserError(f"mode={mode}: {mode} is not implemented; ppmulti's modes are train, val, predict, export")
+    return task, mode, keys
+
+
+def _model_argv(mode: str, model: Value, keys: dict) -> list[str]:
+    if model is None:
+        if mode == "train":
+            raise UserError("model= is missing: a model yaml (model=yolo11n.yaml) to train from scratch, or weights "
+                            "(model=yolo11n.pt, a run's weights/best.pdparams) to fine-tune")
+        raise UserError(f"model= is missing: the weights to {mode} (a run's weights/best.pdparams, or a .pt)")
+    model = str(model)
+    if mode == "train" and model.endswith((".yaml", ".yml")):
+        return ["--cfg", model, "--weights", ""]
+    if mode == "train" and "." not in model.rsplit("/", 1)[-1]:
+        return ["--cfg", model, "--weights", ""]   # a bare name, as --cfg yolov5n
+    return ["--weights", model]
+
+
+def resolve_line(argv: list[str], defaults: dict[str, Value] | None = None) -> YoloCommand:
+    """The ultralytics command line ``argv`` (and ``defaults``: a cfg= file's keys, the API's) -> the tool's argv.
+
+    Every key given becomes the tool's flag for this mode, or is accepted where its value changes nothing here
+    (its default, a value ultralytics also ignores in detection), or is refused by name with what to do instead:
+    a value that cannot be honoured, or a key this mode does not use."""
+    task, mode, given = split_line(argv)
+    keys = {**(defaults or {}), **given}
+    if mode == "export" and keys.get("format") is None:
+        raise UserError("format= is missing: ppmulti exports format=onnx or format=paddle (ultralytics' default, "
+                        "torchscript, is PyTorch's)")
+    out = _model_argv(mode, keys.get("model"), keys)
+    hyp = {}
+    keys = {**{k: v for k, v in MODE_DEFAULTS.get(mode, {}).items() if k not in keys}, **keys}
+    for name, value in keys.items():
+        if name in ("model", "cfg"):
+            continue
+        spec = KEYS[name]
+        if name in HYP_KEYS:
+            if mode == "train" and value is not None:
+                hyp[name] = _number(name, value)
+            continue
+        emit = spec.to.get(mode)
+        if emit is not None:
+            out += emit(value, keys)
+            continue
+        if spec.any_value or value == spec.default or value in spec.neutral:
+            continue
+        if spec.refuse:
+            raise UserError(f"{name}={value}: {spec.refuse}")
+        if mode != "train" and name in ("epochs", "patience", "save_period", "seed", "rect", "cos_lr",
+                                        "close_mosaic", "optimizer", "freeze", "deterministic", "amp", "nbs"):
+            raise UserError(f"{name}={value} is a training key; mode={mode} does not use it")
+        raise UserError(f"{name}={value} has no meaning in mode={mode}")
+    if "project" not in keys and mode in _RUNS:
+        out += ["--project", DEFAULT_PROJECT]
+    if "name" not in keys and mode in _RUNS:
+        out += ["--name", mode]
+    return YoloCommand(task, mode, MODE_TOOLS[mode], tuple(out), hyp, keys)
+
+
+def _number(name: str, value: Value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{name}={value}: expected a number, e.g. {name}={KEYS[name].default}")
+    return float(value)

@@ -1,0 +1,92 @@
+"""`ppmulti yolo [TASK] MODE key=value ...`: ultralytics' command line, resolved by ppmulti.common.ultra_keys into
+ppmulti's own train, val, detect or export tool (training on several devices goes through `ppmulti launch`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ppmulti.common.errors import UserError
+from ppmulti.common.paths import ROOT
+from ppmulti.common.ultra_keys import HELP, YoloCommand, resolve_line
+
+TOOL_SCRIPTS = {"eval": "eval.py", "detect": "detect.py", "export": "export.py"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("yolo", help="ultralytics' command line: ppmulti yolo detect train model=yolo11n.yaml "
+                                    "data=coco8.yaml epochs=100 imgsz=640 device=0,1",
+                       description=f"{HELP}. Every key of ultralytics' cfg/default.yaml is taken: honoured as "
+                                   f"the matching ppmulti flag, or refused by name. batch is the global batch; "
+                                   f"device=0,1,2,3 starts one rank per GPU through ppmulti launch. cfg=FILE "
+                                   f"reads keys from a yaml; the line's own keys win.")
+    p.add_argument("words", nargs=argparse.REMAINDER, metavar="[TASK] MODE key=value",
+                   help="e.g. detect train model=yolo11n.yaml data=data.yaml epochs=3 imgsz=320 batch=16")
+    p.set_defaults(func=run)
+
+
+def cfg_file_keys(words: list[str]) -> dict:
+    """The keys of ``cfg=FILE`` on the line (ultralytics' custom config yaml), {} without one."""
+    import yaml
+
+    from ppmulti.common.errors import first_line
+    from ppmulti.common.ultra_keys import KEYS, parse_value
+
+    for word in words:
+        if word.startswith("cfg="):
+            path = parse_value(word[4:])
+            if path is None:
+                return {}
+            if not Path(str(path)).is_file():
+                raise UserError(f"cfg={path}: file not found")
+            try:
+                keys = yaml.safe_load(Path(str(path)).read_text()) or {}
+            except yaml.YAMLError as exc:
+                raise UserError(f"cfg={path} is not valid YAML: {first_line(exc)}") from None
+            if not isinstance(keys, dict):
+                raise UserError(f"cfg={path}: expected a mapping of keys (epochs: 100, ...)")
+            unknown = [k for k in keys if k not in KEYS]
+            if unknown:
+                raise UserError(f"cfg={path}: '{unknown[0]}' is not a valid YOLO argument")
+            return {k: v for k, v in keys.items() if k not in ("cfg", "task", "mode")}
+    return {}
+
+
+def tool_argv(command: YoloCommand, hyp_file: str | None) -> list[str]:
+    """The tool's argv, with the hyperparameters' file when the line gave any."""
+    argv = list(command.argv)
+    if hyp_file is not None:
+        argv += ["--hyp", hyp_file]
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    command = resolve_line(list(args.words), cfg_file_keys(list(args.words)))
+    print(f"ppmulti yolo: {command.mode} -> {_shown(command)}", file=sys.stderr, flush=True)
+    if command.tool == "train":
+        from ppmulti.procs import train_command
+
+        if not command.hyp:
+            return train_command.main(tool_argv(command, None))
+        import yaml
+
+        with tempfile.TemporaryDirectory(prefix="ppmulti-yolo-") as tmp:
+            hyp_file = os.path.join(tmp, "hyp.yaml")
+            Path(hyp_file).write_text(yaml.safe_dump(command.hyp, sort_keys=False))
+            return train_command.main(tool_argv(command, hyp_file))
+    script = ROOT / "tools" / TOOL_SCRIPTS[command.tool]
+    if not script.is_file():
+        raise UserError(f"{script} not found: install ppmulti from a clone with `pip install -e .`")
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, str(script), *tool_argv(command, None)])
+    return 0   # not reached
+
+
+def _shown(command: YoloCommand) -> str:
+    script = "tools/train.py" if command.tool == "train" else f"tools/{TOOL_SCRIPTS[command.tool]}"
+    words = [w if w and " " not in w else repr(w) for w in command.argv]
+    hyp = f" --hyp <{', '.join(f'{k}={v:g}' for k, v in command.hyp.items())}>" if command.hyp else ""
+    return f"python {script} {' '.join(words)}{hyp}"

@@ -1,0 +1,182 @@
+"""ultralytics' command line (`ppmulti yolo ...`): every key of its default.yaml taken or refused by name, golden
+mappings onto ppmulti's tools, and a real train/val/predict/export from that line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ppmulti.common.errors import UserError
+from ppmulti.common.hyp import HYP_MAPPED, HYP_NO_EQUIVALENT
+from ppmulti.common.train_flags import build_parser as train_parser
+from ppmulti.common.ultra_keys import HYP_KEYS, KEYS, parse_value, resolve_line
+
+# The keys of ultralytics 8.4.190's cfg/default.yaml, in its order, with their defaults (read from the file in the
+# wheel: python -c "import yaml; print(yaml.safe_load(open('ultralytics/cfg/default.yaml')))").
+DEFAULT_YAML_8_4 = {
+    "task": "detect", "mode": "train", "model": None, "data": None, "epochs": 100, "time": None, "patience": 100,
+    "batch": 16, "imgsz": 640, "save": True, "save_period": -1, "cache": False, "device": None, "workers": 8,
+    "project": None, "name": None, "exist_ok": False, "pretrained": True, "cls_remap": True, "optimizer": "auto",
+    "verbose": True, "seed": 0, "deterministic": True, "single_cls": False, "rect": False, "cos_lr": False,
+    "close_mosaic": 10, "resume": False, "amp": True, "fraction": 1.0, "profile": False, "freeze": None,
+    "multi_scale": 0.0, "compile": False, "channels_last": None, "overlap_mask": True, "mask_ratio": 4,
+    "dropout": 0.0, "val": True, "split": "val", "save_json": False, "conf": None, "iou": 0.7, "max_det": 300,
+    "quantize": None, "dnn": False, "plots": True, "nms": None, "source": None, "vid_stride": 1,
+    "stream_buffer": False, "visualize": False, "augment": False, "agnostic_nms": False, "classes": None,
+    "retina_masks": False, "embed": None, "show": False, "save_frames": False, "save_txt": False,
+    "save_conf": False, "save_crop": False, "show_labels": True, "show_conf": True, "show_boxes": True,
+    "line_width": None, "format": "torchscript", "optimize": False, "dynamic": False, "simplify": True,
+    "opset": None, "workspace": None, "lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005,
+    "warmup_epochs": 3.0, "warmup_momentum": 0.8, "warmup_bias_lr": 0.1, "distill_model": None, "dis": 6.0,
+    "box": 7.5, "cls": 0.5, "cls_pw": 0.0, "dfl": 1.5, "pose": 12.0, "kobj": 1.0, "rle": 1.0, "angle": 1.0,
+    "dlog": 1.0, "dgrad": 0.5, "dlam": 1.0, "nbs": 64, "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4,
+    "degrees": 0.0, "translate": 0.1, "scale": 0.5, "shear": 0.0, "perspective": 0.0, "flipud": 0.0,
+    "fliplr": 0.5, "bgr": 0.0, "mosaic": 1.0, "mixup": 0.0, "cutmix": 0.0, "copy_paste": 0.0,
+    "copy_paste_mode": "flip", "auto_augment": "randaugment", "erasing": 0.4, "cfg": None,
+    "tracker": "tracktrack.yaml",
+}
+
+
+def _line(text: str):
+    return resolve_line(text.split())
+
+
+def test_every_default_yaml_key_is_in_the_table_with_its_default():
+    assert set(DEFAULT_YAML_8_4) <= set(KEYS)
+    assert {k: KEYS[k].default for k in DEFAULT_YAML_8_4} == DEFAULT_YAML_8_4
+
+
+def test_every_key_is_honoured_or_refused_in_train_mode_at_a_changed_value():
+    """Each key with a value other than its default: a flag, a hyperparameter, a value that changes nothing here
+    (said why in the table), or a one-line refusal naming it; never a crash or a silent drop."""
+    changed = {bool: lambda v: not v, int: lambda v: v + 3, float: lambda v: v + 0.25,
+               str: lambda v: v + "x", type(None): lambda v: 1}
+    for key, default in DEFAULT_YAML_8_4.items():
+        if key in ("task", "mode", "model", "cfg"):
+            continue
+        value = changed[type(default)](default)
+        try:
+            cmd = resolve_line(["train", "model=m.yaml", f"{key}={value}"])
+        except UserError as exc:
+            assert str(exc).startswith(f"{key}=") or f"{key}" in str(exc).split(":")[0], (key, str(exc))
+            assert "\n" not in str(exc)
+            continue
+        spec = KEYS[key]
+        assert key in cmd.hyp or spec.to.get("train") or spec.any_value or value in spec.neutral, key
+
+
+GOLDEN = [
+    ("detect train model=yolo11n.yaml data=coco8.yaml epochs=3 imgsz=320 device=0,1",
+     "train", ["--cfg", "yolo11n.yaml", "--weights", "", "--batch", "16", "--data", "coco8.yaml", "--epochs", "3",
+               "--img", "320", "--device", "0,1", "--project", "runs/detect", "--name", "train"], {}),
+    ("train model=yolo11n.pt data=d.yaml batch=32 nbs=64 lr0=0.02 mosaic=0.5 amp=False device=[0,1]",
+     "train", ["--weights", "yolo11n.pt", "--img", "640", "--data", "d.yaml", "--batch", "32", "--accumulate",
+               "2", "--no-amp", "--device", "0,1", "--project", "runs/detect", "--name", "train"],
+     {"lr0": 0.02, "mosaic": 0.5}),
+    ("val model=best.pdparams data=d.yaml batch=4 name=v project=out",
+     "eval", ["--weights", "best.pdparams", "--conf-thres", "0.001", "--iou-thres", "0.7", "--max-det", "300",
+              "--data", "d.yaml", "--batch", "4", "--name", "v", "--project", "out"], {}),
+    ("predict model=best.onnx source=imgs conf=0.5 show_labels=False classes=[0,2] line_width=2",
+     "detect", ["--weights", "best.onnx", "--iou-thres", "0.7", "--max-det", "300", "--source", "imgs",
+                "--conf-thres", "0.5", "--hide-labels", "--classes", "0", "2", "--line-thickness", "2",
+                "--project", "runs/detect", "--name", "predict"], {}),
+    ("export model=best.pdparams format=onnx half=True dynamic=True opset=13",
+     "export", ["--weights", "best.pdparams", "--include", "onnx", "--half", "--dynamic", "--opset", "13"], {}),
+    ("export model=best.pdparams format=paddle quantize=fp16",
+     "export", ["--weights", "best.pdparams", "--include", "paddle", "--half"], {}),
+]
+
+
+@pytest.mark.parametrize("line,tool,argv,hyp", GOLDEN)
+def test_golden_lines(line, tool, argv, hyp):
+    cmd = _line(line)
+    assert (cmd.tool, list(cmd.argv), cmd.hyp) == (tool, argv, hyp)
+
+
+REFUSED = [
+    ("segment train model=a.yaml", "task=segment: ppmulti trains detection models only"),
+    ("train data=d.yaml", "model= is missing"),
+    ("track model=a.pt", "mode=track: track is not implemented"),
+    ("train model=a.yaml epoch=3", "'epoch' is not a valid YOLO argument; did you mean epochs?"),
+    ("train model=a.yaml batch=-1", "batch=-1: give the global batch as a whole number"),
+    ("train model=a.yaml batch=0.7", "batch=0.7: give the global batch as a whole number"),
+    ("val model=a.pdparams epochs=3", "epochs=3 is a training key; mode=val does not use it"),
+    ("export model=a.pdparams", "format= is missing"),
+    ("export model=a.pdparams format=engine", "format=engine: ppmulti exports onnx or paddle"),
+    ("train model=a.yaml optimizer=MuSGD", "optimizer=MuSGD: ppmulti trains with SGD, Adam, AdamW or auto"),
+    ("train model=a.yaml fraction=0.5", "fraction=0.5: training on part of the set"),
+    ("train model=a.yaml device=-1", "device=-1 (pick idle GPUs) is not implemented"),
+    ("train model=a.yaml lr0=fast", "lr0=fast: expected a number"),
+    ("predict model=a.pt show=True", "show=True: a window on screen"),
+    ("train model=a.yaml multi_scale=0.25", "multi_scale=0.25: ppmulti's multi-scale draws sizes in [0.5, 1.5]"),
+    ("train val model=a.yaml", "'val' given twice or after the mode"),
+    ("train model=a.yaml foo", "'foo' is neither a task, a mode nor key=value"),
+]
+
+
+@pytest.mark.parametrize("line,message", REFUSED)
+def test_refusals_name_the_key(line, message):
+    with pytest.raises(UserError, match="^" + message.replace("[", r"\[").replace("(", r"\(")
+                       .replace(")", r"\)").replace("?", r"\?").replace(".", r"\.")):
+        _line(line)
+
+
+def test_values_parse_as_ultralytics_reads_them():
+    assert [parse_value(v) for v in ("True", "false", "None", "3", "0.5", "[0, 2]", "0,1", "coco8.yaml")] == \
+        [True, False, None, 3, 0.5, [0, 2], "0,1", "coco8.yaml"]
+
+
+def test_the_tools_take_every_flag_the_table_emits():
+    """Each train flag the table can emit exists in tools/train.py's parser; each hyperparameter is a hyp key."""
+    spellings = {s for a in train_parser()._actions for s in a.option_strings}
+    line = ("train model=a.yaml data=d.yaml epochs=2 patience=3 batch=8 imgsz=64 save=False save_period=2 cache=disk "
+            "device=cpu workers=0 project=p name=n exist_ok=True pretrained=w.pdparams optimizer=AdamW seed=1 "
+            "deterministic=False single_cls=True rect=True cos_lr=True resume=True amp=False freeze=[0,1] "
+            "multi_scale=0.5 val=False plots=False nbs=32")
+    cmd = _line(line)
+    assert all(w in spellings for w in cmd.argv if w.startswith("--")), cmd.argv
+    assert set(HYP_KEYS) <= set(HYP_MAPPED) | set(HYP_NO_EQUIVALENT)
+
+
+def _ppmulti_yolo(*words, cwd):
+    return subprocess.run([sys.executable, "-m", "ppmulti.cli", "yolo", *words], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_refusal_is_one_line_and_exit_2(tmp_path):
+    proc = _ppmulti_yolo("train", "model=a.yaml", "epoch=3", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == ["error: 'epoch' is not a valid YOLO argument; did you mean epochs?"]
+
+
+@pytest.mark.slow
+def test_train_val_predict_export_from_ultralytics_line(tmp_path):
+    """ultralytics' four commands, typed as its users type them, on a YOLO data set: runs/detect/train, val,
+    predict and the exported ONNX file, as ultralytics lays them out."""
+    from ppmulti.common.synthdata import generate
+
+    generate(tmp_path / "data", fmt="yolo", n_train=16, n_val=8, size=96, seed=0)
+    cfg = tmp_path / "args.yaml"
+    cfg.write_text("epochs: 1\nimgsz: 64\nworkers: 0\ndfl: 2.0\n")
+    proc = _ppmulti_yolo("detect", "train", "model=yolov5n.yaml", "data=data/data.yaml", "batch=8", "lr0=0.02",
+                         f"cfg={cfg}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "detect" / "train"
+    assert (run / "weights" / "best.pdparams").is_file() and (run / "results.csv").is_file()
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["run_dir"] == "runs/detect/train"
+    assert "--hyp <dfl=2, lr0=0.02>" in proc.stderr
+    assert "hyp dfl=2.0 has no effect here" in proc.stderr + proc.stdout   # YOLOv5's loss has no DFL term
+    best = "runs/detect/train/weights/best.pdparams"
+    proc = _ppmulti_yolo("val", f"model={best}", "data=data/data.yaml", "imgsz=64", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "runs" / "detect" / "val").is_dir()
+    proc = _ppmulti_yolo("predict", f"model={best}", "source=data/images/val", "imgsz=64", "save_txt=True",
+                         cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((tmp_path / "runs" / "detect" / "predict").glob("*.jpg"))) == 8
+    proc = _ppmulti_yolo("export", f"model={best}", "format=onnx", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "weights" / "best.onnx").is_file()
