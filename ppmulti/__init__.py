@@ -18,3 +18,12 @@ def version_line() -> str:
     if not any(p.startswith("paddlepaddle") for p in parts):
         parts.append("no Paddle installed")
     return f"ppmulti {__version__} ({', '.join(parts)})"
+
+
+def __getattr__(name: str):
+    """``from ppmulti import YOLO`` (ultralytics' Python API), imported only when asked for."""
+    if name == "YOLO":
+        from ppmulti.procs.yolo_api import YOLO
+
+        return YOLO
+    raise AttributeError(f"module 'ppmulti' has no attribute {name!r}")

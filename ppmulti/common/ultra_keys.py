@@ -257,6 +257,8 @@ KEYS: dict[str, Key] = {
     "erasing": Key(0.4, any_value="a classification key"),
     "cfg": Key(None),
     "tracker": Key("tracktrack.yaml", any_value="a track-mode key (track mode is not implemented)"),
+    # ppmulti's own: N ranks on this machine's CPUs with device=cpu (GPUs: device=0,1,... starts one rank each)
+    "nproc": Key(None, _all(TRAIN, _flag("--nproc"))),
 }
 # mode defaults ultralytics applies where default.yaml leaves None (conf) or that differ per mode
 MODE_DEFAULTS = {"train": {"batch": 16, "imgsz": 640},

@@ -7,6 +7,7 @@ import json
 import os
 
 from ppmulti.common import gpu_switches, ppdet_flags, trackers, train_flags
+from ppmulti.common.callbacks import parse_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run, run_of
 from ppmulti.rank.engine.lr import NOMINAL_BATCH
@@ -79,7 +80,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
                         switches=gpu_switches.resolve(getattr(args, "deterministic", None),
                                                       bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
                                                       os.environ),
-                        record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers)
+                        record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
+                        callbacks=tuple(parse_spec(c) for c in getattr(args, "callback", None) or ()))
 
 
 def _loggers(args: argparse.Namespace) -> tuple[str, ...] | None:

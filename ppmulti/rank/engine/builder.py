@@ -104,6 +104,10 @@ class _Build:
             hooks.append(ImageWeightsHook(self.image_weights))
         if self.warmup_batches:
             hooks.append(self._yolov5_warmup_hook())
+        if opts.callbacks:   # users' callbacks, in every rank
+            from ppmulti.rank.engine.hooks.callbacks import CallbacksHook
+
+            hooks += [CallbacksHook(list(opts.callbacks), "early"), CallbacksHook(list(opts.callbacks), "late")]
         if self.cfg.get("profiler_options"):   # PaddleDetection's --profiler_options (-o profiler_options=...)
             from ppmulti.rank.engine.hooks.profiler import ProfilerHook, parse_options
 

@@ -57,6 +57,7 @@ class TrainOptions:
     multi_scale: bool = False       # --multi-scale: every step a random size in [0.5, 1.5] x imgsz, same on all ranks
     image_weights: bool = False     # --image-weights: each epoch's images drawn by class weights (YOLOv5's rule)
     loggers: tuple[str, ...] | None = None   # --logger: trackers (hooks/trackers.py); None: VisualDL unless use_vdl off
+    callbacks: tuple = ()           # --callback: users' functions called in every rank (hooks/callbacks.py)
 
 
 @dataclass
