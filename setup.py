@@ -6,7 +6,7 @@ import sys
 
 from setuptools import find_packages, setup
 
-with open("ppmulti/__init__.py") as init:
+with open("ppmulti/common/version.py") as init:
     VERSION = re.search(r'__version__ = "([^"]+)"', init.read()).group(1)
 
 # Both switches are read here, at install time, so the requirements below are plain lists (docs/stacks.md).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ppmulti import version_line
+from ppmulti.common.version import version_line
 from ppmulti.common.errors import exit_on_user_error
 from ppmulti.common.flags import add
 from ppmulti.common.stack import check_stack

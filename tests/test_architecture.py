@@ -41,8 +41,8 @@ def _imports(name: str) -> list[tuple[str, bool]]:
 
 
 def _side(name: str) -> str:
-    if name.startswith("ppmulti.procs") or name == "ppmulti.cli":
-        return "procs"
+    if name.startswith("ppmulti.procs") or name in ("ppmulti.cli", "ppmulti"):   # the front doors: the command, and
+        return "procs"                                                             # the package's API (YOLO)
     if name.startswith("ppmulti.rank"):
         return "rank"
     return "common"

@@ -441,7 +441,7 @@ def test_the_site_shows_the_version(site):
     from ppmulti import __version__
 
     assert f"ppmulti {__version__}" in (site / "index.html").read_text(), \
-        "mkdocs.yml's copyright line must name ppmulti's version (ppmulti/__init__.py)"
+        "mkdocs.yml's copyright line must name ppmulti's version (ppmulti/common/version.py)"
 
 
 # --- headline figures come from their results files ----------------------------------------------------------------
@@ -538,7 +538,7 @@ def test_changelog_has_the_current_version_and_unreleased():
     text = (REPO / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in text
     assert re.search(rf"^## \[{re.escape(__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", text, re.M), \
-        f"CHANGELOG.md has no section for ppmulti {__version__} (ppmulti/__init__.py)"
+        f"CHANGELOG.md has no section for ppmulti {__version__} (ppmulti/common/version.py)"
     for heading in re.findall(r"^### (.+)$", text, re.M):
         assert heading in ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"), heading
 

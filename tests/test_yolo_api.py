@@ -95,7 +95,8 @@ def test_train_on_two_ranks_runs_callbacks_in_each_then_val_predict_export(tmp_p
     found = [r for r in results if len(r.boxes)]
     assert found, "no detections at conf 0.001"
     box = found[0].boxes
-    assert box.xyxy.shape == (len(box), 4) and np.all(box.xyxy[:, 2] >= box.xyxy[:, 0]) and found[0].orig_shape == (96, 96)
+    assert box.xyxy.shape == (len(box), 4) and np.all(box.xyxy[:, 2] >= box.xyxy[:, 0])
+    assert found[0].orig_shape == (96, 96)
     assert np.all((box.conf >= 0.001) & (box.conf <= 1)) and set(box.cls.tolist()) <= {0, 1, 2}
     onnx = model.export(format="onnx")
     assert onnx.endswith("best.onnx")

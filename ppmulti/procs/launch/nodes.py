@@ -370,14 +370,15 @@ def _file_sha(path: Path) -> str:
 
 def fingerprint(launch_argv: list[str], cwd: str | None = None) -> dict:
     """What must agree across nodes, as seen on this node for its own launch argv (no paddle import)."""
-    import ppmulti
+    from ppmulti.common.paths import PACKAGE
+    from ppmulti.common.version import __version__
     from ppmulti.procs.launch.flags import build_plan, parse_launch_args
     from ppmulti.procs.launch.runner import local_addresses, visible_gpu_count
 
     base = Path(cwd or os.getcwd())
     errors: list[str] = []
     fp: dict[str, Any] = {
-        "ppmulti": ppmulti.__version__, "code": code_hash(Path(ppmulti.__file__).parent),
+        "ppmulti": __version__, "code": code_hash(PACKAGE),
         "python": "%d.%d" % sys.version_info[:2], "paddle": _dist_version("paddlepaddle", "paddlepaddle-gpu"),
         "ppdet": _dist_version("paddledet"), "script": None, "config": None, "datasets": {}, "errors": errors}
     _, script, script_args = split_argv(list(launch_argv))
