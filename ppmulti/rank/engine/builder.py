@@ -147,7 +147,11 @@ class _Build:
 
     def _batch_plan(self) -> BatchPlan:
         """--batch, --accumulate, YOLOv5's nominal batch and a resumed run's effective batch (lr.plan_batch)."""
-        return plan_batch(self.world, int(self.cfg.TrainReader["batch_size"]), batch=self.opts.batch,
+        given = self.cfg.TrainReader["batch_size"]
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:   # -o is checked at the start
+            raise UserError(f"TrainReader.batch_size: {given!r} in {self.opts.config}: expected a whole number of "
+                            f"images per rank, 1 or more (e.g. batch_size: 8), or pass --batch N")
+        return plan_batch(self.world, given, batch=self.opts.batch,
                           accumulate=self.opts.accumulate, nominal=self.opts.nominal_batch,
                           trained=self.resume.trained)
 
