@@ -200,7 +200,10 @@ def test_a_faulty_coco_set_trains_one_step_with_each_fault_said_once(tmp_path):
         proc = _train(args, tmp_path)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
-        seen.append([ln.split(" WARNING ", 1)[1] for ln in out.splitlines() if " WARNING " in ln
-                     and str(root) in ln])
+        seen.append([ln.split(" WARNING ", 1)[1] for ln in out.splitlines()
+                     if f" WARNING {root}/annotations/instances_" in ln])
         assert "is not equal to the" not in out   # ppdet's Decode found the record's size right
-    assert seen[0] == seen[1] == expected_lines(root), out[-3000:]
+    # the validation set (the same json and images) is checked too: its unusable images, its sizes
+    val = [line.replace("instances_train", "instances_val").replace("images/train", "images/val")
+           for line in expected_lines(root)]
+    assert seen[0] == seen[1] == expected_lines(root) + [val[0], val[2]], out[-3000:]

@@ -101,9 +101,9 @@ def _no_size(inst: dict) -> bool:
     return not (area > 0 and w > EPS and h > EPS)
 
 
-def json_notes(data: dict, image_dir: str, load_crowd: bool) -> ScanNotes:
-    """What ppdet's parse drops without a word (its warnings reach no log): images missing from disk and
-    boxes of no size, counted from the json itself."""
+def json_notes(data: dict, image_dir: str, load_crowd: bool, boxes: bool = True) -> ScanNotes:
+    """What ppdet's parse drops without a word (its warnings reach no log): images missing from disk and (with
+    ``boxes``: a set that trains on its records' boxes) boxes of no size, counted from the json itself."""
     notes = ScanNotes()
     listed = {}
     for im in data.get("images") or []:
@@ -112,7 +112,7 @@ def json_notes(data: dict, image_dir: str, load_crowd: bool) -> ScanNotes:
             listed[im.get("id")] = path
             if not os.path.exists(path):
                 notes.skipped.append((path, "missing"))
-    for inst in data.get("annotations") or []:
+    for inst in (data.get("annotations") or []) if boxes else []:
         if not isinstance(inst, dict) or inst.get("image_id") not in listed:
             continue
         if inst.get("iscrowd") and not load_crowd:
@@ -159,9 +159,14 @@ def check_records(records: list[dict], notes: ScanNotes, threads: int | None = N
     return kept
 
 
+_REPORTED: set[tuple[str, str]] = set()   # (json, what was said): an evaluation builds its dataset more than once
+
+
 def report(notes: ScanNotes, where: str) -> None:
     for line in notes.lines(where):
-        log.warning("%s", line)
+        if (where, line) not in _REPORTED:
+            _REPORTED.add((where, line))
+            log.warning("%s", line)
 
 
 def _to_arrays(dataset, records: list[dict], empty: list[dict], notes: ScanNotes) -> dict[str, np.ndarray]:
@@ -227,7 +232,7 @@ def _dataset_class():
         def _checked_parse(self, anno: str, image_dir: str) -> ScanNotes:
             """ppdet's parse, with the json checked first (one line where it breaks) and the records checked
             after (check_records); what ppdet drops by itself is counted from the json."""
-            notes = json_notes(load_json(anno), image_dir, self.load_crowd)
+            notes = json_notes(load_json(anno), image_dir, self.load_crowd, "gt_bbox" in self.data_fields)
             super(CachedCOCODataSet, self).parse_dataset()
             if "image" in self.data_fields:
                 self.roidbs = check_records(self.roidbs, notes)
