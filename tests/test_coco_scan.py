@@ -1,7 +1,7 @@
-"""COCO-format data checked at the scan as YOLO data is (issue 45): a broken json is one line with where it breaks,
-unusable images are skipped and named, boxes of no size dropped and boxes outside the image clipped, an annotated
-size that is not the image's as read (EXIF orientation applied) named; the scan cache keeps it all, so a second
-start says the same. Every data set is written here, with PIL."""
+"""COCO- and VOC-format data checked at the scan as YOLO data is (issue 45): a broken json or XML is one line with
+where it breaks, unusable images are skipped and named, boxes of no size dropped and boxes outside the image
+clipped, an annotated size that is not the image's as read (EXIF orientation applied) named; the COCO scan cache
+keeps it all, so a second start says the same. Every data set is written here, with PIL."""
 
 from __future__ import annotations
 
@@ -105,6 +105,7 @@ def _parse(root: Path):
     compat.import_ppdet()
     from ppmulti.rank.data import coco
 
+    coco._REPORTED.clear()   # a line is said once per process: each parse here stands for a new start
     ds = coco.register_source()(dataset_dir=str(root), image_dir="images/train",
                                 anno_path="annotations/instances_train.json", data_fields=FIELDS, allow_empty=True)
     seen = _Warnings()
@@ -117,14 +118,19 @@ def _parse(root: Path):
     return ds, seen.lines
 
 
-def test_a_coco_set_is_checked_at_the_scan_and_its_cache_says_the_same(tmp_path, user_cache):
+def test_a_coco_set_is_checked_at_the_scan_and_its_cache_says_the_same(tmp_path, user_cache, monkeypatch):
+    from ppmulti.rank.data import coco
+
+    checked = []
+    real = coco.check_records
+    monkeypatch.setattr(coco, "check_records", lambda *a: checked.append(1) or real(*a))
     root = tmp_path / "set"
     anno = write_set(root)
     first, lines = _parse(root)
     assert lines == expected_lines(root)
     assert (anno.parent / (anno.name + ".ppmulti.cache")).is_file()
     second, again = _parse(root)   # read from the scan cache: the same lines, the same records
-    assert again == lines
+    assert again == lines and len(checked) == 1   # the images were opened once
     for ds in (first, second):
         by_name = {Path(r["im_file"]).name: r for r in ds.roidbs}
         assert sorted(by_name) == ["0.jpg", "1.jpg", "2.jpg", "3.jpg", "4.jpg", "photo.jpg"]
@@ -207,3 +213,80 @@ def test_a_faulty_coco_set_trains_one_step_with_each_fault_said_once(tmp_path):
     val = [line.replace("instances_train", "instances_val").replace("images/train", "images/val")
            for line in expected_lines(root)]
     assert seen[0] == seen[1] == expected_lines(root) + [val[0], val[2]], out[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------------------- VOC
+def _xml(name: str, w: int, h: int, boxes: list[list[float]]) -> str:
+    objects = "".join(f"<object><name>thing</name><difficult>0</difficult><bndbox><xmin>{b[0]}</xmin>"
+                      f"<ymin>{b[1]}</ymin><xmax>{b[2]}</xmax><ymax>{b[3]}</ymax></bndbox></object>\n" for b in boxes)
+    return (f"<annotation>\n<filename>{name}</filename>\n<size><width>{w}</width><height>{h}</height>"
+            f"<depth>3</depth></size>\n{objects}</annotation>\n")
+
+
+def write_voc(root: Path) -> None:
+    """The COCO set's faults in VOC's layout (x1 y1 x2 y2 boxes): 3 good images, a text file named .jpg, one
+    missing, the EXIF photo annotated with its stored size; a box of width 0, one of negative height, one
+    reaching outside."""
+    (root / "JPEGImages").mkdir(parents=True)
+    (root / "Annotations").mkdir()
+    items = {"0": (64, 64, [[8, 8, 28, 28], [5, 5, 5, 15]]), "1": (64, 64, [[8, 8, 28, 28], [5, 20, 15, 15]]),
+             "2": (64, 64, [[-8, -4, 12, 16]]), "notes": (64, 64, [[8, 8, 28, 28]]),
+             "gone": (64, 64, [[8, 8, 28, 28]]), "photo": (64, 96, [[10, 10, 40, 50]])}
+    for i in "012":
+        _photo(root / "JPEGImages" / f"{i}.jpg", (64, 64))
+    (root / "JPEGImages" / "notes.jpg").write_text("not a picture\n")
+    _photo(root / "JPEGImages" / "photo.jpg", (64, 96), orientation=6)
+    for stem, (w, h, boxes) in items.items():
+        (root / "Annotations" / f"{stem}.xml").write_text(_xml(f"{stem}.jpg", w, h, boxes))
+    (root / "trainval.txt").write_text("".join(f"JPEGImages/{s}.jpg Annotations/{s}.xml\n" for s in items))
+    (root / "label_list.txt").write_text("thing\n")
+
+
+def _parse_voc(root: Path):
+    from ppmulti.rank import compat
+
+    compat.import_ppdet()
+    from ppmulti.rank.data import coco, voc
+
+    coco._REPORTED.clear()
+    ds = voc.register_source()(dataset_dir=str(root), image_dir="", anno_path="trainval.txt",
+                               label_list="label_list.txt", data_fields=["image", "gt_bbox", "gt_class", "difficult"])
+    seen = _Warnings()
+    logger = logging.getLogger("ppmulti")
+    logger.addHandler(seen)
+    try:
+        ds.parse_dataset()
+    finally:
+        logger.removeHandler(seen)
+    return ds, seen.lines
+
+
+def test_a_voc_set_is_checked_at_the_scan(tmp_path):
+    root = tmp_path / "voc"
+    write_voc(root)
+    ds, lines = _parse_voc(root)
+    anno, images = root / "trainval.txt", root / "JPEGImages"
+    assert lines == [
+        f"{anno}: skipped 2 image(s) that cannot be used: {images}/gone.jpg (missing), {images}/notes.jpg "
+        f"(unreadable (UnidentifiedImageError))",
+        f"{anno}: 2 box(es) of zero or negative width or height dropped, 1 box(es) reaching outside their image "
+        f"clipped to it",
+        f"{anno}: 1 image(s) whose width/height in the annotations differ from the image as read (EXIF orientation "
+        f"applied): {images}/photo.jpg (annotated 64x96, read 96x64); their boxes are clipped to the image as read: "
+        f"check that the annotations were made on the image as displayed"]
+    by_name = {Path(r["im_file"]).name: r for r in ds.roidbs}
+    assert sorted(by_name) == ["0.jpg", "1.jpg", "2.jpg", "photo.jpg"]
+    assert [len(r["gt_bbox"]) for r in ds.roidbs] == [1, 1, 1, 1]
+    np.testing.assert_allclose(by_name["2.jpg"]["gt_bbox"], [[0, 0, 12, 16]])
+    assert _parse_voc(root)[1] == lines   # every start checks again and says the same
+
+
+def test_a_cut_voc_xml_is_one_line_naming_where(tmp_path):
+    root = tmp_path / "voc"
+    write_voc(root)
+    xml = root / "Annotations" / "1.xml"
+    xml.write_text(xml.read_text()[:60])   # ends in line 3 "<size><width>64</wid": the tag opened at column 16
+    with pytest.raises(UserError) as exc:
+        _parse_voc(root)
+    assert str(exc.value) == (f"{xml}: not valid XML at line 3 column 16 (unclosed token): the file is cut short or "
+                              f"damaged; restore or regenerate it")
