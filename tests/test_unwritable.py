@@ -128,18 +128,23 @@ def test_tools_and_launch_refuse_unwritable_places_before_any_rank_starts(locked
                                   "e.g. -o LearningRate.base_lr=0.01"),
 ])
 def test_a_number_that_is_not_one_is_named_with_what_is_expected(item, line):
+    from ppmulti.common.numbers import check_number_items
     from ppmulti.rank.config import check_numbers, parse_overrides
 
     with pytest.raises(UserError) as exc:
         check_numbers(parse_overrides([item]))
+    assert str(exc.value).startswith(line)
+    with pytest.raises(UserError) as exc:   # the launcher's check, on the raw items
+        check_number_items([item])
     assert str(exc.value).startswith(line)
     check_numbers(parse_overrides(["TrainReader.batch_size=4", "epoch=3", "worker_num=0",
                                    "LearningRate.base_lr=0.001", "TrainDataset.dataset_dir=abc"]))   # fine
 
 
 def test_batch_size_abc_is_one_line_before_ranks_start(tmp_path):
-    for extra in ([], ["--device", "cpu", "--nproc", "2"]):
-        proc = _run([TRAIN, "-c", str(DEMO_CONFIG), *extra, "-o", "TrainReader.batch_size=abc"], tmp_path)
+    for args in ([TRAIN], [TRAIN, "--device", "cpu", "--nproc", "2"],
+                 ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", TRAIN]):
+        proc = _run([*args, "-c", str(DEMO_CONFIG), "-o", "TrainReader.batch_size=abc"], tmp_path)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert proc.stderr.strip() == ("error: -o TrainReader.batch_size=abc: expected a whole number of images per "
                                        "rank in a training batch, 1 or more, e.g. -o TrainReader.batch_size=8")

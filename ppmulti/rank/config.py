@@ -10,6 +10,7 @@ from typing import Any, Iterable
 import yaml
 
 from ppmulti.common.errors import UserError, first_line
+from ppmulti.common.numbers import NUMERIC_KEYS, check_numbers  # noqa: F401  (re-exported)
 from ppmulti.common.paths import IMAGE_SUFFIXES
 from ppmulti.rank import zoo
 
@@ -136,40 +137,6 @@ def check_values(overrides: dict[str, Any]) -> None:
             raise UserError(f"-o {key}={value}: {REFUSED_KEYS[key]}; remove it")
     if "metric" in overrides and overrides["metric"] not in METRICS:
         raise UserError(f"-o metric={overrides['metric']}: ppmulti evaluates COCO bbox mAP only (metric: COCO)")
-
-
-# Keys ppmulti reads as numbers: (whole number?, smallest value, what they are). A value of another kind given with
-# -o is one line in the launching process (check_numbers), not a ValueError from int() inside a rank.
-NUMERIC_KEYS = {
-    "TrainReader.batch_size": (True, 1, "images per rank in a training batch"),
-    "EvalReader.batch_size": (True, 1, "images per rank in an evaluation batch"),
-    "TestReader.batch_size": (True, 1, "images in an inference batch"),
-    "epoch": (True, 1, "epochs"), "snapshot_epoch": (True, 1, "epochs between evaluations and saves"),
-    "log_iter": (True, 1, "steps between log lines"), "worker_num": (True, 0, "data loader workers per rank"),
-    "num_classes": (True, 1, "classes"), "eval_height": (True, 32, "pixels"), "eval_width": (True, 32, "pixels"),
-    "ref_batch": (True, 1, "images in the batch base_lr is tuned for"),
-    "LearningRate.base_lr": (False, 0, "the learning rate"),
-}
-
-
-def check_numbers(overrides: dict[str, Any], prefix: str = "") -> None:
-    """-o values of NUMERIC_KEYS that are not numbers of the right kind: one line naming key, value and what is
-    expected (e.g. ``-o TrainReader.batch_size=abc``)."""
-    for key, value in overrides.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            check_numbers(value, f"{path}.")
-            continue
-        rule = NUMERIC_KEYS.get(path)
-        if rule is None:
-            continue
-        whole, least, what = rule
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (not whole or value == int(value))
-        if ok and value >= least and (whole or value > least):
-            continue
-        kind = (f"a whole number of {what}, {least} or more" if whole else f"a number above {least:g} ({what})")
-        example = 8 if whole and least <= 8 else (640 if whole else 0.01)
-        raise UserError(f"-o {path}={value}: expected {kind}, e.g. -o {path}={example}")
 
 
 def sync_eval_size(cfg) -> None:
