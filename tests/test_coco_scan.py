@@ -131,6 +131,11 @@ def test_a_coco_set_is_checked_at_the_scan_and_its_cache_says_the_same(tmp_path,
     assert (anno.parent / (anno.name + ".ppmulti.cache")).is_file()
     second, again = _parse(root)   # read from the scan cache: the same lines, the same records
     assert again == lines and len(checked) == 1   # the images were opened once
+    # the text file named .jpg replaced by a picture: the cache follows the image, not only the json
+    _photo(root / "images" / "train" / "notes.jpg", (64, 64))
+    mended, after = _parse(root)
+    assert len(checked) == 2 and len(mended.roidbs) == 7
+    assert after[0] == f"{anno}: skipped 1 image(s) that cannot be used: {root}/images/train/gone.jpg (missing)"
     for ds in (first, second):
         by_name = {Path(r["im_file"]).name: r for r in ds.roidbs}
         assert sorted(by_name) == ["0.jpg", "1.jpg", "2.jpg", "3.jpg", "4.jpg", "photo.jpg"]

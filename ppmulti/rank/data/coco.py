@@ -189,18 +189,30 @@ def _to_arrays(dataset, records: list[dict], empty: list[dict], notes: ScanNotes
         "is_crowd": stack("is_crowd", 1, np.int32),
         "cat_ids": np.array(cats, np.int64), "cat_names": np.array(names, dtype=str),
         **notes.to_arrays(),
+        "stamps": image_stamps([r["im_file"] for r in rows] + [p for p, _ in notes.skipped]),
     }
+
+
+def image_stamps(files: list[str]) -> np.ndarray:
+    """(size, mtime_ns) of every image the scan looked at, usable or not: an image replaced, mended or removed
+    since makes the cache stale, as the YOLO scan's key does (a stat each: no image is opened)."""
+    return np.array([cache.file_stamp(f) for f in files], np.int64).reshape(-1, 2)
+
+
+def _stale(a: dict[str, np.ndarray]) -> bool:
+    files = [str(f) for f in a["im_file"]] + [str(p) for p, _ in a["skipped"]]
+    return not np.array_equal(image_stamps(files), a["stamps"])
 
 
 def _check(a: dict[str, np.ndarray]) -> bool:
     keys = ("im_file", "im_id", "hw", "counts", "empty", "gt_bbox", "gt_class", "is_crowd", "cat_ids", "cat_names",
-            *NOTE_FIELDS)
+            *NOTE_FIELDS, "stamps")
     if any(k not in a for k in keys):
         return False
     n, m = len(a["im_file"]), int(a["counts"].sum())
     return (a["hw"].shape == (n, 2) and a["counts"].shape == (n,) and a["empty"].shape == (n,)
             and a["gt_bbox"].shape == (m, 4) and a["gt_class"].shape == (m, 1) and a["is_crowd"].shape == (m, 1)
-            and len(a["cat_ids"]) == len(a["cat_names"]))
+            and len(a["cat_ids"]) == len(a["cat_names"]) and a["stamps"].shape == (n + len(a["skipped"]), 2))
 
 
 def _from_arrays(dataset, a: dict[str, np.ndarray]) -> tuple[list[dict], list[dict]]:
@@ -264,6 +276,13 @@ def _dataset_class():
                 return _to_arrays(self, records, empty, notes)
 
             arrays, how = cache.cached_arrays(path, key, compute, _check)
+            if _stale(arrays):   # an image changed since the scan: scan again (once per node, as the first time)
+                with cache.build_lock(path):
+                    again = cache.read_arrays(path, key, _check)   # another rank may have rescanned meanwhile
+                    if again is None or _stale(again):
+                        again = compute()
+                        cache.write_arrays(path, key, again)
+                    arrays, how = again, "cache rescanned: an image changed"
             log.debug("%s: %s", anno, how)
             report(ScanNotes.from_arrays(arrays), anno)
             records, empty = _from_arrays(self, arrays)
