@@ -145,8 +145,10 @@ def test_a_coco_set_is_checked_at_the_scan_and_its_cache_says_the_same(tmp_path,
 
 
 def test_ppdets_decode_reads_a_photo_as_displayed(tmp_path):
-    """ppdet's Decode (cv2.imdecode) applies the EXIF orientation itself (OpenCV does, 4.x and 5.x): with the scan's
-    size as read in the record, ppdet's "actual image height ... is not equal" warning no longer fires."""
+    """ppdet's Decode (cv2.imdecode) applies the EXIF orientation itself (measured 2026-12-01 with
+    opencv-python 4.5.5.64, the Paddle 2.6 stack's, and 5.0.0.93: both decode this photo as 64 rows x 96 columns):
+    with the scan's size as read in the record, ppdet's "actual image height ... is not equal" warning no longer
+    fires. This test holds it, should a later OpenCV or ppdet stop rotating."""
     from ppmulti.rank import compat
 
     compat.import_ppdet()
