@@ -125,9 +125,12 @@ class _Lines(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)
         self.lines: list[str] = []
+        self.warnings: list[str] = []
 
     def emit(self, record):
         self.lines.append(record.getMessage())
+        if record.levelno >= logging.WARNING:
+            self.warnings.append(record.getMessage())
 
 
 def test_corrupt_and_truncated_images_are_skipped_and_counted(tmp_path):
@@ -207,3 +210,24 @@ def test_fast_label_reader_matches_the_line_by_line_one(tmp_path, monkeypatch):
     for (a, na), (b, nb) in zip(fast, slow):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype == np.float32 and na == nb
+
+
+def test_a_set_whose_labels_are_all_empty_is_a_warning(tmp_path):
+    for name in ("a", "b"):
+        _image(tmp_path / "images" / "train" / f"{name}.jpg")
+        (tmp_path / "labels" / "train").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "labels" / "train" / f"{name}.txt").write_text("")
+    spec = load_data_yaml(_yaml(tmp_path, "train: images/train\nnames: [a]\n"))
+    seen = _Lines()
+    logger = logging.getLogger("ppmulti")
+    logger.addHandler(seen)
+    try:
+        records, report = scan(spec, "train", use_cache=False)
+    finally:
+        logger.removeHandler(seen)
+    assert len(records) == 2 and report.boxes == 0
+    first = str(tmp_path / "images" / "train" / "a.jpg")
+    assert seen.warnings == [
+        f"train: none of the 2 images has a box (every label file is empty or missing): the model would learn "
+        f"that nothing is ever there; check that each image has its label file, e.g. {first} -> "
+        f"{tmp_path / 'labels' / 'train' / 'a.txt'}, with lines 'class x_center y_center width height'"]

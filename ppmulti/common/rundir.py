@@ -3,7 +3,10 @@ the restart and interruption markers, and the command that resumes a run."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import tempfile
 from pathlib import Path
 
 from ppmulti.common.errors import UserError
@@ -27,12 +30,41 @@ def blocking_file(path: Path | str) -> Path | None:
 
 def check_run_place(base: Path | str, name: str, exist_ok: bool = False, where: str = "--project DIR") -> None:
     """A UserError in one line when a file stands where the run directory ``base/name`` would be made (a file named
-    ``runs`` or ``output`` in the working directory); ``where`` names the flag that picks another place."""
+    ``runs`` or ``output`` in the working directory), or when the directory it would be made in cannot be written;
+    ``where`` names the flag that picks another place."""
     target = Path(base) / name
     blocker = blocking_file(target if exist_ok else base)
     if blocker is not None:
         raise UserError(f"{blocker} is a file, so the run directory {target} cannot be made there: move or rename "
                         f"the file, or pick another place with {where}")
+    place, why = unwritable(target)
+    if place is not None:
+        shown = f"the working directory {os.getcwd()}" if place == Path(".") else str(place)
+        raise UserError(f"cannot write in {shown} ({why}), so the run directory {target} cannot be made there: "
+                        f"pick a writable place with {where}")
+
+
+def nearest_dir(path: Path | str) -> Path:
+    """``path`` itself or its nearest existing parent (``.`` for a relative path none of whose parts exist)."""
+    for p in (Path(path), *Path(path).parents):
+        if p.is_dir():
+            return p
+    return Path(".")
+
+
+def unwritable(path: Path | str) -> tuple[Path | None, str]:
+    """(the directory where ``path`` would be made or written, why it cannot be written) or (None, "").
+
+    A real write is tried (a directory made and removed at once): ``os.access`` says yes to root on a read-only
+    mount or an immutable (``chattr +i``) directory, where the run would then die with a PermissionError."""
+    place = nearest_dir(path)
+    try:
+        probe = tempfile.mkdtemp(prefix=".ppmulti-write-test-", dir=place)
+    except OSError as exc:
+        return place, exc.strerror or type(exc).__name__
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return None, ""
 
 
 def new_run_dir(base: Path | str, name: str, exist_ok: bool = False, where: str = "--project DIR") -> Path:

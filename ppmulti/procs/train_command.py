@@ -40,6 +40,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             return launch_main(relaunch_argv(argv, kind, ids, nranks))
         if kind == "gpu":
             set_visible_gpu(ids[0])
+        from ppmulti.common.paths import TRAIN_SCRIPT
+        from ppmulti.procs.launch.command import check_run_place
+
+        check_run_place(str(TRAIN_SCRIPT), argv)   # a file in the way, a place not writable: before Paddle starts
     return entry.train(options)
 
 

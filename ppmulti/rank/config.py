@@ -10,6 +10,7 @@ from typing import Any, Iterable
 import yaml
 
 from ppmulti.common.errors import UserError, first_line
+from ppmulti.common.numbers import NUMERIC_KEYS, check_numbers  # noqa: F401  (re-exported)
 from ppmulti.common.paths import IMAGE_SUFFIXES
 from ppmulti.rank import zoo
 
@@ -193,6 +194,7 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
     else:
         over = parse_overrides(overrides or [])
     if over:
+        check_numbers(over)
         _check_override_keys(cfg, over)
         check_values(over)
         ws.merge_config(copy.deepcopy(over))

@@ -133,9 +133,11 @@ TRAIN_REFUSED_KEYS = {
 
 def check_train_overrides(overrides: list[str]) -> None:
     """Refuse, by name, -o keys whose meaning training cannot honour (a false value asks for nothing)."""
-    from ppmulti.rank.config import parse_overrides
+    from ppmulti.rank.config import check_numbers, parse_overrides
 
-    for key, value in parse_overrides(overrides).items():
+    parsed = parse_overrides(overrides)
+    check_numbers(parsed)   # -o TrainReader.batch_size=abc: one line here, before any rank imports Paddle
+    for key, value in parsed.items():
         if key in TRAIN_REFUSED_KEYS and value not in (False, None, "", 0):
             raise UserError(f"-o {key}={value}: {TRAIN_REFUSED_KEYS[key]}")
 

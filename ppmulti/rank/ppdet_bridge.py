@@ -11,13 +11,14 @@ def register_extensions() -> None:
     """Everything ppmulti adds to ppdet: YOLOv5 modules, the YOLO dataset source, the linear LR decay."""
     compat.import_ppdet()
     import ppmulti.rank.models  # noqa: F401  (importing registers YOLOv5's backbone, neck, head and loss)
-    from ppmulti.rank.data import coco
+    from ppmulti.rank.data import coco, voc
     from ppmulti.rank.data.pipeline import register_ops
     from ppmulti.rank.data.yolo import register_source
     from ppmulti.rank.engine.lr import LinearDecay
 
     register_source()
     coco.register_source()
+    voc.register_source()
     register_ops()
     compat.register_lr_scheduler(LinearDecay)
 

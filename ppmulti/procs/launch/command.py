@@ -114,6 +114,23 @@ def run_place(script: str | None, script_args: list[str]) -> RunPlace | None:
     return RunPlace(Path(save_dir), Path(args.config).stem, bool(args.exist_ok), "-o save_dir=DIR (or --output DIR)")
 
 
+def check_train_numbers(script: str | None, script_args: list[str]) -> None:
+    """Before any rank starts: a -o number of ppmulti's train script that is not one (``-o
+    TrainReader.batch_size=abc``) is one line here, not one per rank."""
+    if not _is_train_script(script):
+        return
+    from ppmulti.common import train_flags
+    from ppmulti.common.errors import UserError
+    from ppmulti.common.numbers import check_number_items
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):   # argparse's complaint: the ranks print it
+            args = train_flags.parse(list(script_args))
+    except (SystemExit, UserError):
+        return
+    check_number_items(x for group in (args.opt or []) for x in group)
+
+
 def check_run_place(script: str | None, script_args: list[str]) -> None:
     """Before any rank starts: a file where the run directory goes (``runs``, ``output``) is one line naming it."""
     from ppmulti.common.rundir import check_run_place as check
@@ -158,6 +175,7 @@ def _launch(argv: list[str]) -> int:
             argv = ["--log_dir", str(log_dir), *argv]
         return launch_nodes(argv)   # ssh fan-out: the same launch on every node (nodes.py)
     check_nodes_only_flags(ns)
+    check_train_numbers(ns.script, ns.script_args)
     # address discovery can wait on DNS; only multi-node launches need it
     need_addrs = bool(ns.ips or ns.master_addr or ns.master)
     plan = build_plan(ns, os.environ, local_addresses() if need_addrs else set(), visible_gpu_count(os.environ),

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Mapping, TextIO
 
 from ppmulti.common import envvars as E
@@ -52,7 +53,7 @@ from ppmulti.common import shm
 from ppmulti.common.compat import collective_timeout_env, launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.procfs import alive, exit_code
-from ppmulti.common.rundir import INTERRUPTED, RUN_DIR_MARKER, STATE, blocking_file, resume_command
+from ppmulti.common.rundir import INTERRUPTED, RUN_DIR_MARKER, STATE, blocking_file, resume_command, unwritable
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
@@ -277,9 +278,17 @@ def choose_log_dir(given: str | None, default: str) -> tuple[str | None, str | N
         blocker = blocking_file(given)
         if blocker is not None:
             raise UserError(f"--log_dir {given}: {blocker} is a file, not a directory; pass another --log_dir DIR")
+        place, why = unwritable(given)
+        if place is not None:
+            raise UserError(f"--log_dir {given}: cannot write in {place} ({why}); pass another --log_dir DIR")
         return given, None
     blocker = blocking_file(default)
     if blocker is None:
+        place, why = unwritable(default)
+        if place is not None:
+            shown = f"the working directory {os.getcwd()}" if place == Path(".") else str(place)
+            raise UserError(f"cannot write in {shown} ({why}), where Paddle's launcher keeps its logs ({default}/): "
+                            f"pass --log_dir DIR, or start from a directory you can write")
         return None, None
     if blocking_file(ALT_LOG_DIR) is not None:
         raise UserError(f"{blocker} and {ALT_LOG_DIR} are files, where Paddle's launcher keeps its logs: "

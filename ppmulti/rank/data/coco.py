@@ -1,14 +1,19 @@
-"""COCO-json datasets whose parsed records are cached: ppdet's COCODataSet, parsed once per node and json."""
+"""COCO-json datasets checked and cached at the scan: ppdet's COCODataSet, its json and images checked (a broken
+json, unusable images, boxes of no size or outside the image, sizes that disagree), parsed once per node and json."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ppmulti.common.errors import UserError
 from ppmulti.rank.data import cache
 
 log = logging.getLogger("ppmulti")
@@ -16,9 +21,155 @@ log = logging.getLogger("ppmulti")
 NAME = "CachedCOCODataSet"
 CACHED_FIELDS = {"image", "gt_bbox", "gt_class", "is_crowd"}   # what a detector trains on: plain arrays
 SUFFIX = ".ppmulti.cache"
+CHECKS = "checked-1"   # in the cache key: a cache written before the scan's checks (or by older ones) is rebuilt
+SHOWN = 3              # names shown in a line that counts files
+EPS = 1e-5             # ppdet's own threshold for a box of no width or height
 
 
-def _to_arrays(dataset, records: list[dict], empty: list[dict]) -> dict[str, np.ndarray]:
+# ----------------------------------------------------------------------------- the scan's checks
+def load_json(path: str | os.PathLike) -> dict:
+    """A COCO json, or one line naming the file and where it breaks (a file cut short, a stray character)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}): the file is "
+                        f"cut short or damaged; restore or regenerate it") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a text file (byte {exc.start} is not UTF-8); a COCO annotation file is "
+                        f"JSON") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("images", []), list):
+        raise UserError(f"{path}: a COCO json is a mapping with images, annotations and categories")
+    return data
+
+
+@dataclass
+class ScanNotes:
+    """What the scan of a COCO or VOC set found: unusable images skipped, boxes dropped or clipped, images whose
+    annotated size is not their size as read. Kept in the scan cache, so every start says the same."""
+
+    skipped: list[tuple[str, str]] = field(default_factory=list)            # (file, why)
+    resized: list[tuple[str, int, int, int, int]] = field(default_factory=list)   # (file, annotated w, h, w, h)
+    dropped: int = 0
+    clipped: int = 0
+
+    def lines(self, where: str) -> list[str]:
+        out = []
+        if self.skipped:
+            shown = ", ".join(f"{p} ({why})" for p, why in self.skipped[:SHOWN])
+            out.append(f"{where}: skipped {len(self.skipped)} image(s) that cannot be used: {shown}"
+                       f"{' ...' if len(self.skipped) > SHOWN else ''}")
+        if self.dropped or self.clipped:
+            out.append(f"{where}: {self.dropped} box(es) of zero or negative width or height dropped, "
+                       f"{self.clipped} box(es) reaching outside their image clipped to it")
+        if self.resized:
+            shown = ", ".join(f"{p} (annotated {aw}x{ah}, read {w}x{h})" for p, aw, ah, w, h in self.resized[:SHOWN])
+            out.append(f"{where}: {len(self.resized)} image(s) whose width/height in the annotations differ from "
+                       f"the image as read (EXIF orientation applied): {shown}"
+                       f"{' ...' if len(self.resized) > SHOWN else ''}; their boxes are clipped to the image as read: "
+                       f"check that the annotations were made on the image as displayed")
+        return out
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {"skipped": np.array([list(x) for x in self.skipped], dtype=str).reshape(-1, 2),
+                "resized_files": np.array([x[0] for x in self.resized], dtype=str),
+                "resized_sizes": np.array([x[1:] for x in self.resized], np.int64).reshape(-1, 4),
+                "box_notes": np.array([self.dropped, self.clipped], np.int64)}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> "ScanNotes":
+        return cls([(str(p), str(w)) for p, w in a["skipped"]],
+                   [(str(p), *(int(v) for v in s)) for p, s in zip(a["resized_files"], a["resized_sizes"])],
+                   int(a["box_notes"][0]), int(a["box_notes"][1]))
+
+
+NOTE_FIELDS = ("skipped", "resized_files", "resized_sizes", "box_notes")
+
+
+def _no_size(inst: dict) -> bool:
+    """An annotation ppdet's parse leaves out for its box (an all-zero box, no area, no width or height)."""
+    box = inst.get("bbox")
+    if inst.get("ignore", False) or not isinstance(box, (list, tuple)) or len(box) != 4:
+        return False
+    try:
+        x, y, w, h = (float(v) for v in box)
+        area = float(inst.get("area", w * h))
+    except (TypeError, ValueError):
+        return True
+    return not (area > 0 and w > EPS and h > EPS)
+
+
+def json_notes(data: dict, image_dir: str, load_crowd: bool, boxes: bool = True) -> ScanNotes:
+    """What ppdet's parse drops without a word (its warnings reach no log): images missing from disk and (with
+    ``boxes``: a set that trains on its records' boxes) boxes of no size, counted from the json itself."""
+    notes = ScanNotes()
+    listed = {}
+    for im in data.get("images") or []:
+        if isinstance(im, dict) and "file_name" in im:
+            path = os.path.join(image_dir, im["file_name"]) if image_dir else im["file_name"]
+            listed[im.get("id")] = path
+            if not os.path.exists(path):
+                notes.skipped.append((path, "missing"))
+    for inst in (data.get("annotations") or []) if boxes else []:
+        if not isinstance(inst, dict) or inst.get("image_id") not in listed:
+            continue
+        if inst.get("iscrowd") and not load_crowd:
+            continue
+        notes.dropped += _no_size(inst)
+    return notes
+
+
+def check_records(records: list[dict], notes: ScanNotes, threads: int | None = None) -> list[dict]:
+    """Every record's image opened (header and EXIF orientation, as OpenCV then decodes it): unusable ones
+    skipped, the size as read replacing the annotated one (named when they differ), boxes clipped to it and
+    those left with no size dropped. Returns the usable records; ``notes`` gets the counts."""
+    from ppmulti.rank.data.images import image_size
+    from ppmulti.rank.data.yolo import scan_threads
+
+    threads = scan_threads() if threads is None else max(1, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        sizes = list(pool.map(lambda r: image_size(Path(r["im_file"])), records))
+    kept = []
+    for rec, size in zip(records, sizes):
+        if isinstance(size, str):
+            notes.skipped.append((rec["im_file"], size))
+            continue
+        w, h = size
+        aw, ah = rec.get("w"), rec.get("h")
+        if aw is not None and ah is not None and (round(float(aw)), round(float(ah))) != (w, h):
+            notes.resized.append((rec["im_file"], round(float(aw)), round(float(ah)), w, h))
+        rec["w"], rec["h"] = float(w), float(h)
+        box = rec.get("gt_bbox")
+        if box is not None and len(box):
+            box = np.asarray(box, np.float32).reshape(-1, 4)
+            clipped = np.clip(box, 0, np.array([w, h, w, h], np.float32))
+            changed = (clipped != box).any(1)
+            keep = (clipped[:, 2] - clipped[:, 0] > EPS) & (clipped[:, 3] - clipped[:, 1] > EPS)
+            notes.clipped += int((changed & keep).sum())
+            notes.dropped += int((~keep).sum())
+            rec["gt_bbox"] = clipped[keep]
+            for key in ("gt_class", "is_crowd", "difficult", "gt_score", "gt_track_id"):
+                if key in rec and isinstance(rec[key], np.ndarray) and len(rec[key]) == len(keep):
+                    rec[key] = rec[key][keep]
+            if "gt_poly" in rec and isinstance(rec["gt_poly"], list) and len(rec["gt_poly"]) == len(keep):
+                rec["gt_poly"] = [p for p, k in zip(rec["gt_poly"], keep) if k]
+        kept.append(rec)
+    return kept
+
+
+_REPORTED: set[tuple[str, str]] = set()   # (json, what was said): an evaluation builds its dataset more than once
+
+
+def report(notes: ScanNotes, where: str) -> None:
+    for line in notes.lines(where):
+        if (where, line) not in _REPORTED:
+            _REPORTED.add((where, line))
+            log.warning("%s", line)
+
+
+def _to_arrays(dataset, records: list[dict], empty: list[dict], notes: ScanNotes) -> dict[str, np.ndarray]:
     rows = records + empty
     n = len(rows)
 
@@ -37,17 +188,31 @@ def _to_arrays(dataset, records: list[dict], empty: list[dict]) -> dict[str, np.
         "gt_bbox": stack("gt_bbox", 4, np.float32), "gt_class": stack("gt_class", 1, np.int32),
         "is_crowd": stack("is_crowd", 1, np.int32),
         "cat_ids": np.array(cats, np.int64), "cat_names": np.array(names, dtype=str),
+        **notes.to_arrays(),
+        "stamps": image_stamps([r["im_file"] for r in rows] + [p for p, _ in notes.skipped]),
     }
 
 
+def image_stamps(files: list[str]) -> np.ndarray:
+    """(size, mtime_ns) of every image the scan looked at, usable or not: an image replaced, mended or removed
+    since makes the cache stale, as the YOLO scan's key does (a stat each: no image is opened)."""
+    return np.array([cache.file_stamp(f) for f in files], np.int64).reshape(-1, 2)
+
+
+def _stale(a: dict[str, np.ndarray]) -> bool:
+    files = [str(f) for f in a["im_file"]] + [str(p) for p, _ in a["skipped"]]
+    return not np.array_equal(image_stamps(files), a["stamps"])
+
+
 def _check(a: dict[str, np.ndarray]) -> bool:
-    keys = ("im_file", "im_id", "hw", "counts", "empty", "gt_bbox", "gt_class", "is_crowd", "cat_ids", "cat_names")
+    keys = ("im_file", "im_id", "hw", "counts", "empty", "gt_bbox", "gt_class", "is_crowd", "cat_ids", "cat_names",
+            *NOTE_FIELDS, "stamps")
     if any(k not in a for k in keys):
         return False
     n, m = len(a["im_file"]), int(a["counts"].sum())
     return (a["hw"].shape == (n, 2) and a["counts"].shape == (n,) and a["empty"].shape == (n,)
             and a["gt_bbox"].shape == (m, 4) and a["gt_class"].shape == (m, 1) and a["is_crowd"].shape == (m, 1)
-            and len(a["cat_ids"]) == len(a["cat_names"]))
+            and len(a["cat_ids"]) == len(a["cat_names"]) and a["stamps"].shape == (n + len(a["skipped"]), 2))
 
 
 def _from_arrays(dataset, a: dict[str, np.ndarray]) -> tuple[list[dict], list[dict]]:
@@ -76,30 +241,53 @@ def _dataset_class():
         """ppdet's COCODataSet whose parse (pycocotools, then a Python loop over every image) is kept beside the
         json (``<json>.ppmulti.cache``, or the user cache dir) while the json keeps its size and mtime."""
 
+        def _checked_parse(self, anno: str, image_dir: str) -> ScanNotes:
+            """ppdet's parse, with the json checked first (one line where it breaks) and the records checked
+            after (check_records); what ppdet drops by itself is counted from the json."""
+            notes = json_notes(load_json(anno), image_dir, self.load_crowd, "gt_bbox" in self.data_fields)
+            super(CachedCOCODataSet, self).parse_dataset()
+            if "image" in self.data_fields:
+                self.roidbs = check_records(self.roidbs, notes)
+                if not self.allow_empty and "gt_bbox" in self.data_fields:   # as ppdet's parse leaves them out
+                    self.roidbs = [r for r in self.roidbs if len(r["gt_bbox"])]
+            return notes
+
         def parse_dataset(self):
             fields = set(self.data_fields)
-            if not fields <= CACHED_FIELDS or not {"image", "gt_bbox"} <= fields or self.load_semantic:
-                return super().parse_dataset()    # polygons, track ids: ppdet's own parse every time
             anno = os.path.join(self.dataset_dir, self.anno_path)
-            size, mtime = cache.file_stamp(anno)
             image_dir = os.path.join(self.dataset_dir, self.image_dir) if self.image_dir else ""
-            key = hashlib.sha1(f"{os.path.abspath(anno)}|{size}|{mtime}|{image_dir}|{sorted(fields)}|"
+            if not fields <= CACHED_FIELDS or not {"image", "gt_bbox"} <= fields or self.load_semantic:
+                # polygons, track ids: ppdet's own parse every time, checked all the same
+                report(self._checked_parse(anno, image_dir), anno)
+                return
+            size, mtime = cache.file_stamp(anno)
+            key = hashlib.sha1(f"{CHECKS}|{os.path.abspath(anno)}|{size}|{mtime}|{image_dir}|{sorted(fields)}|"
                                f"{self.load_crowd}|{self.allow_empty}|{self.sample_num}".encode()).hexdigest()
             path = json_cache_path(anno)
 
             def compute() -> dict[str, np.ndarray]:
                 saved_ratio, self.empty_ratio = self.empty_ratio, 1.0    # keep every empty record; sample below
                 try:
-                    super(CachedCOCODataSet, self).parse_dataset()
+                    notes = self._checked_parse(anno, image_dir)
                 finally:
                     self.empty_ratio = saved_ratio
                 records = [r for r in self.roidbs if len(r.get("gt_bbox", ())) or not self.allow_empty]
                 empty = [r for r in self.roidbs if not (len(r.get("gt_bbox", ())) or not self.allow_empty)]
-                return _to_arrays(self, records, empty)
+                return _to_arrays(self, records, empty, notes)
 
             arrays, how = cache.cached_arrays(path, key, compute, _check)
+            if _stale(arrays):   # an image changed since the scan: scan again (once per node, as the first time)
+                with cache.build_lock(path):
+                    again = cache.read_arrays(path, key, _check)   # another rank may have rescanned meanwhile
+                    if again is None or _stale(again):
+                        again = compute()
+                        cache.write_arrays(path, key, again)
+                    arrays, how = again, "cache rescanned: an image changed"
             log.debug("%s: %s", anno, how)
+            report(ScanNotes.from_arrays(arrays), anno)
             records, empty = _from_arrays(self, arrays)
+            if not records and not empty:
+                raise UserError(f"{anno}: no usable image (see the line above); check image_dir and the files")
             if self.allow_empty and empty:
                 empty = self._sample_empty(empty, len(records))
             self.roidbs = records + empty

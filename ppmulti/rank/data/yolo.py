@@ -399,7 +399,17 @@ def scan(spec: DataSpec, split: str, single_cls: bool = False, threads: int | No
         log.warning("%s", report.line(split))
     else:
         log.info("%s", report.line(split))
+    if report.boxes == 0:
+        log.warning("%s", no_boxes_line(split, report.images, records[0]["im_file"]))
     return records, report
+
+
+def no_boxes_line(split: str, images: int, first_image: str) -> str:
+    """The warning for a split without a single box (every label file empty or missing), YOLOv5's 'no labels
+    found' in one line with what to check."""
+    return (f"{split}: none of the {images} images has a box (every label file is empty or missing): the model "
+            f"would learn that nothing is ever there; check that each image has its label file, e.g. "
+            f"{first_image} -> {label_name(first_image)}, with lines 'class x_center y_center width height'")
 
 
 # ----------------------------------------------------------------------------- COCO json for evaluation

@@ -16,6 +16,7 @@ from ppmulti.rank import dist
 from ppmulti.rank import ref_batch as ref_batch_mod
 from ppmulti.rank.data import agree
 from ppmulti.rank.data import coco as coco_cache
+from ppmulti.rank.data import voc
 from ppmulti.rank.data.cache import apply_cache, prebuild_cache
 from ppmulti.rank.data.device import place_hsv
 from ppmulti.rank.engine import checkpoint as ckpt
@@ -55,6 +56,7 @@ class _Build:
         self.classes_edited = self.cfg.get("num_classes") != loaded_classes
         apply_cache(self.cfg, opts.cache)
         coco_cache.swap_in(self.cfg)   # a COCO json's parse is read from its cache after the first start
+        voc.swap_in(self.cfg)          # VOC files checked at the scan as COCO's are
         from ppmulti.rank.ppdet_bridge import select_device
 
         self.device = select_device(self.cfg)
@@ -151,7 +153,11 @@ class _Build:
 
     def _batch_plan(self) -> BatchPlan:
         """--batch, --accumulate, YOLOv5's nominal batch and a resumed run's effective batch (lr.plan_batch)."""
-        return plan_batch(self.world, int(self.cfg.TrainReader["batch_size"]), batch=self.opts.batch,
+        given = self.cfg.TrainReader["batch_size"]
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:   # -o is checked at the start
+            raise UserError(f"TrainReader.batch_size: {given!r} in {self.opts.config}: expected a whole number of "
+                            f"images per rank, 1 or more (e.g. batch_size: 8), or pass --batch N")
+        return plan_batch(self.world, given, batch=self.opts.batch,
                           accumulate=self.opts.accumulate, nominal=self.opts.nominal_batch,
                           trained=self.resume.trained)
 
