@@ -86,11 +86,10 @@ TESTED = {
     "python tools/detect.py --weights runs/train/exp/weights/best.pdparams --source dataset/shapes/images/val "
     "--save-txt": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
     "ppmulti data demo dataset/shapes-coco --format coco --train 64 --val 16": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "python tools/train.py -c configs/demo/ppyoloe_demo.yml --data shapes.yml --epochs 30 --eval": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "python tools/eval.py -c configs/demo/ppyoloe_demo.yml --data shapes.yml --weights "
-    "output/ppyoloe_demo/weights/best.pdparams": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "python tools/infer.py -c configs/demo/ppyoloe_demo.yml --data shapes.yml --weights output/ppyoloe_demo "
-    "--infer_dir dataset/shapes-coco/images/val": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "python tools/train.py -c shapes_ppyoloe.yml --eval": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "python tools/eval.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe/weights/best.pdparams": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "python tools/infer.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe --infer_dir "
+    "dataset/shapes-coco/images/val": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
     "ppmulti data demo dataset/shapes-voc --format voc --train 64 --val 16": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
     "ppmulti data convert dataset/shapes-voc dataset/shapes-voc --to yolo": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
     "python tools/train.py --data dataset/shapes-voc/data.yaml --cfg yolov5n --weights '' --img 160 --epochs 30 "
@@ -626,3 +625,90 @@ def test_side_by_side_commands_parse(page, command):
         assert not extra, f"{page}: ppmulti launch does not know {extra}: {command}"
     _, extra = _gen_cli().tool_parser(Path(words[script]).stem).parse_known_args(words[script + 1:])
     assert not extra, f"{page}: {words[script]} does not know {extra}: {command}"
+
+
+# --- claims the guide makes that a test can check -----------------------------------------------------------------
+
+# Flags of other programs that the guide names in passing, with the program: everything else in backticks that looks
+# like a flag must be one that ppmulti's parsers know, or one that ppmulti refuses by name.
+OTHER_PROGRAMS = {
+    "--no-deps": "pip", "-e": "pip", "-m": "python -m / pytest -m", "--shm-size": "docker run",
+    "--strict": "mkdocs build", "--logdir": "tensorboard", "--ntasks-per-node": "srun", "-N2": "srun",
+    "--tee": "torchrun (refused by ppmulti launch in one line)",
+}
+
+
+def _known_flags() -> tuple[set[str], set[str]]:
+    """(every option string of ppmulti's parsers and tools, every flag a tool refuses by name)."""
+    import argparse
+
+    from ppmulti.cli import build_parser
+    from ppmulti.common.train_flags import UNSUPPORTED
+
+    module = _gen_cli()
+    known: set[str] = set()
+
+    def collect(parser):
+        for action in parser._actions:
+            known.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    collect(sub)
+
+    collect(build_parser())
+    for make in module._passthrough_parsers().values():
+        collect(make())
+    refused = set(UNSUPPORTED)
+    for tool in module.tools():
+        collect(module.tool_parser(tool))
+        spec = importlib.util.spec_from_file_location(f"_docs_tool_{tool}", REPO / "tools" / f"{tool}.py")
+        source = (REPO / "tools" / f"{tool}.py").read_text()
+        if "UNSUPPORTED = {" in source:
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            refused.update(mod.UNSUPPORTED)
+    return known, refused
+
+
+def _flags_in_prose(text: str) -> list[str]:
+    """Flags written in inline code (`--x`, `--x VALUE`) outside code blocks."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [f for span in re.findall(r"`([^`\n]+)`", text) for f in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", span)]
+
+
+def test_every_flag_the_guide_names_exists():
+    known, refused = _known_flags()
+    bad = []
+    for name in ["README.md", *_nav_pages()]:
+        path = REPO / name if name == "README.md" else DOCS / name
+        bad += [f"{name}: {flag}" for flag in _flags_in_prose(path.read_text())
+                if flag not in known and flag not in refused and flag not in OTHER_PROGRAMS]
+    assert not bad, "flags the guide names that no parser knows or refuses:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_a_flag_that_does_not_exist_is_found():
+    known, refused = _known_flags()
+    assert "--mosaic-buffer" in known and "--quad" in refused
+    assert [f for f in _flags_in_prose("Use `--mosaic-bufer 64` or `--quad`.") if f not in known | refused] \
+        == ["--mosaic-bufer"]
+
+
+@pytest.mark.slow
+def test_the_files_the_run_directory_table_names_are_written(yolov5_run, two_rank_run):
+    """configs.md's run-directory table against real runs: a YOLOv5 line (conftest.yolov5_run; it is --noplots, so
+    the pictures are left to the plot tests) and a 2-rank run for logs/rankN.log. hyp.yaml without --hyp:
+    test_own_data.py's runs."""
+    table = (DOCS / "configs.md").read_text().split("## The run directory", 1)[1].split("## Resume", 1)[0]
+    named = [f for row in table.splitlines() if row.startswith("| `")
+             for f in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    assert "hyp.yaml" in named and "weights/last.pdstate" in named
+    pictures = {f for f in named if f.endswith((".png", ".jpg"))}   # the yolov5 run is --noplots: visualdl.md's test
+    missing = []
+    for name in named:
+        if name in pictures or name == "...":
+            continue
+        run = two_rank_run.path if "rankN" in name else yolov5_run.path
+        path = run / name.replace("rankN", "rank1")
+        if not path.exists():
+            missing.append(f"{name} (looked for {path})")
+    assert not missing, "files configs.md says a run writes, missing from a real run:\n" + "\n".join(missing)

@@ -29,11 +29,10 @@ YOLO = [
 ]
 COCO = [
     "ppmulti data demo dataset/shapes-coco --format coco --train 64 --val 16",
-    "python tools/train.py -c configs/demo/ppyoloe_demo.yml --data shapes.yml --epochs 30 --eval",
-    "python tools/eval.py -c configs/demo/ppyoloe_demo.yml --data shapes.yml --weights "
-    "output/ppyoloe_demo/weights/best.pdparams",
-    "python tools/infer.py -c configs/demo/ppyoloe_demo.yml --data shapes.yml --weights output/ppyoloe_demo "
-    "--infer_dir dataset/shapes-coco/images/val",
+    "python tools/train.py -c shapes_ppyoloe.yml --eval",
+    "python tools/eval.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe/weights/best.pdparams",
+    "python tools/infer.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe --infer_dir "
+    "dataset/shapes-coco/images/val",
 ]
 VOC = [
     "ppmulti data demo dataset/shapes-voc --format voc --train 64 --val 16",
@@ -46,7 +45,8 @@ COCO_ITSELF = ["ppmulti launch --gpus 0,1,2,3,4,5,6,7 tools/train.py -c configs/
                "--batch 64 --eval"]   # a dry run in test_docs (no COCO download in tests)
 
 # Shorter runs of the same commands: flags they already take.
-SHORTER = {"--epochs 30": "--epochs 1", "--train 64 --val 16": "--train 16 --val 4", "--img 160": "--img 64"}
+SHORTER = {"--epochs 30": "--epochs 1", "--train 64 --val 16": "--train 16 --val 4", "--img 160": "--img 64",
+           "-c shapes_ppyoloe.yml --eval": "-c shapes_ppyoloe.yml --eval --epochs 1 -o snapshot_epoch=1"}
 
 
 def _yaml_blocks(text: str) -> list[str]:
@@ -57,13 +57,14 @@ def test_the_page_shows_these_commands():
     assert commands(PAGE.read_text()) == [*YOLO, *COCO, *VOC, *COCO_ITSELF]
 
 
-def test_the_dataset_file_on_the_page_is_one_ppmulti_reads(tmp_path):
-    """The page's COCO dataset file, merged onto the demo config as --data does, names the demo set's parts."""
+def test_the_config_on_the_page_names_the_datasets_parts(tmp_path):
+    """The page's COCO config: the demo config as its _BASE_, the dataset's parts under PaddleDetection's keys."""
     import yaml
 
     block = next(b for b in _yaml_blocks(PAGE.read_text()) if "COCODataSet" in b)
     data = yaml.safe_load(block)
     assert data["num_classes"] == 3 and data["metric"] == "COCO"
+    assert data["_BASE_"] == ["configs/demo/ppyoloe_demo.yml"]
     for section in ("TrainDataset", "EvalDataset"):
         assert {"dataset_dir", "image_dir", "anno_path"} <= set(data[section])
     shipped = yaml.safe_load((REPO / "configs" / "datasets" / "demo_coco.yml").read_text())
@@ -156,9 +157,9 @@ def _fresh(tmp_path: Path, name: str) -> Path:
 def test_the_pages_commands_train_validate_and_predict(layout, tmp_path):
     """Each layout's block as typed (epochs 1, 16 + 4 images, 64 px), one after the other in a fresh directory."""
     cwd = _fresh(tmp_path, layout)
-    if layout == "coco":   # the page's dataset file, saved as the page says
+    if layout == "coco":   # the page's config, saved as the page says
         block = next(b for b in _yaml_blocks(PAGE.read_text()) if "COCODataSet" in b)
-        (cwd / "shapes.yml").write_text(block)
+        (cwd / "shapes_ppyoloe.yml").write_text(block)
     outputs = []
     for command in {"yolo": YOLO, "coco": COCO, "voc": VOC}[layout]:
         proc = _shell(command, cwd)
@@ -175,7 +176,7 @@ def test_the_pages_commands_train_validate_and_predict(layout, tmp_path):
             assert (cwd / "runs" / "detect" / "exp").is_dir()
             assert len(list((cwd / "runs" / "detect" / "exp").glob("*.jpg"))) == 4
     else:
-        run = cwd / "output" / "ppyoloe_demo"
+        run = cwd / "output" / "shapes_ppyoloe"
         assert (run / "weights" / "best.pdparams").is_file()
         assert "num_classes: 3" in (run / "config.yml").read_text()
         assert re.search(r"mAP", outputs[2]), outputs[2][-2000:]

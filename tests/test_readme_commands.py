@@ -21,8 +21,8 @@ PAGES = [REPO / "README.md", REPO / "docs" / "index.md"]
 SHORTER = [
     ("ppmulti demo", " --epochs 1"),
     ("ppmulti data demo", " --train 16 --val 4 --size 128"),
-    ("python tools/train.py -c", " --epochs 1"),
-    ("ppmulti launch --nproc_per_node 2 tools/train.py", " --epochs 1"),
+    ("python tools/train.py -c", " --epochs 1 -o snapshot_epoch=1"),   # evaluated, so weights/best is written
+    ("ppmulti launch --nproc_per_node 2 tools/train.py", " --epochs 1 -o snapshot_epoch=1"),
 ]
 
 
