@@ -712,3 +712,58 @@ def test_the_files_the_run_directory_table_names_are_written(yolov5_run, two_ran
         if not path.exists():
             missing.append(f"{name} (looked for {path})")
     assert not missing, "files configs.md says a run writes, missing from a real run:\n" + "\n".join(missing)
+
+
+def linked_sentences(text: str) -> list[tuple[str, str]]:
+    """(sentence, results file) for each prose sentence of ``text`` that links to a results file."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        if para.lstrip().startswith("|"):
+            continue   # tables: headline_rows
+        flat = " ".join(para.split())
+        for sentence in re.split(r"(?<=[a-z0-9)`*][.!?])\s+(?=[A-Z`(\[])", flat):
+            for link in re.findall(r"\]\(((?:\.\./)?(?:bench/)?results/[^)#]+)\)", sentence):
+                out.append((sentence, link))
+    return out
+
+
+def test_figures_in_sentences_are_the_numbers_in_their_results_files():
+    """A figure given in a sentence that links to its results file (`2.33x the step time ([sync_bn.md](...))`) is a
+    number of that file: decimals and ratios (plain whole numbers such as "2 ranks" are conditions, not figures)."""
+    bad, seen = [], 0
+    for name in ["README.md", *_nav_pages()]:
+        path = REPO / name if name == "README.md" else DOCS / name
+        for sentence, link in linked_sentences(path.read_text()):
+            target = (path.parent / link).resolve()
+            assert target.is_file(), f"{name} links to a missing results file: {link}"
+            seen += 1
+            plain = re.sub(r"`[^`]*`|\[[^\]]*\]\([^)]*\)", " ", sentence)
+            figures = [n for n in re.findall(r"(?<![\w.])(\d+\.\d+(?:e-?\d+)?|\d+(?:\.\d+)?(?=x\b))", plain)]
+            bad += [f"{name}: {n} ('{sentence[:90]}...') is not in {target.name}" for n in figures
+                    if not _in_results(n, target)]
+    assert seen >= 2, "no sentence links a results file: is the link syntax still ](results/...)?"
+    assert not bad, "\n".join(bad)
+
+
+def test_a_sentence_figure_not_in_its_file_fails(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "x.md").write_text("| mode | s/step |\n| plain | 0.217 |\n\ntakes 2.33x the step time\n")
+    text = "It takes 2.33x the step time ([x.md](results/x.md)), 0.217 s a step. Another sentence: 9.99."
+    (sentence, link), = linked_sentences(text)
+    assert "9.99" not in sentence and link == "results/x.md"
+    assert _in_results("2.33", tmp_path / link) and not _in_results("2.34", tmp_path / link)
+
+
+def test_every_results_file_holds_its_command_and_date():
+    """README and performance.md say each results file holds its command and date: every file in bench/results."""
+    bad = []
+    for path in sorted((REPO / "bench" / "results").rglob("*")):
+        if path.suffix not in (".json", ".md"):
+            continue
+        text = path.read_text()
+        if not re.search(r"20\d\d-\d\d-\d\d", text):
+            bad.append(f"{path.name}: no date")
+        if not re.search(r"(python (bench|tools)/[\w./]+\.py|ppmulti (bench|demo)\b)", text):
+            bad.append(f"{path.name}: no command")
+    assert not bad, "\n".join(bad)
