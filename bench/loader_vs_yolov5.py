@@ -270,7 +270,8 @@ def markdown(summary: dict, workers: list[int], meta: dict) -> str:
         lines.append(f"| {side} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"CPU ratio ppmulti / yolov5: {summary['cpu_ratio_ppmulti_over_yolov5']} with the HSV gains "
-                 f"on the GPU (0.5 would be half of YOLOv5's), {summary['cpu_ratio_ppmulti_hsv_host_over_yolov5']} with them "
+                 f"on the GPU (0.5 would be half of YOLOv5's), "
+                 f"{summary['cpu_ratio_ppmulti_hsv_host_over_yolov5']} with them "
                  f"in the loader (a CPU run); the GPU's share run on this CPU: "
                  f"{summary['ppmulti'].get('device_ms_per_img_on_this_cpu')} ms per image. "
                  f"{meta['images']} JPEGs 640x480 q90 from YOLOv5's data/images photographs; "

@@ -24,6 +24,9 @@ PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 
 # (b) Commands that a named test, or a session fixture of conftest that tests read, really runs (with its own paths,
 # sizes and epochs). Checked: the test or fixture exists, and its module uses the command's program and every flag.
+OWN_DATA = "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict"
+DEPLOY = ("tests/test_deploy_example.py::"
+          "test_deploy_example_prints_the_same_boxes_from_paddle_inference_and_onnxruntime")
 TESTED = {
     "ppmulti demo": "tests/test_cli.py::test_demo_command_end_to_end",
     "ppmulti data demo dataset/demo": "tests/test_cli.py::test_data_demo_command",
@@ -78,29 +81,29 @@ TESTED = {
         "tests/test_trackers.py::test_one_training_logs_the_same_to_visualdl_tensorboard_and_an_mlflow_server",
     "mkdocs build --strict": "tests/test_docs.py::test_mkdocs_build_strict",
     # docs/own-data.md: each layout's block, run as typed (epochs and image counts shortened)
-    "ppmulti data demo dataset/shapes --format yolo --train 64 --val 16": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "ppmulti data demo dataset/shapes --format yolo --train 64 --val 16": OWN_DATA,
     "python tools/train.py --data dataset/shapes/data.yaml --cfg yolov5n --weights '' --img 160 --epochs 30 --batch 16 "
-    "--device cpu": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "--device cpu": OWN_DATA,
     "python tools/val.py --data dataset/shapes/data.yaml --weights runs/train/exp/weights/best.pdparams --img 160":
-        "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+        OWN_DATA,
     "python tools/detect.py --weights runs/train/exp/weights/best.pdparams --source dataset/shapes/images/val "
-    "--save-txt": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "ppmulti data demo dataset/shapes-coco --format coco --train 64 --val 16": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "python tools/train.py -c shapes_ppyoloe.yml --eval": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "python tools/eval.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe/weights/best.pdparams": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "--save-txt": OWN_DATA,
+    "ppmulti data demo dataset/shapes-coco --format coco --train 64 --val 16": OWN_DATA,
+    "python tools/train.py -c shapes_ppyoloe.yml --eval": OWN_DATA,
+    "python tools/eval.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe/weights/best.pdparams": OWN_DATA,
     "python tools/infer.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe --infer_dir "
-    "dataset/shapes-coco/images/val": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "ppmulti data demo dataset/shapes-voc --format voc --train 64 --val 16": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
-    "ppmulti data convert dataset/shapes-voc dataset/shapes-voc --to yolo": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "dataset/shapes-coco/images/val": OWN_DATA,
+    "ppmulti data demo dataset/shapes-voc --format voc --train 64 --val 16": OWN_DATA,
+    "ppmulti data convert dataset/shapes-voc dataset/shapes-voc --to yolo": OWN_DATA,
     "python tools/train.py --data dataset/shapes-voc/data.yaml --cfg yolov5n --weights '' --img 160 --epochs 30 "
-    "--batch 16 --device cpu": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "--batch 16 --device cpu": OWN_DATA,
     "python tools/val.py --data dataset/shapes-voc/data.yaml --weights runs/train/exp/weights/best.pdparams "
-    "--img 160": "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict",
+    "--img 160": OWN_DATA,
     # docs/amp-export.md, Deploying from Python
     "python tools/export.py -c configs/demo/ppyoloe_demo.yml --weights output/ppyoloe_demo --output_dir "
-    "output_inference --format onnx": "tests/test_deploy_example.py::test_deploy_example_prints_the_same_boxes_from_paddle_inference_and_onnxruntime",
-    "python examples/deploy.py output_inference/ppyoloe_demo dataset/demo/images/val/000001.jpg": "tests/test_deploy_example.py::test_deploy_example_prints_the_same_boxes_from_paddle_inference_and_onnxruntime",
-    "python examples/deploy.py output_inference/ppyoloe_demo dataset/demo/images/val/000001.jpg --onnx": "tests/test_deploy_example.py::test_deploy_example_prints_the_same_boxes_from_paddle_inference_and_onnxruntime",
+    "output_inference --format onnx": DEPLOY,
+    "python examples/deploy.py output_inference/ppyoloe_demo dataset/demo/images/val/000001.jpg": DEPLOY,
+    "python examples/deploy.py output_inference/ppyoloe_demo dataset/demo/images/val/000001.jpg --onnx": DEPLOY,
     "python docs/gen_cli.py > docs/cli.md": "tests/test_docs.py::test_cli_reference_matches_the_parsers",
 }
 
