@@ -27,6 +27,13 @@ def test_the_page_shows_the_example():
     source = EXAMPLE.read_text()
     for part in ("onnxruntime.InferenceSession", "inference.create_predictor", "infer_cfg.yml"):
         assert part in source
+    import ast
+
+    imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+                for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+    # what the page says it needs: Paddle or onnxruntime, numpy, OpenCV and PyYAML (no ppmulti, no ppdet)
+    assert imported == {"__future__", "argparse", "pathlib", "cv2", "numpy", "yaml", "paddle", "onnxruntime"}, imported
 
 
 @pytest.mark.slow
