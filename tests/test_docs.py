@@ -476,9 +476,11 @@ def test_every_published_page_is_found(site):
 
 
 def test_the_built_site_reads_as_a_user_guide(site):
+    """Every page mkdocs builds (the results pages the guide links to included), and README, speak of the product."""
     found = []
-    for page in _built_pages(site):
-        text = _page_text(site, page)
+    texts = [(page, _page_text(site, page)) for page in _built_pages(site)]
+    texts.append(("README.md", (REPO / "README.md").read_text()))
+    for page, text in texts:
         for pattern in FORBIDDEN:
             found += [f"{page}: '{m.group(0)}' in ...{text[max(0, m.start() - 60):m.end() + 40]!r}"
                       for m in re.finditer(pattern, text, re.I)]
@@ -770,3 +772,9 @@ def test_every_results_file_holds_its_command_and_date():
         if not re.search(r"(python (bench|tools)/[\w./]+\.py|ppmulti (bench|demo)\b)", text):
             bad.append(f"{path.name}: no command")
     assert not bad, "\n".join(bad)
+
+
+def test_talk_of_the_work_is_found():
+    for text in ("what differs (issue 34, item 1)", "0.42 (goal: at most 0.5)", "failed on CPU/gloo when tried",
+                 "three other helpers' jobs", "A measurement bug, fixed:"):
+        assert any(re.search(p, text, re.I) for p in FORBIDDEN), text
