@@ -661,6 +661,8 @@ def _known_flags() -> tuple[set[str], set[str]]:
                     collect(sub)
 
     collect(build_parser())
+    for example in (REPO / "examples").glob("*.py"):   # examples/deploy.py's own flags
+        known.update(re.findall(r"add_argument\(\"(--[\w-]+)\"", example.read_text()))
     for make in module._passthrough_parsers().values():
         collect(make())
     refused = set(UNSUPPORTED)
