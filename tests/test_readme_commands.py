@@ -85,5 +85,8 @@ def test_readme_and_quickstart_commands_run_as_typed(tmp_path):
         proc = subprocess.run(["bash", "-c", run], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"{command}\n(ran: {run})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert (cwd / "runs" / "train" / "exp" / "weights" / "best.onnx").is_file()
-    assert list((cwd / "runs" / "detect").glob("exp*/labels/*.txt")), "detect --save-txt wrote no labels"
+    # both detect lines (the .pdparams and the .onnx) drew the 4 val images (a 1-epoch model may find no box, so
+    # --save-txt may write no label file)
+    drawn = {d.name: len(list(d.glob("*.jpg"))) for d in (cwd / "runs" / "detect").glob("exp*")}
+    assert drawn == {"exp": 4, "exp2": 4}, drawn
     assert (cwd / "output" / "ppyoloe_demo" / "weights" / "best.pdparams").is_file()
