@@ -72,15 +72,19 @@ REQUIRES = PADDLE_REQUIRES + (PADDLE_26_REQUIRES if PADDLE_26 else []) + [
     "onednn-devel-cpu-gomp==2023.2.0; platform_machine == 'x86_64' and sys_platform == 'linux'",
 ]
 
-# tools/export.py --format onnx (not needed for training). paddle2onnx by Paddle: 1.3.1 reads Paddle 2.6's
-# model.pdmodel (2.x imports paddle.decomposition, absent in 2.6); 2.1.0 reads Paddle 3's PIR model.json (1.x knows
-# no PIR; compat.pir_interp_scale_as_float bridges Paddle 3.3.1's double interp scales). onnx edits the batch
-# dimension; onnxruntime runs the result (and turns float32 graphs into float16 for --half); onnxslim is --simplify.
+# tools/export.py --format onnx / --include onnx, in the default install so that README's export line runs as typed
+# after README's install (the `export` extra remains, for installs that name it). paddle2onnx by Paddle: 1.3.1
+# reads Paddle 2.6's model.pdmodel (2.x imports paddle.decomposition, absent in 2.6); 2.1.0 reads Paddle 3's PIR
+# model.json (1.x knows no PIR; compat.pir_interp_scale_as_float bridges Paddle 3.3.1's double interp scales).
+# onnx edits the batch dimension; onnxruntime runs the result (and turns float32 graphs into float16 for --half);
+# onnxslim is --simplify.
 # Python 3.13: paddle2onnx publishes no wheel (2.1.0 stops at 3.12) and onnx 1.17 none either, so the extra brings
-# onnxruntime alone there and --format onnx says to export from a 3.10-3.12 environment.
+# onnxruntime alone there and --format onnx says to export from a 3.10-3.12 environment (registry, 2026-12-01:
+# `pip download paddle2onnx==2.1.0 --python-version 3.X --only-binary=:all:` finds wheels for 3.10-3.12, none for 3.13).
 BELOW_313 = "python_version < '3.13'"
 EXPORT = ([f"paddle2onnx==1.3.1; {BELOW_313}"] if PADDLE_26 else [f"paddle2onnx==2.1.0; {BELOW_313}"]) + [
     f"onnx<=1.17.0; {BELOW_313}", f"onnxslim; {BELOW_313}", "onnxruntime"]
+REQUIRES += EXPORT
 TEST = ["pytest>=7.3", "pytest-timeout", "pytest-rerunfailures>=12"]
 DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5"]
 LINT = ["ruff==0.17.6"]

@@ -270,13 +270,15 @@ def markdown(summary: dict, workers: list[int], meta: dict) -> str:
         lines.append(f"| {side} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"CPU ratio ppmulti / yolov5: {summary['cpu_ratio_ppmulti_over_yolov5']} with the HSV gains "
-                 f"on the GPU (goal: at most 0.5), {summary['cpu_ratio_ppmulti_hsv_host_over_yolov5']} with them "
+                 f"on the GPU (0.5 would be half of YOLOv5's), "
+                 f"{summary['cpu_ratio_ppmulti_hsv_host_over_yolov5']} with them "
                  f"in the loader (a CPU run); the GPU's share run on this CPU: "
                  f"{summary['ppmulti'].get('device_ms_per_img_on_this_cpu')} ms per image. "
                  f"{meta['images']} JPEGs 640x480 q90 from YOLOv5's data/images photographs; "
                  f"--img 640 --batch {meta['batch']}, hyp.scratch-low, cache: {meta['cache'] or 'none'}, "
                  f"ppmulti's mosaic buffer: {meta['mosaic_buffer']} (0: YOLOv5's draw); "
-                 f"medians of {meta['rounds']} alternated rounds; {meta['when']}, {meta['cpus']} CPUs.")
+                 f"medians of {meta['rounds']} alternated rounds; {meta['when']}, {meta['cpus']} CPUs. "
+                 f"Command: `{meta.get('command', 'python bench/loader_vs_yolov5.py')}`.")
     return "\n".join(lines) + "\n"
 
 
@@ -331,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
                             else f"{res['img_s']:.1f} img/s" if "img_s" in res else res.get("error"))
                     print(f"round {r + 1}/{args.rounds} {side:16s} workers {w}: {what}", flush=True)
                     results.append(res)
-        meta = {"images": args.images, "batch": args.batch, "rounds": args.rounds, "cache": args.cache,
+        meta = {"command": "python bench/loader_vs_yolov5.py " + " ".join(argv),   # each results file: its command
+                "images": args.images, "batch": args.batch, "rounds": args.rounds, "cache": args.cache,
                 "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "images_from": f"{', '.join(PHOTOS)} of the YOLOv5 checkout, random 640x480 crops, JPEG q90",
                 "mosaic_buffer": next((r["mosaic_buffer"] for r in results if "mosaic_buffer" in r), None)}

@@ -90,6 +90,7 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -104,8 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     result = run(stacks, ns.rounds, out, extra)
-    (out / "stacks.json").write_text(json.dumps(result, indent=1))
-    text = table(result)
+    # each results file carries its command and date (docs/performance.md links them)
+    import shlex
+    import time
+
+    command = "python bench/stacks.py " + shlex.join(given)
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (out / "stacks.json").write_text(json.dumps({"command": command, "date": date, **result}, indent=1))
+    text = f"# Paddle stacks side by side\n\nCommand: `{command}`; {date}.\n\n" + table(result)
     (out / "stacks.md").write_text(text)
     print(text)
     return 0

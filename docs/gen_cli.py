@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -58,23 +57,11 @@ def _esc(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")
 
 
-def _first_clause(text: str) -> str:
-    """The help text up to its first `; ` or full stop outside parentheses (examples are dropped by the caller):
-    the page stays one short row a flag, and `--help` keeps the whole text."""
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += (ch in "([{") - (ch in ")]}")
-        if depth == 0 and (text.startswith("; ", i) or (ch == "." and text[i - 1:i] != "."
-                                                        and re.match(r" [A-Z]", text[i + 1:i + 3]))):
-            return text[:i]
-    return text
-
-
 def _help(action: argparse.Action) -> str:
     text = action.help or ""
     if "%(" in text:
         text = text % {**vars(action), "default": action.default}
-    text = re.sub(r",? e\.g\.,? [^;(]*?(?= \(|\)|;|$)", "", _first_clause(" ".join(text.split())))
+    text = " ".join(text.split())   # the whole help, as `--help` prints it
     default = action.default
     if (action.option_strings and default not in (None, False, [], argparse.SUPPRESS)
             and not isinstance(action, (argparse._StoreTrueAction, argparse._VersionAction))
@@ -101,12 +88,19 @@ def _flag(action: argparse.Action) -> str:
 
 
 def _arguments(parser: argparse.ArgumentParser) -> list[str]:
-    """One list item a flag: its spellings and value, then the first clause of its help."""
+    """One list item a flag: its spellings and value, then its whole help."""
     rows = [a for a in parser._actions
             if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and a.help != argparse.SUPPRESS]
     if not rows:
         return []
-    return [f"- {_flag(a)}" + (f": {text}" if (text := _help(a).replace("\\|", "|")) else "") for a in rows] + [""]
+    items: list[tuple[list[str], str]] = []   # flags that share one help text (refusals, mostly) share a row
+    for a in rows:
+        text = _help(a).replace("\\|", "|")
+        if items and text and items[-1][1] == text:
+            items[-1][0].append(_flag(a))
+        else:
+            items.append(([_flag(a)], text))
+    return [f"- {', '.join(flags)}" + (f": {text}" if text else "") for flags, text in items] + [""]
 
 
 def _section(title: str, parser: argparse.ArgumentParser, summary: str = "") -> list[str]:

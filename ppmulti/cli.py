@@ -23,6 +23,15 @@ def _cmd_data_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_convert(args: argparse.Namespace) -> int:
+    from ppmulti.common.layouts import convert
+
+    ds, written = convert(args.src, args.dst, args.to)
+    counts = ", ".join(f"{split} {len(samples)}" for split, samples in ds.splits.items())
+    print(f"{args.to} dataset written to {args.dst} ({len(ds.names)} classes; images: {counts}): {written}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ppmulti.procs.demo import run_demo
 
@@ -64,12 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")
     gen = data_sub.add_parser("demo", help="write the synthetic demo detection dataset")
     gen.add_argument("dir", help="output directory, e.g. dataset/demo")
-    gen.add_argument("--format", choices=("coco", "yolo", "both"), default="both")
+    gen.add_argument("--format", choices=("coco", "yolo", "both", "voc"), default="both",
+                     help="layout: COCO json, YOLO txt + data.yaml, both of these (the default), or Pascal VOC xml")
     gen.add_argument("--train", type=int, default=256, help="training images (default 256)")
     gen.add_argument("--val", type=int, default=64, help="validation images (default 64)")
     gen.add_argument("--size", type=int, default=256, help="image side in pixels (default 256)")
     add(gen, "seed", help="random seed of the images and boxes")
     gen.set_defaults(func=_cmd_data_demo)
+    conv = data_sub.add_parser("convert", help="write a YOLO, COCO or VOC dataset in another of these layouts")
+    conv.add_argument("src", help="the dataset: a directory with data.yaml (YOLO), label_list.txt (VOC) or "
+                                  "annotations/instances_<split>.json (COCO)")
+    conv.add_argument("dst", help="output directory (may be SRC itself: images already there are not copied)")
+    conv.add_argument("--to", required=True, choices=("yolo", "coco", "voc"), help="the layout to write")
+    conv.set_defaults(func=_cmd_data_convert)
     data.set_defaults(func=lambda a: (data.print_help(), 2)[1])
 
     # each process-side command module registers its own parser

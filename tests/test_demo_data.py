@@ -182,7 +182,7 @@ def test_exists_marker(tmp_path):
     (root / "data.yaml").unlink()   # an incomplete set is not one, whatever the marker says
     assert not exists(root, "yolo") and exists(root, "coco")
     with pytest.raises(UserError, match="format"):
-        exists(root, "voc")
+        exists(root, "pascal")
 
 
 def test_regenerating_smaller_removes_stale_files(tmp_path):
@@ -198,7 +198,7 @@ def test_regenerating_smaller_removes_stale_files(tmp_path):
 @pytest.mark.parametrize("kwargs,words", [
     ({"n_train": 0}, ("n_train", "--train")), ({"n_val": 0}, ("n_val", "--val")),
     ({"size": 32}, ("size", "--size")), ({"size": 4096}, ("size", "--size")),
-    ({"fmt": "voc"}, ("format", "coco, yolo, both")), ({"n_train": 2.5}, ("n_train", "integer")),
+    ({"fmt": "pascal"}, ("format", "coco, yolo, both")), ({"n_train": 2.5}, ("n_train", "integer")),
     ({"seed": "1"}, ("seed", "integer")),
 ])
 def test_bad_arguments(tmp_path, kwargs, words):

@@ -24,6 +24,9 @@ PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 
 # (b) Commands that a named test, or a session fixture of conftest that tests read, really runs (with its own paths,
 # sizes and epochs). Checked: the test or fixture exists, and its module uses the command's program and every flag.
+OWN_DATA = "tests/test_own_data.py::test_the_pages_commands_train_validate_and_predict"
+DEPLOY = ("tests/test_deploy_example.py::"
+          "test_deploy_example_prints_the_same_boxes_from_paddle_inference_and_onnxruntime")
 TESTED = {
     "ppmulti demo": "tests/test_cli.py::test_demo_command_end_to_end",
     "ppmulti data demo dataset/demo": "tests/test_cli.py::test_data_demo_command",
@@ -77,6 +80,30 @@ TESTED = {
     "python tools/train.py --data coco128.yaml --cfg yolov5s --logger visualdl,tensorboard,mlflow":
         "tests/test_trackers.py::test_one_training_logs_the_same_to_visualdl_tensorboard_and_an_mlflow_server",
     "mkdocs build --strict": "tests/test_docs.py::test_mkdocs_build_strict",
+    # docs/own-data.md: each layout's block, run as typed (epochs and image counts shortened)
+    "ppmulti data demo dataset/shapes --format yolo --train 64 --val 16": OWN_DATA,
+    "python tools/train.py --data dataset/shapes/data.yaml --cfg yolov5n --weights '' --img 160 --epochs 30 --batch 16 "
+    "--device cpu": OWN_DATA,
+    "python tools/val.py --data dataset/shapes/data.yaml --weights runs/train/exp/weights/best.pdparams --img 160":
+        OWN_DATA,
+    "python tools/detect.py --weights runs/train/exp/weights/best.pdparams --source dataset/shapes/images/val "
+    "--save-txt": OWN_DATA,
+    "ppmulti data demo dataset/shapes-coco --format coco --train 64 --val 16": OWN_DATA,
+    "python tools/train.py -c shapes_ppyoloe.yml --eval": OWN_DATA,
+    "python tools/eval.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe/weights/best.pdparams": OWN_DATA,
+    "python tools/infer.py -c shapes_ppyoloe.yml --weights output/shapes_ppyoloe --infer_dir "
+    "dataset/shapes-coco/images/val": OWN_DATA,
+    "ppmulti data demo dataset/shapes-voc --format voc --train 64 --val 16": OWN_DATA,
+    "ppmulti data convert dataset/shapes-voc dataset/shapes-voc --to yolo": OWN_DATA,
+    "python tools/train.py --data dataset/shapes-voc/data.yaml --cfg yolov5n --weights '' --img 160 --epochs 30 "
+    "--batch 16 --device cpu": OWN_DATA,
+    "python tools/val.py --data dataset/shapes-voc/data.yaml --weights runs/train/exp/weights/best.pdparams "
+    "--img 160": OWN_DATA,
+    # docs/amp-export.md, Deploying from Python
+    "python tools/export.py -c configs/demo/ppyoloe_demo.yml --weights output/ppyoloe_demo --output_dir "
+    "output_inference --format onnx": DEPLOY,
+    "python examples/deploy.py output_inference/ppyoloe_demo dataset/demo/images/val/000001.jpg": DEPLOY,
+    "python examples/deploy.py output_inference/ppyoloe_demo dataset/demo/images/val/000001.jpg --onnx": DEPLOY,
     "python docs/gen_cli.py > docs/cli.md": "tests/test_docs.py::test_cli_reference_matches_the_parsers",
 }
 
@@ -217,6 +244,9 @@ def test_named_test_exists_and_runs_the_command(command):
     tree = ast.parse(source)
     names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert name in names, f"{TESTED[command]} does not exist (doc command: {command})"
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    if command in literals:   # the module holds the command as the docs show it (and runs it through a shell)
+        return
     program = _program(command)
     missing = [f for f in [program, *_flags(command)] if not _quoted(f, source)]
     assert not missing, f"{TESTED[command]} never uses {missing} of the doc command: {command}"
@@ -331,7 +361,8 @@ WORD_BUDGET = 15_000   # the whole built site, the generated CLI reference inclu
 # Lab-notebook words: the guide says what is true now; measurements and their history live in bench/PERF.md.
 FORBIDDEN = [r"\bgoals?\b", r"\bissue #?\d+", r"\b(?:this|last|previous|earlier|next) sessions?\b",
              r"\bexplorations?\b", r"\bfor the record\b", r"\bTODO\b", r"\bFIXME\b", r"\bXXX\b", r"\bSTACK\.md\b",
-             r"\bno GPU here\b", r"\bnot met\b"]
+             r"\bno GPU here\b", r"\bnot met\b", r"\bwhen tried\b", r"\btickets?\b", r"\bitem \d+\)",
+             r"\bmeasurement bug\b", r"\bhelpers?'?\b"]
 
 
 def _nav_pages() -> list[str]:
@@ -427,10 +458,29 @@ def _page_text(site: Path, page: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", body))
 
 
+def _built_pages(site: Path) -> list[str]:
+    """Every page mkdocs built, in and out of the nav (the results pages the guide links to), as its source name."""
+    pages = []
+    for html_file in sorted(site.rglob("index.html")):
+        rel = html_file.parent.relative_to(site).as_posix()
+        if rel in ("search",) or rel.startswith(("assets", "search/")):
+            continue
+        pages.append("index.md" if rel == "." else f"{rel}.md")
+    return pages
+
+
+def test_every_published_page_is_found(site):
+    pages = _built_pages(site)
+    assert set(_nav_pages()) <= set(pages)
+    assert {"results/demo.md", "results/rank_gap.md", "results/sync_bn.md"} <= set(pages), pages
+
+
 def test_the_built_site_reads_as_a_user_guide(site):
+    """Every page mkdocs builds (the results pages the guide links to included), and README, speak of the product."""
     found = []
-    for page in _nav_pages():
-        text = _page_text(site, page)
+    texts = [(page, _page_text(site, page)) for page in _built_pages(site)]
+    texts.append(("README.md", (REPO / "README.md").read_text()))
+    for page, text in texts:
         for pattern in FORBIDDEN:
             found += [f"{page}: '{m.group(0)}' in ...{text[max(0, m.start() - 60):m.end() + 40]!r}"
                       for m in re.finditer(pattern, text, re.I)]
@@ -580,3 +630,153 @@ def test_side_by_side_commands_parse(page, command):
         assert not extra, f"{page}: ppmulti launch does not know {extra}: {command}"
     _, extra = _gen_cli().tool_parser(Path(words[script]).stem).parse_known_args(words[script + 1:])
     assert not extra, f"{page}: {words[script]} does not know {extra}: {command}"
+
+
+# --- claims the guide makes that a test can check -----------------------------------------------------------------
+
+# Flags of other programs that the guide names in passing, with the program: everything else in backticks that looks
+# like a flag must be one that ppmulti's parsers know, or one that ppmulti refuses by name.
+OTHER_PROGRAMS = {
+    "--no-deps": "pip", "-e": "pip", "-m": "python -m / pytest -m", "--shm-size": "docker run",
+    "--strict": "mkdocs build", "--logdir": "tensorboard", "--ntasks-per-node": "srun", "-N2": "srun",
+    "--tee": "torchrun (refused by ppmulti launch in one line)",
+}
+
+
+def _known_flags() -> tuple[set[str], set[str]]:
+    """(every option string of ppmulti's parsers and tools, every flag a tool refuses by name)."""
+    import argparse
+
+    from ppmulti.cli import build_parser
+    from ppmulti.common.train_flags import UNSUPPORTED
+
+    module = _gen_cli()
+    known: set[str] = set()
+
+    def collect(parser):
+        for action in parser._actions:
+            known.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    collect(sub)
+
+    collect(build_parser())
+    for example in (REPO / "examples").glob("*.py"):   # examples/deploy.py's own flags
+        known.update(re.findall(r"add_argument\(\"(--[\w-]+)\"", example.read_text()))
+    for make in module._passthrough_parsers().values():
+        collect(make())
+    refused = set(UNSUPPORTED)
+    for tool in module.tools():
+        collect(module.tool_parser(tool))
+        spec = importlib.util.spec_from_file_location(f"_docs_tool_{tool}", REPO / "tools" / f"{tool}.py")
+        source = (REPO / "tools" / f"{tool}.py").read_text()
+        if "UNSUPPORTED = {" in source:
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            refused.update(mod.UNSUPPORTED)
+    return known, refused
+
+
+def _flags_in_prose(text: str) -> list[str]:
+    """Flags written in inline code (`--x`, `--x VALUE`) outside code blocks."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [f for span in re.findall(r"`([^`\n]+)`", text) for f in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", span)]
+
+
+def test_every_flag_the_guide_names_exists():
+    known, refused = _known_flags()
+    bad = []
+    for name in ["README.md", *_nav_pages()]:
+        path = REPO / name if name == "README.md" else DOCS / name
+        bad += [f"{name}: {flag}" for flag in _flags_in_prose(path.read_text())
+                if flag not in known and flag not in refused and flag not in OTHER_PROGRAMS]
+    assert not bad, "flags the guide names that no parser knows or refuses:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_a_flag_that_does_not_exist_is_found():
+    known, refused = _known_flags()
+    assert "--mosaic-buffer" in known and "--quad" in refused
+    assert [f for f in _flags_in_prose("Use `--mosaic-bufer 64` or `--quad`.") if f not in known | refused] \
+        == ["--mosaic-bufer"]
+
+
+@pytest.mark.slow
+def test_the_files_the_run_directory_table_names_are_written(yolov5_run, two_rank_run):
+    """configs.md's run-directory table against real runs: a YOLOv5 line (conftest.yolov5_run; it is --noplots, so
+    the pictures are left to the plot tests) and a 2-rank run for logs/rankN.log. hyp.yaml without --hyp:
+    test_own_data.py's runs."""
+    table = (DOCS / "configs.md").read_text().split("## The run directory", 1)[1].split("## Resume", 1)[0]
+    named = [f for row in table.splitlines() if row.startswith("| `")
+             for f in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    assert "hyp.yaml" in named and "weights/last.pdstate" in named
+    pictures = {f for f in named if f.endswith((".png", ".jpg"))}   # the yolov5 run is --noplots: visualdl.md's test
+    missing = []
+    for name in named:
+        if name in pictures or name == "...":
+            continue
+        run = two_rank_run.path if "rankN" in name else yolov5_run.path
+        path = run / name.replace("rankN", "rank1")
+        if not path.exists():
+            missing.append(f"{name} (looked for {path})")
+    assert not missing, "files configs.md says a run writes, missing from a real run:\n" + "\n".join(missing)
+
+
+def linked_sentences(text: str) -> list[tuple[str, str]]:
+    """(sentence, results file) for each prose sentence of ``text`` that links to a results file."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        if para.lstrip().startswith("|"):
+            continue   # tables: headline_rows
+        flat = " ".join(para.split())
+        for sentence in re.split(r"(?<=[a-z0-9)`*][.!?])\s+(?=[A-Z`(\[])", flat):
+            for link in re.findall(r"\]\(((?:\.\./)?(?:bench/)?results/[^)#]+)\)", sentence):
+                out.append((sentence, link))
+    return out
+
+
+def test_figures_in_sentences_are_the_numbers_in_their_results_files():
+    """A figure given in a sentence that links to its results file (`2.33x the step time ([sync_bn.md](...))`) is a
+    number of that file: decimals and ratios (plain whole numbers such as "2 ranks" are conditions, not figures)."""
+    bad, seen = [], 0
+    for name in ["README.md", *_nav_pages()]:
+        path = REPO / name if name == "README.md" else DOCS / name
+        for sentence, link in linked_sentences(path.read_text()):
+            target = (path.parent / link).resolve()
+            assert target.is_file(), f"{name} links to a missing results file: {link}"
+            seen += 1
+            plain = re.sub(r"`[^`]*`|\[[^\]]*\]\([^)]*\)", " ", sentence)
+            figures = [n for n in re.findall(r"(?<![\w.])(\d+\.\d+(?:e-?\d+)?|\d+(?:\.\d+)?(?=x\b))", plain)]
+            bad += [f"{name}: {n} ('{sentence[:90]}...') is not in {target.name}" for n in figures
+                    if not _in_results(n, target)]
+    assert seen >= 2, "no sentence links a results file: is the link syntax still ](results/...)?"
+    assert not bad, "\n".join(bad)
+
+
+def test_a_sentence_figure_not_in_its_file_fails(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "x.md").write_text("| mode | s/step |\n| plain | 0.217 |\n\ntakes 2.33x the step time\n")
+    text = "It takes 2.33x the step time ([x.md](results/x.md)), 0.217 s a step. Another sentence: 9.99."
+    (sentence, link), = linked_sentences(text)
+    assert "9.99" not in sentence and link == "results/x.md"
+    assert _in_results("2.33", tmp_path / link) and not _in_results("2.34", tmp_path / link)
+
+
+def test_every_results_file_holds_its_command_and_date():
+    """README and performance.md say each results file holds its command and date: every file in bench/results."""
+    bad = []
+    for path in sorted((REPO / "bench" / "results").rglob("*")):
+        if path.suffix not in (".json", ".md"):
+            continue
+        text = path.read_text()
+        if not re.search(r"20\d\d-\d\d-\d\d", text):
+            bad.append(f"{path.name}: no date")
+        if not re.search(r"(python (bench|tools)/[\w./]+\.py|ppmulti (bench|demo)\b)", text):
+            bad.append(f"{path.name}: no command")
+    assert not bad, "\n".join(bad)
+
+
+def test_talk_of_the_work_is_found():
+    for text in ("what differs (issue 34, item 1)", "0.42 (goal: at most 0.5)", "failed on CPU/gloo when tried",
+                 "three other helpers' jobs", "A measurement bug, fixed:"):
+        assert any(re.search(p, text, re.I) for p in FORBIDDEN), text

@@ -197,6 +197,11 @@ def test_install_switches_choose_the_paddle_requirement(choice, version, wanted,
     assert {"test", "export", "docs", "lint", "dev"} <= extras, extras
     p2o = {r.split(";")[0].strip() for r in requires if r.startswith("paddle2onnx")}
     assert p2o == {"paddle2onnx==1.3.1" if version == "2.6.2" else "paddle2onnx==2.1.0"}, p2o   # reads that Paddle's
+    default = [r.split(";")[0].strip() for r in requires if "extra ==" not in r]   # README's install: ONNX export
+    assert {"onnxruntime", "onnx<=1.17.0", "onnxslim"} <= set(default) and any(r.startswith("paddle2onnx==")
+                                                                               for r in default), default
+    assert any(r.startswith("paddle2onnx") and "python_version < \"3.13\"" in r and "extra ==" not in r
+               for r in requires), requires   # no paddle2onnx release for 3.13 (setup.py)
     dev = [r for r in requires if 'extra == "dev"' in r]
     for name in ("pytest", "onnxruntime", "mkdocs", "mkdocs-material", "ruff==0.17.6"):
         assert any(r.startswith(name) for r in dev), (name, dev)

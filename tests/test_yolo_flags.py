@@ -220,3 +220,19 @@ def test_ppdet_dataset_yml_with_base_as_data(tmp_path, repo):
     data.write_text("_BASE_: ['missing_base.yml']\n")
     with pytest.raises(UserError, match="missing_base.yml"):
         _edited("--cfg", "yolov5n", "--data", str(data))
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_hyp_yaml_without_hyp_is_what_the_config_trains_with(repo, optimizer):
+    """A YOLOv5 line without --hyp writes hyp.yaml too (YOLOv5 writes its default hyps): read back from the resolved
+    config, a config given hyp.scratch-low's values gives those values back, key for key."""
+    low = yaml.safe_load((repo / "configs/hyps/hyp.scratch-low.yaml").read_text())
+    cfg, _, _ = _edited("--cfg", "yolov5n", "--optimizer", optimizer, "--hyp",
+                        str(repo / "configs/hyps/hyp.scratch-low.yaml"))
+    read = yolo_flags.read_hyp(cfg)
+    mapped = {k: float(v) for k, v in low.items() if k in read}
+    assert read == mapped
+    assert {"lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "box", "cls", "obj", "hsv_h", "mosaic",
+            "fliplr", "scale", "translate"} <= set(read)
+    bare, _, _ = _edited("--cfg", "yolov5n")                  # no --hyp: the shipped config's own values
+    assert yolo_flags.read_hyp(bare)["lr0"] == bare["LearningRate"]["base_lr"]

@@ -1,4 +1,4 @@
-"""The synthetic demo detection dataset: shapes on noisy backgrounds, in COCO json and YOLOv5 layout."""
+"""The synthetic demo detection dataset: shapes on noisy backgrounds, in COCO json, YOLOv5 or Pascal VOC layout."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ppmulti.common.errors import UserError
 from ppmulti.common.atomic import atomic_write_text
 
 CLASS_NAMES: tuple[str, ...] = ("rectangle", "ellipse", "triangle")
-FORMATS = ("coco", "yolo", "both")
+FORMATS = ("coco", "yolo", "both", "voc")   # both: COCO and YOLO
 MARKER = ".ppmulti_demo.json"
 GENERATOR_VERSION = 3       # bump when the same arguments start giving different bytes
 BACKGROUND_FRACTION = 0.1   # images with no object at all
@@ -287,7 +287,8 @@ def exists(root: str | os.PathLike, fmt: str = "both") -> bool:
     if marker["format"] != "both" and marker["format"] != fmt:
         return False
     paths = _paths(root, fmt)
-    needed = [paths.train_images, paths.val_images, paths.train_json, paths.val_json, paths.data_yaml]
+    needed = [paths.train_images, paths.val_images, paths.train_json, paths.val_json, paths.data_yaml,
+              root / "label_list.txt" if fmt == "voc" else None]
     return all(p.exists() for p in needed if p is not None)
 
 
@@ -313,6 +314,7 @@ def generate(root: str | os.PathLike, fmt: str = "both", n_train: int = 256, n_v
     (root / MARKER).unlink(missing_ok=True)
     coco = fmt in ("coco", "both")
     yolo = fmt in ("yolo", "both")
+    voc = fmt == "voc"
     for split, count in (("train", n_train), ("val", n_val)):
         image_dir = root / "images" / split
         label_dir = root / "labels" / split
@@ -334,11 +336,19 @@ def generate(root: str | os.PathLike, fmt: str = "both", n_train: int = 256, n_v
             atomic_write_text(json_path, json.dumps(_coco(records, size), sort_keys=True, indent=1) + "\n")
         elif previous is not None:
             json_path.unlink(missing_ok=True)
+        if voc:
+            from ppmulti.common import layouts
+
+            samples = [layouts.Sample(image_dir / name, size, size, [(c, *box) for c, box in objects])
+                       for name, objects in records]
+            layouts.write_voc(layouts.Dataset(list(CLASS_NAMES), {split: samples}), root)
     if yolo:
         data = {"path": str(root.resolve()), "train": "images/train", "val": "images/val",
                 "nc": len(CLASS_NAMES), "names": list(CLASS_NAMES)}
         atomic_write_text(root / "data.yaml", yaml.safe_dump(data, sort_keys=False))
     elif previous is not None:
         (root / "data.yaml").unlink(missing_ok=True)  # ours: the old marker says this was a demo set
+    if voc:   # write_voc wrote it with each split; one list of both splits' classes
+        atomic_write_text(root / "label_list.txt", "".join(f"{n}\n" for n in CLASS_NAMES))
     atomic_write_text(root / MARKER, json.dumps(_args(fmt, n_train, n_val, size, seed), sort_keys=True) + "\n")
     return paths

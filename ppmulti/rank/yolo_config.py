@@ -166,6 +166,49 @@ def apply_hyp(cfg, hyp: dict, is_yolov5: bool) -> list[str]:
     return notes
 
 
+def read_hyp(cfg) -> dict[str, float]:
+    """The YOLOv5 hyps a resolved config trains with, read back from where ``apply_hyp`` writes them (the keys
+    this config has a place for), for hyp.yaml on a line without --hyp (YOLOv5 writes its default hyps there)."""
+    out: dict[str, float] = {}
+
+    def put(key: str, value) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+
+    put("lr0", cfg["LearningRate"].get("base_lr"))
+    decay = _decay(cfg)
+    if decay is not None:
+        put("lrf", decay.get("min_lr_ratio"))
+    opt = cfg["OptimizerBuilder"]["optimizer"]
+    put("momentum", opt.get("momentum") if opt.get("type") == "Momentum" else opt.get("beta1"))
+    regularizer = cfg["OptimizerBuilder"].get("regularizer") or {}
+    put("weight_decay", opt.get("weight_decay") if opt.get("type") == "AdamW" else regularizer.get("factor"))
+    warm = [s for s in _schedulers(cfg) if s.get("name") == "LinearWarmup"]
+    put("warmup_epochs", warm[0].get("epochs") if warm else 0.0)
+    for key in ("warmup_momentum", "warmup_bias_lr"):
+        put(key, cfg.get(key))
+    if is_yolov5(cfg):
+        loss = cfg["YOLOv5Loss"]
+        for key in ("box", "cls", "obj"):
+            put(key, (loss.get("loss_weight") or {}).get(key))
+        for key in ("cls_pw", "obj_pw", "anchor_t"):
+            put(key, loss.get(key))
+    mosaic = _find_op(cfg, "YOLOv5Mosaic")
+    if mosaic is not None:
+        for key, name in _MOSAIC_KEYS.items():
+            put(key, mosaic.get(name))
+        for op_name, keys in (("YOLOv5HSV", {"hsv_h": "hgain", "hsv_s": "sgain", "hsv_v": "vgain"}),
+                              ("YOLOv5Flip", {"fliplr": "fliplr", "flipud": "flipud"})):
+            op = _find_op(cfg, op_name) or {}
+            for key, name in keys.items():
+                put(key, op.get(name))
+    else:
+        flip = _find_op(cfg, "RandomFlip")
+        if flip is not None:
+            put("fliplr", flip.get("prob", 0.5))
+    return out
+
+
 def _set_warmup(cfg, epochs: float) -> None:
     scheds = cfg["LearningRate"].setdefault("schedulers", [])
     warm = [s for s in scheds if isinstance(s, dict) and s.get("name") == "LinearWarmup"]

@@ -91,10 +91,17 @@ class _Build:
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
             if opts.record is not None:
                 _write_record(self.run_dir / "opt.yaml", opts.record)
-                if opts.record.get("hyp"):   # the hyps this run trains with, beside its flags (as YOLOv5 keeps them)
+                # the hyps this run trains with, beside its flags, with or without --hyp (as YOLOv5 keeps them):
+                # the --hyp file as given, else the values read back from the resolved config
+                if opts.record.get("hyp"):
                     from ppmulti.common.hyp import load_hyp
 
-                    _write_record(self.run_dir / "hyp.yaml", load_hyp(opts.record["hyp"]))
+                    hyp = load_hyp(opts.record["hyp"])
+                else:
+                    from ppmulti.rank.yolo_config import read_hyp
+
+                    hyp = read_hyp(self.cfg)
+                _write_record(self.run_dir / "hyp.yaml", hyp)
         self._build_parts()
         state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
                                 accumulate=self.batch.accumulate)
