@@ -213,9 +213,10 @@ def converted_path(pt: str, prefer: str = "model") -> Path:
 
 
 def pdparams_for(pt: str, prefer: str = "model") -> tuple[str, PtWeights | None]:
-    """The ppmulti .pdparams of a YOLOv5 or ultralytics 8.x .pt: converted once (on one rank of a node at a time; the others then
-    read it) and cached beside it; returns (path, what the .pt held, None when read from the cache). ``prefer``
-    as read_pt takes it: a checkpoint's ``model`` (what training fine-tunes) or its ``ema`` (what tools evaluate)."""
+    """The ppmulti .pdparams of a YOLOv5 or ultralytics 8.x .pt: converted once (on one rank of a node at a time;
+    the others then read it) and cached beside it; returns (path, what the .pt held, None when read from the
+    cache). ``prefer`` as read_pt takes it for YOLOv5: a checkpoint's ``model`` (what training fine-tunes) or its
+    ``ema`` (what tools evaluate); an ultralytics file gives its ``ema`` first, as ultralytics loads it."""
     from ppmulti.common.atomic import atomic_save
     from ppmulti.common.download import file_lock
 

@@ -13,6 +13,8 @@ from typing import Sequence
 import paddle
 import paddle.nn as nn
 
+from ppmulti.rank import compat
+
 __all__ = ["flops_at"]
 
 
@@ -20,7 +22,7 @@ def _conv_ops(layer: nn.Conv2D, inputs, output) -> int:
     # thop: output elements x (input channels / groups) x kernel area; the bias is not counted
     in_c = int(inputs[0].shape[1])
     kh, kw = layer.weight.shape[2:]
-    return int(output.numel()) * (in_c // layer._groups) * int(kh) * int(kw)
+    return int(output.numel()) * (in_c // compat.conv2d_facts(layer).groups) * int(kh) * int(kw)
 
 
 def _bn_ops(layer: nn.BatchNorm2D, inputs, output) -> int:

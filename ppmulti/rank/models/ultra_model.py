@@ -20,6 +20,7 @@ import paddle.nn as nn
 
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import CONFIGS
+from ppmulti.rank import compat
 from ppmulti.rank.models import ultra_blocks as B
 from ppmulti.rank.models.ultra_head import UltraDetect
 
@@ -222,7 +223,7 @@ def count_parameters(model: nn.Layer) -> tuple[int, int]:
     stats = set()
     for sub in model.sublayers(include_self=True):
         if isinstance(sub, nn.layer.norm._BatchNormBase):
-            stats.update((id(sub._mean), id(sub._variance)))
+            stats.update(id(t) for t in compat.batchnorm_running_stats(sub))
     params = [p for p in model.parameters() if id(p) not in stats]
     return sum(int(p.numel()) for p in params), sum(int(p.numel()) for p in params if not p.stop_gradient)
 
