@@ -203,12 +203,12 @@ class Attention(nn.Layer):
         self.pe = Conv(dim, dim, 3, 1, g=dim, act=False)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        b, c, h, w = x.shape
-        qkv = self.qkv(x).reshape([b, self.num_heads, 2 * self.key_dim + self.head_dim, h * w])
+        _, c, h, w = x.shape   # the batch stays 0 (as it comes) in the reshapes: unknown in an exported graph
+        qkv = self.qkv(x).reshape([0, self.num_heads, 2 * self.key_dim + self.head_dim, h * w])
         q, k, v = paddle.split(qkv, [self.key_dim, self.key_dim, self.head_dim], axis=2)
         attn = F.softmax(paddle.matmul(q * self.scale, k, transpose_x=True), axis=-1)   # [b, heads, N, N]
-        y = paddle.matmul(v, attn, transpose_y=True).reshape([b, c, h, w])
-        return self.proj(y + self.pe(v.reshape([b, c, h, w])))
+        y = paddle.matmul(v, attn, transpose_y=True).reshape([0, c, h, w])
+        return self.proj(y + self.pe(v.reshape([0, c, h, w])))
 
 
 class PSABlock(nn.Layer):
@@ -284,6 +284,5 @@ class DFL(nn.Layer):
         self.c1 = c1
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        b, _, a = x.shape
-        probs = F.softmax(x.reshape([b, 4, self.c1, a]).transpose([0, 2, 1, 3]), axis=1)   # [b, c1, 4, a]
-        return self.conv(probs).reshape([b, 4, a])
+        probs = F.softmax(x.reshape([0, 4, self.c1, -1]).transpose([0, 2, 1, 3]), axis=1)   # [b, c1, 4, a]
+        return self.conv(probs).reshape([0, 4, -1])

@@ -120,10 +120,10 @@ class UltraDetect(nn.Layer):
 
     def forward_head(self, feats: Sequence[paddle.Tensor], box_head: nn.LayerList,
                      cls_head: nn.LayerList) -> dict:
-        bs = feats[0].shape[0]
-        boxes = paddle.concat([box_head[i](feats[i]).reshape([bs, 4 * self.reg_max, -1])
+        # 0: the batch as it comes (unknown in an exported graph with a dynamic batch)
+        boxes = paddle.concat([box_head[i](feats[i]).reshape([0, 4 * self.reg_max, -1])
                                for i in range(self.nl)], axis=-1)
-        scores = paddle.concat([cls_head[i](feats[i]).reshape([bs, self.nc, -1]) for i in range(self.nl)], axis=-1)
+        scores = paddle.concat([cls_head[i](feats[i]).reshape([0, self.nc, -1]) for i in range(self.nl)], axis=-1)
         return {"boxes": boxes, "scores": scores, "feats": list(feats)}
 
     def forward(self, feats: Sequence[paddle.Tensor]):
