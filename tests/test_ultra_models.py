@@ -338,3 +338,34 @@ def test_val_thresholds_reach_ultrayolo_nms():
     cfg = config_mod.load(CONFIGS / "yolo11/yolo11_n_500e_coco.yml")
     sections = _nms_sections(cfg)
     assert len(sections) == 1 and sections[0]["nms_threshold"] == 0.7 and sections[0]["keep_top_k"] == 300
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["yolo11/yolo11_n_500e_coco.yml", "yolo26/yolo26_n_500e_coco.yml"])
+def test_exported_inference_model_matches_dygraph(config, tmp_path):
+    """ppdet's exporter on UltraYOLO (NMS, or YOLO26's top-k, in the graph); the predictor's rows equal dygraph's."""
+    from paddle import inference
+
+    from ppmulti.rank import compat
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.engine.inference import export_model
+
+    over = {"UltraYOLO": {"loss": None, "nms": {"score_threshold": 0.0}}, "eval_height": 64, "eval_width": 64}
+    cfg = config_mod.load(CONFIGS / config, over)
+    from ppdet.core.workspace import create
+
+    paddle.seed(0)
+    model = create(cfg.architecture)
+    model.eval()
+    out_dir = export_model(cfg, model, str(tmp_path))
+    predictor = inference.create_predictor(compat.cpu_predictor_config(out_dir))
+    feeds = {"image": np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32),
+             "im_shape": np.array([[64.0, 64.0]], np.float32), "scale_factor": np.array([[1.0, 1.0]], np.float32)}
+    for name in predictor.get_input_names():
+        predictor.get_input_handle(name).copy_from_cpu(feeds[name])
+    predictor.run()
+    rows = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+    with paddle.no_grad():
+        want = model({k: paddle.to_tensor(v) for k, v in feeds.items()})["bbox"].numpy()
+    assert rows.shape == want.shape and rows.shape[0] > 0
+    np.testing.assert_allclose(rows, want, atol=1e-4)
