@@ -369,3 +369,33 @@ def test_exported_inference_model_matches_dygraph(config, tmp_path):
         want = model({k: paddle.to_tensor(v) for k, v in feeds.items()})["bbox"].numpy()
     assert rows.shape == want.shape and rows.shape[0] > 0
     np.testing.assert_allclose(rows, want, atol=1e-4)
+
+
+def test_val_reads_an_ultralytics_pt(tmp_path):
+    """tools/val.py --weights best.pt (an ultralytics file): its family's config, its classes and names, its
+    weights converted on load; the model predicts as the one that was saved."""
+    import argparse
+
+    from ppdet.core.workspace import create
+
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.engine.checkpoint import load_weights
+    from ppmulti.rank.eval_setup import resolve_model, weights_classes
+
+    paddle.seed(4)
+    source = UltraDetectionModel("yolo26n.yaml", nc=3)
+    pt, _ = _write_ultralytics_pt(tmp_path / "best.pt", source, "yolo26n.yaml", half=False)
+    args = argparse.Namespace(config=None, cfg=None, weights=str(pt), data=None)
+    model = resolve_model(args)
+    assert model.config.endswith("configs/yolo26/yolo26_n_500e_coco.yml") and model.names == ["c0", "c1", "c2"]
+    assert model.overrides == {"num_classes": 3, "UltraYOLO": {"model": "yolo26n.yaml"}} and model.from_pt
+    cfg = config_mod.load(model.config, {**model.overrides, "UltraYOLO": {**model.overrides["UltraYOLO"],
+                                                                           "loss": None}})
+    net = create(cfg.architecture)
+    missing, unexpected = load_weights(net, model.weights)
+    assert not missing and not unexpected
+    assert weights_classes(net.state_dict()) == 3
+    x = paddle.rand([1, 3, 64, 64])
+    source.eval()
+    net.eval()
+    np.testing.assert_allclose(net._net(x).numpy(), source(x).numpy(), atol=1e-4)
