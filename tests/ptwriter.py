@@ -55,6 +55,16 @@ class Tensor:
         return tensor
 
 
+class Size:
+    """A torch.Size as torch pickles it (ultralytics' Detect keeps its last input's shape as one)."""
+
+    def __init__(self, *dims: int):
+        self.dims = tuple(dims)
+
+    def __reduce_ex__(self, protocol):
+        return (_named("torch", "Size"), (self.dims,))
+
+
 class _Reduced:
     def __init__(self, reduced):
         self.reduced = reduced

@@ -236,13 +236,16 @@ def _write_ultralytics_pt(path: Path, model: UltraDetectionModel, yaml_file: str
                                classes={"model": "torch.nn.modules.container.Sequential",
                                         detect: "ultralytics.nn.modules.head.Detect",
                                         "model.0": "ultralytics.nn.modules.conv.Conv"},
-                               parameter=lambda n: not n.endswith("dfl.conv.weight") or True,
-                               yaml=yaml, names={i: f"c{i}" for i in range(spec.nc)},
+                               yaml=yaml, shape=ptwriter.Size(1, 64, 80, 80), names={i: f"c{i}" for i in range(spec.nc)},
                                stride=ptwriter.Tensor(np.array([8.0, 16.0, 32.0], dtype=np.float32)),
                                args={"imgsz": 640, "task": "detect"}, save=[4, 6, 10])
     ckpt = {"date": "2026-11-30T10:00:00", "version": "8.4.190", "license": "AGPL-3.0 License",
             "docs": "https://docs.ultralytics.com", "epoch": -1 if release else 3, "best_fitness": None,
-            "model": None, "ema": ema, "updates": 0 if release else 120, "optimizer": None,
+            # ultralytics' stripped files (a release, a finished run) keep the ema as 'model'; a checkpoint saved
+            # during training keeps it as 'ema', with the optimizer's state
+            "model": ema if release else None, "ema": None if release else ema, "updates": None if release else 120,
+            "optimizer": None if release else {"state": {0: {"momentum_buffer": ptwriter.Tensor(np.zeros(3))}},
+                                               "param_groups": [{"lr": 0.01, "params": [0]}]},
             "train_args": {"model": yaml_file, "epochs": 4, "imgsz": 64, "batch": 2},
             "train_metrics": {"metrics/mAP50(B)": 0.1}, "train_results": {"epoch": [1, 2]}, "git": {"branch": "main"}}
     return ptwriter.save(ckpt, path), state
@@ -256,9 +259,11 @@ def test_ultralytics_checkpoint_converts_and_loads(tmp_path, name):
 
     paddle.seed(1)
     source = UltraDetectionModel(f"{name}.yaml", nc=3)
-    pt, state = _write_ultralytics_pt(tmp_path / "best.pt", source, f"{name}.yaml")
+    release = name == "yolo11n"   # a stripped file (ema as 'model'), or a checkpoint from during training
+    pt, state = _write_ultralytics_pt(tmp_path / "best.pt", source, f"{name}.yaml", release=release)
     read = read_ultra_pt(str(pt))
-    assert (read.kind, read.cfg, read.num_classes, read.names) == ("weights", name, 3, ["c0", "c1", "c2"])
+    kind = "weights" if release else "checkpoint"
+    assert (read.kind, read.cfg, read.num_classes, read.names) == (kind, name, 3, ["c0", "c1", "c2"])
     assert read.info["version"] == "8.4.190" and read.info["train_args"]["epochs"] == 4
     path, first = pdparams_for(str(pt))
     assert first is not None and pdparams_for(str(pt)) == (path, None)   # converted once, then the cache
