@@ -236,7 +236,8 @@ def _write_ultralytics_pt(path: Path, model: UltraDetectionModel, yaml_file: str
                                classes={"model": "torch.nn.modules.container.Sequential",
                                         detect: "ultralytics.nn.modules.head.Detect",
                                         "model.0": "ultralytics.nn.modules.conv.Conv"},
-                               yaml=yaml, shape=ptwriter.Size(1, 64, 80, 80), names={i: f"c{i}" for i in range(spec.nc)},
+                               yaml=yaml, shape=ptwriter.Size(1, 64, 80, 80),
+                               names={i: f"c{i}" for i in range(spec.nc)},
                                stride=ptwriter.Tensor(np.array([8.0, 16.0, 32.0], dtype=np.float32)),
                                args={"imgsz": 640, "task": "detect"}, save=[4, 6, 10])
     ckpt = {"date": "2026-11-30T10:00:00", "version": "8.4.190", "license": "AGPL-3.0 License",
