@@ -222,7 +222,7 @@ def count_parameters(model: nn.Layer) -> tuple[int, int]:
     (frozen) parameters, torch as buffers, so they are left out; DFL's frozen integral is counted, not trained."""
     stats = set()
     for sub in model.sublayers(include_self=True):
-        if isinstance(sub, nn.layer.norm._BatchNormBase):
+        if isinstance(sub, (nn.BatchNorm1D, nn.BatchNorm2D, nn.BatchNorm3D, nn.SyncBatchNorm)):
             stats.update(id(t) for t in compat.batchnorm_running_stats(sub))
     params = [p for p in model.parameters() if id(p) not in stats]
     return sum(int(p.numel()) for p in params), sum(int(p.numel()) for p in params if not p.stop_gradient)
