@@ -405,3 +405,46 @@ def test_val_reads_an_ultralytics_pt(tmp_path):
     source.eval()
     net.eval()
     np.testing.assert_allclose(net._net(x).numpy(), source(x).numpy(), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_onnx_export_runs_in_onnxruntime_as_in_paddle(tmp_path):
+    """tools/export.py --format onnx's path on YOLO11n (NMS in the graph; and left out with a dynamic batch) and
+    YOLO26n (its top-k in the graph): onnxruntime gives Paddle's predictor's outputs."""
+    pytest.importorskip("paddle2onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from paddle import inference
+
+    from ppmulti.rank import compat
+    from ppmulti.rank.engine.onnx_export import OnnxOptions, export_onnx
+
+    rng = np.random.default_rng(0)
+    feeds = {"image": rng.random((1, 3, 64, 64), dtype=np.float32), "im_shape": np.array([[64.0, 64.0]], np.float32),
+             "scale_factor": np.array([[1.0, 1.0]], np.float32)}
+
+    def both(onnx_file: Path) -> tuple[list, list]:
+        sess = onnxruntime.InferenceSession(str(onnx_file))
+        ort = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+        predictor = inference.create_predictor(compat.cpu_predictor_config(onnx_file.parent))
+        for name in predictor.get_input_names():
+            predictor.get_input_handle(name).copy_from_cpu(feeds[name])
+        predictor.run()
+        return ort, [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
+
+    for name, opts in (("yolo11", OnnxOptions()), ("yolo11", OnnxOptions(nms=False, dynamic=True)),
+                       ("yolo26", OnnxOptions())):
+        paddle.seed(0)
+        weights = tmp_path / f"{name}.pdparams"
+        paddle.save(UltraDetectionModel(f"{name}n.yaml").state_dict(), str(weights))
+        over = ["UltraYOLO.loss=null", "UltraYOLO.nms.score_threshold=0.0", "eval_height=64", "eval_width=64"]
+        out = tmp_path / f"{name}-{opts.nms}"
+        onnx_file = export_onnx(str(CONFIGS / f"{name}/{name}_n_500e_coco.yml"), over, str(weights), str(out), opts)
+        ort, pd = both(onnx_file)
+        assert [a.shape for a in ort] == [b.shape for b in pd] and ort[0].shape[0] > 0
+        if name == "yolo26":
+            # a random head ties many scores: which of the tied (anchor, class) pairs fills the last of the
+            # top-k rows is the runtime's pick; the scores kept are the same
+            np.testing.assert_allclose(np.sort(ort[0][:, 1]), np.sort(pd[0][:, 1]), atol=1e-5)
+        else:
+            for a, b in zip(ort, pd):
+                np.testing.assert_allclose(a, b, atol=1e-3)
