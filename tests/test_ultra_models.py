@@ -16,8 +16,8 @@ from ppmulti.common.paths import CONFIGS  # noqa: E402
 from ppmulti.rank.models.ultra_model import (UltraDetectionModel, guess_scale, load_spec,  # noqa: E402
                                              model_summary)
 
-# ultralytics 8.4.190's own numbers for each model built from its yaml, measured in a venv with torch 2.13.0 (CPU)
-# and ultralytics 8.4.190 from PyPI (ultralytics-thop 2.x):
+# ultralytics 8.4.190's own numbers for each model built from its yaml, measured (2026-12-01, CPU) in a venv with
+# ultralytics 8.4.190 from PyPI, torch 2.14.1 (which its install pulled over 2.13.0) and ultralytics-thop 2.2.3:
 #   from ultralytics.nn.tasks import DetectionModel; from ultralytics.utils.torch_utils import model_info
 #   model_info(DetectionModel("yolo11n.yaml", verbose=False))  # logs and returns layers, params, grads, GFLOPs
 #   -> "YOLO11n summary: 181 layers, 2,624,080 parameters, 2,624,064 gradients, 6.7 GFLOPs"
