@@ -520,7 +520,8 @@ def test_a_pt_gives_the_tools_its_model_classes_names_and_anchors(env, state):
         val_edit(argparse.Namespace(weights="last.pt", config=None, data=None), model)(config_mod.load(model.config))
     given = pt_model(_eval_args(weights="last.pt", cfg="yolov5s"), env / "last.pt")   # --cfg wins, as given
     assert given.config.endswith("yolov5_s_300e_coco.yml") and given.overrides == {}
-    with pytest.raises(UserError, match=r"--weights mine.pt: file not found \(the names YOLOv5's release "):
+    with pytest.raises(UserError, match=r"--weights mine.pt: file not found \(the release files downloaded by "
+                                        r"name are yolov5n.pt"):
         resolve_model(_eval_args(weights="mine.pt"))
     W.save({"model": W.Module("models.yolo.DetectionModel", yaml={**YOLOV5N, "width_multiple": 0.3},
                               parameters={"w": W.Tensor(np.zeros(2, np.float32))})}, env / "odd.pt")

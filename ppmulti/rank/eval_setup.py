@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ class EvalModel:
 
 
 PT_SUFFIXES = (".pt", ".pth")
+ULTRA_CLS = re.compile(r"model\.\d+\.cv3\.0\.2\.bias")   # UltraYOLO's class output (first level)
 
 
 def pt_file(weights: str) -> Path:
@@ -45,10 +47,11 @@ def pt_file(weights: str) -> Path:
     p = Path(weights)
     if p.is_file():
         return p
-    found = download.cached_yolov5(weights) or download.yolov5_weights(weights)
+    found = (download.cached_yolov5(weights) or download.yolov5_weights(weights)
+             or download.ultra_weights(weights))
     if found is None:
-        raise UserError(f"--weights {weights}: file not found (the names YOLOv5's release downloads are "
-                        f"{', '.join(download.YOLOV5_ASSETS)})")
+        raise UserError(f"--weights {weights}: file not found (the release files downloaded by name are "
+                        f"{', '.join(download.YOLOV5_ASSETS)} and ultralytics' yolov8/yolo11/yolo26 n/s/m/l/x .pt)")
     return Path(found)
 
 
@@ -80,6 +83,9 @@ def weights_classes(state: Mapping[str, Any]) -> int | None:
         return int(state[YOLOV5_HEAD].shape[0]) // YOLOV5_ANCHORS_PER_LEVEL - 5
     if PPYOLOE_CLS in state:
         return int(state[PPYOLOE_CLS].shape[0])
+    ultra = next((k for k in state if ULTRA_CLS.fullmatch(k)), None)   # UltraYOLO (YOLOv8/11/26)
+    if ultra is not None:
+        return int(state[ultra].shape[0])
     return None
 
 
@@ -137,7 +143,13 @@ def pt_model(args: argparse.Namespace, path: Path) -> EvalModel:
     from ppmulti.rank.models.convert import read_pt
     from ppmulti.rank.yolo_config import model_names, resolve_cfg
 
-    read = read_pt(str(path), prefer="ema", arrays=False)
+    from ppmulti.common import torchpt
+    from ppmulti.rank.models import ultra_convert
+
+    obj = torchpt.load(str(path))
+    if ultra_convert.is_ultralytics(obj):
+        return _ultra_pt_model(args, path, ultra_convert.read_ultra_pt(str(path), obj, arrays=False))
+    read = read_pt(str(path), prefer="ema", arrays=False, obj=obj)
     nc = read.num_classes
     head = read.state.get("model.24.m.0.weight")
     if nc is None and head is not None:
@@ -160,6 +172,27 @@ def pt_model(args: argparse.Namespace, path: Path) -> EvalModel:
                           f"{', its own anchors' if anchors is not None else ''})")
 
 
+def _ultra_pt_model(args: argparse.Namespace, path: Path, read) -> EvalModel:
+    """An ultralytics .pt (YOLOv8/11/26; its ema first, as ultralytics' val loads it): -c or --cfg when given,
+    else the shipped config of its family with the model description, classes and names it holds."""
+    from ppmulti.rank.yolo_config import model_names, resolve_cfg
+
+    nc = read.num_classes
+    names = read.names if read.names and len(read.names) == nc else None
+    if args.config:
+        return EvalModel(args.config, str(path), nc, from_pt=True)
+    if args.cfg:
+        choice = resolve_cfg(args.cfg)
+        return EvalModel(choice.config, str(path), nc, dict(choice.overrides), names=names, from_pt=True)
+    family = "yolo26" if read.yaml.get("end2end") else "yolo11"
+    config = model_names()[read.cfg] if read.cfg else model_names()[f"{family}n"]
+    # the checkpoint's own description (a custom layout builds as saved); its scale is in its yaml or file name
+    overrides = {"num_classes": nc, "UltraYOLO": {"model": read.cfg + ".yaml" if read.cfg else read.yaml}}
+    return EvalModel(config, str(path), nc, overrides, names=names, from_pt=True,
+                     note=f"model: {read.cfg or read.model_name} from {path.name} (ultralytics {read.kind}, "
+                          f"{nc} classes)")
+
+
 def _names_dataset(cfg, names: list[str]) -> None:
     """The .pt's class names as the TestDataset categories that detect draws and export writes."""
     from ppmulti.rank.data.yolo import cache_json, coco_json
@@ -170,9 +203,10 @@ def _names_dataset(cfg, names: list[str]) -> None:
 
 
 def _nms_sections(cfg) -> list[dict]:
-    """The ``nms`` settings of the architecture's parts (the YOLOv5 and PP-YOLOE heads hold MultiClassNMS)."""
+    """The ``nms`` settings of the architecture's parts (the YOLOv5 and PP-YOLOE heads hold MultiClassNMS), or
+    of the architecture itself (UltraYOLO's ``nms``)."""
     parts = dict(cfg.get(cfg.get("architecture")) or {})
-    out = []
+    out = [parts["nms"]] if isinstance(parts.get("nms"), dict) else []
     for part in parts.values():
         section = cfg.get(part) if isinstance(part, str) else None
         if isinstance(section, dict) and isinstance(dict(section).get("nms"), dict):

@@ -226,7 +226,8 @@ def leave_nms_out(model) -> None:
     """Make the model's head return decoded boxes and scores without NMS: boxes [B, N, 4] (x1, y1, x2, y2 in
     original-image pixels) and scores [B, C, N] (ppdet's ``exclude_nms``, honoured by PP-YOLOE's and ppmulti's
     YOLOv5 head)."""
-    heads = [layer for layer in model.sublayers() if hasattr(layer, "exclude_nms")]
+    # include_self: UltraYOLO (YOLOv8/11) holds its NMS itself
+    heads = [layer for layer in model.sublayers(include_self=True) if hasattr(layer, "exclude_nms")]
     if not heads:
         raise UserError(f"--no-nms: {type(model).__name__}'s head cannot leave NMS out (no exclude_nms); "
                         f"export with NMS in the graph")
