@@ -12,21 +12,30 @@ __all__ = ["newton_schulz", "muon_update", "MuSGD", "NS_COEFFS"]
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
+def _rounder(dtype: str):
+    """Rounds float32 values to ``dtype`` and back: bfloat16 arithmetic as torch does it (each op accumulates in
+    float32 and rounds its result), on CPUs where Paddle has no bfloat16 kernels for divide or matmul."""
+    if dtype == "float32":
+        return lambda x: x
+    return lambda x: x.astype(dtype).astype("float32")
+
+
 def newton_schulz(g: paddle.Tensor, steps: int = 5, eps: float = 1e-7, dtype: str = "bfloat16") -> paddle.Tensor:
     """An approximate orthogonalisation (U V^T of g's SVD, singular values pulled into about 0.5-1.5) of a matrix
     [m, n], by the quintic Newton-Schulz iteration in ``dtype`` (bfloat16 as Muon runs it); returns g's dtype."""
     if g.ndim != 2:
         raise ValueError(f"newton_schulz takes a matrix, got shape {list(g.shape)}")
-    x = g.astype(dtype)
-    x = x / (paddle.linalg.norm(x.astype("float32")).astype(dtype) + eps)
+    q = _rounder(dtype)
+    x = q(g.astype("float32"))
+    x = q(x / (q(paddle.linalg.norm(x)) + eps))
     tall = g.shape[0] > g.shape[1]
     if tall:   # iterate on the short side: X X^T is the smaller Gram matrix
         x = x.T
     a, b, c = NS_COEFFS
     for _ in range(steps):
-        gram = paddle.matmul(x, x, transpose_y=True)
-        poly = b * gram + c * paddle.matmul(gram, gram)
-        x = a * x + paddle.matmul(poly, x)
+        gram = q(paddle.matmul(x, x, transpose_y=True))
+        poly = q(b * gram + c * q(paddle.matmul(gram, gram)))
+        x = q(a * x + q(paddle.matmul(poly, x)))
     if tall:
         x = x.T
     return x.astype(g.dtype)
