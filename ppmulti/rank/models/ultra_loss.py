@@ -71,7 +71,8 @@ class UltraDetectionLoss(nn.Layer):
         box (float), cls (float), dfl (float): ultralytics' gains (cfg/default.yaml: 7.5, 0.5, 1.5).
         topk (int), topk2 (int), alpha (float), beta (float): the assigner's (10, None, 0.5, 6.0).
         strides (list): the head's strides (None: from the image and feature shapes).
-        batch_scale (str): 'effective', 'ref_batch' or 'batch' (see BATCH_SCALES above).
+        batch_scale (str): 'ref_batch' (the default, with a config's ``ref_batch: 64`` as ppmulti's ultralytics
+            configs have it), 'effective' or 'batch' (see BATCH_SCALES above).
         ref_batch (int): the batch the lr is given for ('ref_batch' scaling), ultralytics' nbs 64.
         accumulate (int): batches per optimizer step ('effective' scaling); the builder sets it from the plan.
     """
@@ -80,7 +81,7 @@ class UltraDetectionLoss(nn.Layer):
 
     def __init__(self, num_classes: int = 80, reg_max: int = 16, box: float = 7.5, cls: float = 0.5,
                  dfl: float = 1.5, topk: int = 10, topk2: int | None = None, alpha: float = 0.5, beta: float = 6.0,
-                 strides: Sequence[float] | None = None, batch_scale: str = "effective", ref_batch: int = 64,
+                 strides: Sequence[float] | None = None, batch_scale: str = "ref_batch", ref_batch: int = 64,
                  accumulate: int = 1):
         super().__init__()
         if batch_scale not in BATCH_SCALES:
@@ -220,7 +221,7 @@ class UltraE2ELoss(nn.Layer):
 
     def __init__(self, num_classes: int = 80, reg_max: int = 1, box: float = 7.5, cls: float = 0.5,
                  dfl: float = 1.5, topk: int = 10, topk_o2o: int = 7, topk2_o2o: int = 1, alpha: float = 0.5,
-                 beta: float = 6.0, strides: Sequence[float] | None = None, batch_scale: str = "effective",
+                 beta: float = 6.0, strides: Sequence[float] | None = None, batch_scale: str = "ref_batch",
                  ref_batch: int = 64, accumulate: int = 1, epoch: int = 100, o2m: float = 0.8,
                  final_o2m: float = 0.1):
         super().__init__()
