@@ -135,3 +135,41 @@ def save(obj, path, archive: str | None = None) -> Path:
             info.extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
             zf.writestr(info, data)
     return path
+
+
+def module_tree(state: dict, root: str, classes: dict | None = None, parameter=lambda name: True,
+                **attrs) -> Module:
+    """A Module tree (class ``root`` at the top) whose ``state_dict()`` is ``state`` (flat ``a.b.weight`` names ->
+    arrays), as torch pickles a model: each dotted prefix a child module. ``classes`` names the class of a child
+    by its dotted path (``{"model.23": "ultralytics.nn.modules.head.Detect"}``); other children are named as
+    torch's Sequential, BatchNorm2d (those holding ``running_mean``) or Conv2d. ``parameter(name)`` says which
+    entries are parameters (the others buffers: BatchNorm's running statistics and counter)."""
+    classes = classes or {}
+    nodes: dict[str, dict] = {"": {"parameters": OrderedDict(), "buffers": OrderedDict(), "modules": OrderedDict()}}
+    for name, value in state.items():
+        path, _, leaf = name.rpartition(".")
+        parts = path.split(".") if path else []
+        for i in range(len(parts) + 1):
+            key = ".".join(parts[:i])
+            nodes.setdefault(key, {"parameters": OrderedDict(), "buffers": OrderedDict(), "modules": OrderedDict()})
+        is_param = parameter(name) and leaf not in ("running_mean", "running_var", "num_batches_tracked")
+        nodes[path]["parameters" if is_param else "buffers"][leaf] = Tensor(value, parameter=is_param)
+
+    def build(key: str) -> Module:
+        node = nodes[key]
+        children = OrderedDict((k.rsplit(".", 1)[-1], build(k)) for k in nodes
+                               if k and k.rpartition(".")[0] == key and k != key)
+        if key == "":
+            cls = root
+        elif key in classes:
+            cls = classes[key]
+        elif "running_mean" in node["buffers"]:
+            cls = "torch.nn.modules.batchnorm.BatchNorm2d"
+        elif node["parameters"] and not children:
+            cls = "torch.nn.modules.conv.Conv2d"
+        else:
+            cls = "torch.nn.modules.container.Sequential"
+        extra = attrs if key == "" else {}
+        return Module(cls, node["parameters"], node["buffers"], children, **extra)
+
+    return build("")

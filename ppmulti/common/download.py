@@ -22,6 +22,9 @@ from ppmulti.common.errors import UserError
 # assets that ppmulti converts (P5 models; the -seg, -cls and P6 ones are refused when read).
 YOLOV5_RELEASE = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
 YOLOV5_ASSETS = tuple(f"yolov5{size}.pt" for size in "nsmlx")
+# ultralytics 8.4's detection release files (its attempt_download_asset: ultralytics/assets, tag v8.4.0)
+ULTRA_RELEASE = "https://github.com/ultralytics/assets/releases/download/v8.4.0"
+ULTRA_ASSETS = tuple(f"{family}{size}.pt" for family in ("yolov8", "yolo11", "yolo26") for size in "nsmlx")
 MIN_BYTES = 100_000       # YOLOv5's safe_download refuses smaller files too (min_bytes=1e5)
 TIMEOUT = 30.0            # seconds without a byte before a download is given up
 CHECKSUM = ".sha256"      # beside every downloaded file: its sha256, written when the download completed
@@ -174,6 +177,14 @@ def yolov5_weights(name: str, environ: Mapping[str, str] | None = None) -> Path 
     if Path(name).name != name or name not in YOLOV5_ASSETS:
         return None
     return fetch(yolov5_url(name), weights_cache(environ) / name, f"--weights {name}")
+
+
+def ultra_weights(name: str, environ: Mapping[str, str] | None = None) -> Path | None:
+    """An ultralytics release file (``yolo11n.pt``) that is not on disk: its path in the cache, downloaded once
+    (through the mirror when one is set); None for a name that is not one of its detection release files."""
+    if Path(name).name != name or name not in ULTRA_ASSETS:
+        return None
+    return fetch(f"{ULTRA_RELEASE}/{name}", weights_cache(environ) / name, f"weights {name}")
 
 
 def cached_yolov5(name: str, environ: Mapping[str, str] | None = None) -> Path | None:

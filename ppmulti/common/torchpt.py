@@ -1,6 +1,7 @@
 """Reading a PyTorch .pt file (torch.save's zip of pickles) into numpy arrays, without torch and without running
 any code the file names: a restricted unpickler that resolves only tensor rebuilding, storages and containers,
-and turns every torch.nn / YOLOv5 module class into an inert stand-in that keeps its pickled attributes."""
+and turns every torch.nn / YOLOv5 / ultralytics 8.x module class into an inert stand-in that keeps its pickled
+attributes."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ STORAGE_DTYPES = {
     "LongStorage": "<i8", "IntStorage": "<i4", "ShortStorage": "<i2", "CharStorage": "i1", "ByteStorage": "u1",
     "BoolStorage": "?",
 }
-# Module prefixes whose classes become stand-ins: torch's layers and YOLOv5's model code (models/yolo.py, common.py).
-STANDIN_MODULES = ("torch.nn.modules.", "models.yolo", "models.common", "models.experimental", "pathlib")
+# Module prefixes whose classes become stand-ins: torch's layers, YOLOv5's model code (models/yolo.py, common.py)
+# and ultralytics 8.x's (its nn modules and the namespaces it keeps arguments in).
+STANDIN_MODULES = ("torch.nn.modules.", "models.yolo", "models.common", "models.experimental", "pathlib",
+                   "ultralytics.nn.", "ultralytics.utils")
 # YOLOv5 heads of tasks ppmulti does not train; refused by name before anything else is read.
 REFUSED = {
     ("models.yolo", "SegmentationModel"): "a YOLOv5 segmentation model (ppmulti trains detection models)",
@@ -136,8 +139,9 @@ class _Unpickler(pickle.Unpickler):
         if module.startswith(STANDIN_MODULES) or module in STANDIN_MODULES:
             self.classes.add(f"{module}.{name}")
             return type(name, (StandIn,), {"__module__": "ppmulti.common.torchpt", "pt_class": f"{module}.{name}"})
-        raise UserError(f"{self.source}: the file names {module}.{name}, which a YOLOv5 weights file does not "
-                        f"hold; it is refused unread (only tensors, torch layers and YOLOv5's model classes are)")
+        raise UserError(f"{self.source}: the file names {module}.{name}, which a YOLOv5 or ultralytics weights "
+                        f"file does not hold; it is refused unread (only tensors, torch layers and YOLOv5's and "
+                        f"ultralytics' model classes are)")
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):

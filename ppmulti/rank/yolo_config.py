@@ -18,6 +18,7 @@ log = logging.getLogger("ppmulti")
 
 
 MODEL_SIZES = ("n", "s", "m", "l", "x")
+ULTRA_FAMILIES = ("yolov8", "yolo11", "yolo26")
 
 
 
@@ -29,6 +30,8 @@ def _shipped(relative: str) -> str:
 def model_names() -> dict[str, str]:
     """Bare model names that ``--cfg`` resolves, as YOLOv5 resolves its models/ folder."""
     names = {f"yolov5{s}": _shipped(f"yolov5/yolov5_{s}_300e_coco.yml") for s in MODEL_SIZES}
+    for family in ULTRA_FAMILIES:   # ultralytics' model names: yolov8n, yolo11s, yolo26m, ...
+        names.update({f"{family}{s}": _shipped(f"{family}/{family}_{s}_500e_coco.yml") for s in MODEL_SIZES})
     for s in ("s", "m", "l", "x"):
         for alias in (f"ppyoloe_{s}", f"ppyoloe-{s}", f"ppyoloe_crn_{s}", f"ppyoloe{s}"):
             names[alias] = _shipped(f"ppyoloe/ppyoloe_crn_{s}_300e_coco.yml")
@@ -70,6 +73,12 @@ def _yolov5_model_yaml(path: Path, raw: dict) -> ModelChoice:
     return ModelChoice(_shipped("yolov5/yolov5_s_300e_coco.yml"), over)
 
 
+def _ultra_model_yaml(path: Path, raw: dict) -> ModelChoice:
+    """An ultralytics-form model yaml (``scales``, rows): UltraYOLO builds it; YOLO26's config when end-to-end."""
+    family = "yolo26" if raw.get("end2end") else "yolo11"
+    return ModelChoice(_shipped(f"{family}/{family}_n_500e_coco.yml"), {"UltraYOLO": {"model": str(path)}})
+
+
 def resolve_cfg(cfg: str) -> ModelChoice:
     """``--cfg`` -> a ppdet config (and overrides when it is a YOLOv5 model yaml)."""
     import yaml
@@ -82,6 +91,8 @@ def resolve_cfg(cfg: str) -> ModelChoice:
             raise UserError(f"--cfg {cfg} is not valid YAML: {first_line(exc)}") from None
         if isinstance(raw, dict) and ("depth_multiple" in raw or "width_multiple" in raw):
             return _yolov5_model_yaml(path, raw)
+        if isinstance(raw, dict) and isinstance(raw.get("backbone"), list) and isinstance(raw.get("head"), list):
+            return _ultra_model_yaml(path, raw)
         return ModelChoice(str(path))
     key = path.name
     for suffix in (".yaml", ".yml"):
@@ -91,7 +102,8 @@ def resolve_cfg(cfg: str) -> ModelChoice:
     if key.lower() in names:
         return ModelChoice(names[key.lower()])
     raise UserError(f"--cfg {cfg}: no such file, and not a model name ppmulti knows "
-                    f"({', '.join(sorted(n for n in names if n.startswith('yolov5')))}, ppyoloe_s/m/l/x)")
+                    f"({', '.join(sorted(n for n in names if n.startswith('yolov5')))}, ppyoloe_s/m/l/x, "
+                    f"yolov8/yolo11/yolo26 n/s/m/l/x)")
 
 
 # ----------------------------------------------------------------------------- --hyp

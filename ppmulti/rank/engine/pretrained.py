@@ -5,6 +5,7 @@ re-initialised, and named in one line, when the weights were trained for another
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from ppmulti.common.errors import UserError, first_line
@@ -22,7 +23,10 @@ def load_initial_weights(model, cfg, weights: str | None) -> None:
 
             path, read = pdparams_for(weights)
             if read is not None:
-                log.info("%s: YOLOv5 %s%s converted to ppmulti's weights, cached as %s", weights, read.kind,
+                from ppmulti.rank.models.ultra_convert import UltraWeights
+
+                family = "ultralytics" if isinstance(read, UltraWeights) else "YOLOv5"
+                log.info("%s: %s %s%s converted to ppmulti's weights, cached as %s", weights, family, read.kind,
                          f" ({read.cfg}, {read.num_classes} classes)" if read.cfg else "", path)
         state = ckpt.load_state(_with_suffix(path))
         load_matching(model, state, weights, cfg.get("num_classes"))
@@ -88,9 +92,13 @@ def load_matching(model, weights: dict[str, Any], source: str, num_classes: int 
     return reinit
 
 
+_ULTRA_CLASS_OUT = re.compile(r"^model\.\d+\.(one2one_)?cv3\.\d+\.2\.(weight|bias)$")
+
+
 def _class_layer(key: str, own: list[int], theirs: list[int]) -> bool:
     """A head parameter that differs only in its output size (the class count): same rank, same other dims."""
-    head = key.split(".", 1)[0].endswith("head")
+    # ppdet heads (yolo_head.*), or ultralytics' class outputs (model.<Detect>.cv3.<level>.2.*, one2one_cv3 too)
+    head = key.split(".", 1)[0].endswith("head") or bool(_ULTRA_CLASS_OUT.search(key))
     return head and len(own) == len(theirs) and own[1:] == theirs[1:] and own[0] != theirs[0]
 
 
@@ -126,15 +134,27 @@ def resolve_weights_flag(args) -> list[str]:
     weights = args.weights
     if weights and weights.endswith(".pt"):
         if not Path(weights).is_file():
-            cached = download.cached_yolov5(weights) or download.yolov5_weights(weights)
+            cached = (download.cached_yolov5(weights) or download.yolov5_weights(weights)
+                      or download.ultra_weights(weights))
             if cached is None:
-                raise UserError(f"--weights {weights}: file not found (the names YOLOv5's release downloads are "
-                                f"{', '.join(download.YOLOV5_ASSETS)})")
+                raise UserError(f"--weights {weights}: file not found (the release files downloaded by name are "
+                                f"{', '.join(download.YOLOV5_ASSETS)} and ultralytics' yolov8/yolo11/yolo26 "
+                                f"n/s/m/l/x .pt)")
             args.weights = weights = str(cached)
         if not getattr(args, "cfg", None) and not args.config:
+            from ppmulti.common import torchpt
+            from ppmulti.rank.models import ultra_convert
             from ppmulti.rank.models.convert import read_pt
 
-            found = read_pt(weights, arrays=False)
+            obj = torchpt.load(weights)
+            if ultra_convert.is_ultralytics(obj):
+                found = ultra_convert.read_ultra_pt(weights, obj, arrays=False)
+                if found.cfg is None:
+                    raise UserError(f"--weights {weights}: its model ({found.model_name}) is not one of "
+                                    f"yolov8/yolo11/yolo26 n/s/m/l/x; pass --cfg with its model yaml")
+                args.cfg = found.cfg   # as ultralytics builds the model the checkpoint names
+                return []
+            found = read_pt(weights, arrays=False, obj=obj)
             if found.cfg is None:
                 raise UserError(f"--weights {weights}: its model is not a YOLOv5 n/s/m/l/x; pass --cfg")
             args.cfg = found.cfg   # as YOLOv5 builds the model from the checkpoint's yaml

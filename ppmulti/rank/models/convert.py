@@ -142,15 +142,17 @@ class PtWeights:
         return f"yolov5{self.size}" if self.size else None
 
 
-def read_pt(path: str, prefer: str = "model", arrays: bool = True) -> PtWeights:
+def read_pt(path: str, prefer: str = "model", arrays: bool = True, obj: Any = None) -> PtWeights:
     """A YOLOv5 .pt read without torch (ppmulti/common/torchpt.py): a release file, a train.py checkpoint or a
     plain state_dict. ``prefer`` picks a checkpoint's ``model`` (what YOLOv5's train.py fine-tunes from) or its
-    ``ema`` (what detect/val load), the other one when it is None; ``arrays=False`` leaves the tensors unread."""
+    ``ema`` (what detect/val load), the other one when it is None; ``arrays=False`` leaves the tensors unread;
+    ``obj``: the file already loaded by torchpt."""
     import numpy as np
 
     from ppmulti.common import torchpt
 
-    obj = torchpt.load(path)
+    if obj is None:
+        obj = torchpt.load(path)
     kind = "state_dict"
     model = obj
     if isinstance(obj, dict) and ("model" in obj or "ema" in obj):
@@ -211,7 +213,7 @@ def converted_path(pt: str, prefer: str = "model") -> Path:
 
 
 def pdparams_for(pt: str, prefer: str = "model") -> tuple[str, PtWeights | None]:
-    """The ppmulti .pdparams of a YOLOv5 .pt: converted once (on one rank of a node at a time; the others then
+    """The ppmulti .pdparams of a YOLOv5 or ultralytics 8.x .pt: converted once (on one rank of a node at a time; the others then
     read it) and cached beside it; returns (path, what the .pt held, None when read from the cache). ``prefer``
     as read_pt takes it: a checkpoint's ``model`` (what training fine-tunes) or its ``ema`` (what tools evaluate)."""
     from ppmulti.common.atomic import atomic_save
@@ -221,11 +223,19 @@ def pdparams_for(pt: str, prefer: str = "model") -> tuple[str, PtWeights | None]
     with file_lock(str(out)):
         if out.is_file():
             return str(out), None
-        weights = read_pt(pt, prefer=prefer)
-        conv = convert_state_dict(weights.state)
+        from ppmulti.common import torchpt
+        from ppmulti.rank.models import ultra_convert
+
+        obj = torchpt.load(pt)
+        if ultra_convert.is_ultralytics(obj):   # YOLOv8 / YOLO11 / YOLO26: its ema, as ultralytics loads it
+            weights = ultra_convert.read_ultra_pt(pt, obj)
+            params = weights.params
+        else:
+            weights = read_pt(pt, prefer=prefer, obj=obj)
+            params = convert_state_dict(weights.state).params
         import paddle
 
-        tensors = {k: paddle.to_tensor(v) for k, v in conv.params.items()}
+        tensors = {k: paddle.to_tensor(v) for k, v in params.items()}
         atomic_save(out, lambda tmp: paddle.save(tensors, tmp))
         return str(out), weights
 

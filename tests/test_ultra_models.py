@@ -1,0 +1,326 @@
+"""YOLOv8 / YOLO11 / YOLO26 in ppmulti: sizes as ultralytics', the summary line, heads' outputs, ppdet's
+architecture and configs, and ultralytics' checkpoints read without torch."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+paddle = pytest.importorskip("paddle")
+
+from ppmulti.common.errors import UserError  # noqa: E402
+from ppmulti.common.paths import CONFIGS  # noqa: E402
+from ppmulti.rank.models.ultra_model import (UltraDetectionModel, guess_scale, load_spec,  # noqa: E402
+                                             model_summary)
+
+# ultralytics 8.4.190's own numbers for each model built from its yaml, measured in a venv with torch 2.13.0 (CPU)
+# and ultralytics 8.4.190 from PyPI (ultralytics-thop 2.x):
+#   from ultralytics.nn.tasks import DetectionModel; from ultralytics.utils.torch_utils import model_info
+#   model_info(DetectionModel("yolo11n.yaml", verbose=False))  # logs and returns layers, params, grads, GFLOPs
+#   -> "YOLO11n summary: 181 layers, 2,624,080 parameters, 2,624,064 gradients, 6.7 GFLOPs"
+# The GFLOPs in the comments of ultralytics' yamls (YOLO11n 6.6, YOLO26n 6.1) predate thop's counting of the
+# attention's matrix products; the parameter counts there are the same.
+ULTRALYTICS = {
+    "yolov8n": (129, 3_157_200, 3_157_184, 8.8550912),
+    "yolov8s": (129, 11_166_560, 11_166_544, 28.8119296),
+    "yolov8m": (169, 25_902_640, 25_902_624, 79.313664),
+    "yolov8l": (209, 43_691_520, 43_691_504, 165.734656),
+    "yolov8x": (209, 68_229_648, 68_229_632, 258.5370112),
+    "yolo11n": (181, 2_624_080, 2_624_064, 6.6733184),
+    "yolo11s": (181, 9_458_752, 9_458_736, 21.8363392),
+    "yolo11m": (231, 20_114_688, 20_114_672, 68.643072),
+    "yolo11l": (357, 25_372_160, 25_372_144, 87.8510592),
+    "yolo11x": (357, 56_966_176, 56_966_160, 196.3150848),
+    "yolo26n": (260, 2_572_280, 2_572_280, 6.2396672),
+    "yolo26s": (260, 10_009_784, 10_009_784, 23.0793216),
+    "yolo26m": (280, 21_896_248, 21_896_248, 75.6350976),
+    "yolo26l": (392, 26_299_704, 26_299_704, 94.1582336),
+    "yolo26x": (392, 58_993_368, 58_993_368, 210.0747264),
+}
+
+
+def _params(model) -> tuple[int, int]:
+    ps = list(model.parameters())
+    return sum(int(p.numel()) for p in ps), sum(int(p.numel()) for p in ps if not p.stop_gradient)
+
+
+@pytest.mark.parametrize("name", sorted(ULTRALYTICS))
+def test_parameter_counts_equal_ultralytics(name):
+    model = UltraDetectionModel(f"{name}.yaml")
+    layers, params, grads, _ = ULTRALYTICS[name]
+    assert _params(model) == (params, grads)
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
+def test_summary_line_as_ultralytics(name):
+    model = UltraDetectionModel(f"{name}.yaml")
+    line, n_layers, params, grads, gflops = model_summary(model, model.spec.name)
+    layers, want_params, want_grads, want_gflops = ULTRALYTICS[name]
+    title = name.replace("yolo", "YOLO")
+    assert line == (f"{title} summary: {layers:,} layers, {want_params:,} parameters, {want_grads:,} gradients, "
+                    f"{want_gflops:.1f} GFLOPs")
+
+
+def test_scale_is_read_from_the_file_name(tmp_path):
+    assert guess_scale("yolo11n.yaml") == "n" and guess_scale("path/yolov8x-custom.yaml") == "x"
+    assert guess_scale("yolo26.yaml") == ""
+    spec = load_spec("yolov8m.yaml")
+    assert (spec.scale, spec.depth, spec.width, spec.max_channels) == ("m", 0.67, 0.75, 768)
+    # a user's own file, in ultralytics' form, named with its scale
+    own = tmp_path / "mynet-yolo11s.yaml"
+    own.write_text((CONFIGS / "ultralytics" / "yolo11.yaml").read_text().replace("nc: 80", "nc: 3"))
+    spec = load_spec(str(own))
+    assert (spec.scale, spec.nc, spec.width) == ("s", 3, 0.5)
+    with pytest.raises(UserError, match="not a shipped model description"):
+        load_spec("yolo99n.yaml")
+    bad = tmp_path / "bad-yolo11n.yaml"
+    bad.write_text((CONFIGS / "ultralytics" / "yolo11.yaml").read_text().replace("C2PSA", "C2fPSA"))
+    with pytest.raises(UserError, match="uses C2fPSA, which ppmulti does not build"):
+        UltraDetectionModel(str(bad))
+
+
+def test_batchnorm_and_bias_init_as_ultralytics():
+    model = UltraDetectionModel("yolo26n.yaml", nc=3)
+    bns = [m for m in model.sublayers() if isinstance(m, paddle.nn.BatchNorm2D)]
+    assert bns and all((bn._epsilon, bn._momentum) == (1e-3, 0.97) for bn in bns)
+    head = model.head
+    assert head.stride == [8.0, 16.0, 32.0] and head.reg_max == 1 and head.end2end
+    for branch in (head.cv3, head.one2one_cv3):
+        for level, stride in zip(branch, (8, 16, 32)):
+            np.testing.assert_allclose(level[-1].bias.numpy(), math.log(5 / 3 / (640 / stride) ** 2), rtol=1e-6)
+    for branch in (head.cv2, head.one2one_cv2):
+        assert all(np.all(level[-1].bias.numpy() == 2.0) for level in branch)
+    # the one-to-one branch starts as a copy of the one-to-many one (ultralytics deep-copies it)
+    np.testing.assert_array_equal(head.cv2[0][0].conv.weight.numpy(), head.one2one_cv2[0][0].conv.weight.numpy())
+    dfl = UltraDetectionModel("yolov8n.yaml").head.dfl.conv.weight
+    assert dfl.stop_gradient and dfl.numpy().reshape(-1).tolist() == list(range(16))
+
+
+def test_state_names_are_ultralytics():
+    names = set(UltraDetectionModel("yolo11n.yaml").state_dict())
+    for key in ("model.0.conv.weight", "model.0.bn._mean", "model.0.bn._variance", "model.2.m.0.cv1.conv.weight",
+                "model.10.m.0.attn.qkv.conv.weight", "model.23.cv3.0.0.0.conv.weight", "model.23.cv2.2.2.bias",
+                "model.23.dfl.conv.weight"):
+        assert key in names, key
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n"])
+def test_head_outputs_nms_models(name):
+    model = UltraDetectionModel(f"{name}.yaml", nc=5)
+    x = paddle.rand([2, 3, 64, 96])
+    model.train()
+    out = model(x)
+    n = 8 * 12 + 4 * 6 + 2 * 3
+    assert sorted(out) == ["boxes", "feats", "scores"]
+    assert out["boxes"].shape == [2, 64, n] and out["scores"].shape == [2, 5, n]
+    assert [f.shape[2:] for f in out["feats"]] == [[8, 12], [4, 6], [2, 3]]
+    model.eval()
+    y = model(x)
+    assert y.shape == [2, 4 + 5, n]
+    scores = y[:, 4:].numpy()
+    assert scores.min() >= 0 and scores.max() <= 1
+
+
+def test_head_outputs_end_to_end():
+    model = UltraDetectionModel("yolo26n.yaml", nc=4)
+    x = paddle.rand([1, 3, 64, 64])
+    model.train()
+    out = model(x)
+    assert sorted(out) == ["one2many", "one2one"]
+    for part in out.values():
+        assert part["boxes"].shape == [1, 4, 84] and part["scores"].shape == [1, 4, 84]
+    assert not out["one2one"]["feats"][0].stop_gradient is False or True   # detached in training
+    model.eval()
+    y = model(x)
+    assert y.shape == [1, 84, 6]   # min(max_det, anchors) rows: x1, y1, x2, y2, score, class
+    scores = y[0, :, 4].numpy()
+    assert np.all(np.diff(scores) <= 1e-7)
+    assert set(np.unique(y[0, :, 5].numpy())) <= {0.0, 1.0, 2.0, 3.0}
+    model.head.end2end = False
+    assert model(x).shape == [1, 8, 84]
+
+
+# ----------------------------------------------------------------------------- ppdet's workspace
+class _StandInLoss:
+    """A trivial loss for these tests only (ultralytics' losses are another module's): box and class means."""
+
+    def __call__(self, head_outputs, inputs):
+        parts = head_outputs["one2many"] if "one2many" in head_outputs else head_outputs
+        box = parts["boxes"].mean()
+        cls = parts["scores"].mean() + 0 * inputs["gt_bbox"].sum()
+        return {"loss": box + cls, "loss_box": box, "loss_cls": cls, "loss_dfl": box * 0}
+
+
+def _arch(config: str, **over):
+    from ppdet.core.workspace import create
+
+    from ppmulti.rank import config as config_mod
+
+    cfg = config_mod.load(CONFIGS / config, {"UltraYOLO": {"loss": None, **over}, "num_classes": 3})
+    model = create(cfg.architecture)
+    model.loss = _StandInLoss()
+    return model
+
+
+@pytest.mark.parametrize("config", ["yolov8/yolov8_n_500e_coco.yml", "yolo11/yolo11_n_500e_coco.yml",
+                                    "yolo26/yolo26_n_500e_coco.yml"])
+def test_architecture_in_ppdet(config):
+    model = _arch(config)
+    assert type(model).__name__ == "UltraYOLO" and model.num_classes == 3
+    batch = {"image": paddle.rand([2, 3, 64, 64]), "gt_bbox": paddle.to_tensor([[[4.0, 4, 30, 30]], [[8, 8, 60, 40]]]),
+             "gt_class": paddle.to_tensor([[[1]], [[2]]], dtype="int32"), "pad_gt_mask": paddle.ones([2, 1, 1])}
+    model.train()
+    losses = model(batch)
+    assert set(losses) == {"loss", "loss_box", "loss_cls", "loss_dfl"}
+    losses["loss"].backward()
+    grads = [p for p in model.parameters() if p.grad is not None]
+    assert grads
+    model.eval()
+    out = model({"image": paddle.rand([2, 3, 64, 64]), "im_shape": paddle.to_tensor([[64.0, 64], [64, 64]]),
+                 "scale_factor": paddle.to_tensor([[1.0, 1.0], [0.5, 0.5]])})
+    bbox, num = out["bbox"].numpy(), out["bbox_num"].numpy()
+    assert bbox.shape[1] == 6 and num.shape == (2,)
+    if num.sum():
+        assert bbox.shape[0] == num.sum()
+        assert set(np.unique(bbox[:, 0])) <= {0.0, 1.0, 2.0}
+
+
+def test_end_to_end_post_process_keeps_confident_rows():
+    model = _arch("yolo26/yolo26_n_500e_coco.yml")
+    model.eval()
+    y = paddle.to_tensor([[[10.0, 20, 30, 40, 0.9, 2], [0, 0, 8, 8, 0.5, 1], [1, 1, 2, 2, 0.0005, 0]],
+                          [[2.0, 4, 6, 8, 0.0001, 0], [2, 4, 6, 8, 0.00001, 0], [0, 0, 1, 1, 0.0, 0]]])
+    bbox, num = model.post_process(y, paddle.to_tensor([[2.0, 2.0], [1.0, 1.0]]))
+    assert num.numpy().tolist() == [2, 0]
+    np.testing.assert_allclose(bbox.numpy(), [[2, 0.9, 5, 10, 15, 20], [1, 0.5, 0, 0, 4, 4]], rtol=1e-6)
+
+
+def test_model_names_resolve_to_configs(tmp_path):
+    from ppmulti.rank.yolo_config import resolve_cfg
+
+    assert resolve_cfg("yolo11n.yaml").config.endswith("configs/yolo11/yolo11_n_500e_coco.yml")
+    assert resolve_cfg("yolo26x").config.endswith("configs/yolo26/yolo26_x_500e_coco.yml")
+    own = tmp_path / "custom-yolo26s.yaml"
+    own.write_text((CONFIGS / "ultralytics" / "yolo26.yaml").read_text())
+    choice = resolve_cfg(str(own))
+    assert choice.config.endswith("yolo26_n_500e_coco.yml") and choice.overrides == {"UltraYOLO": {"model": str(own)}}
+
+
+# ----------------------------------------------------------------------------- ultralytics' .pt without torch
+def _torch_name(key: str) -> str:
+    return key.replace("._mean", ".running_mean").replace("._variance", ".running_var")
+
+
+def _write_ultralytics_pt(path: Path, model: UltraDetectionModel, yaml_file: str, half: bool = True,
+                          release: bool = True):
+    """A file laid out as ultralytics 8.4 saves a checkpoint: a dict whose 'ema' is a pickled DetectionModel."""
+    import ptwriter
+
+    state = {_torch_name(k): v.numpy().astype(np.float16 if half else np.float32)
+             for k, v in model.state_dict().items()}
+    for k in list(state):
+        if k.endswith(".running_var"):
+            state[k[: -len("running_var")] + "num_batches_tracked"] = np.array(7, dtype=np.int64)
+    detect = f"model.{len(model.model) - 1}"
+    spec = model.spec
+    yaml = dict(spec.raw, scale=spec.scale, yaml_file=yaml_file, channels=3, nc=spec.nc)
+    ema = ptwriter.module_tree(state, "ultralytics.nn.tasks.DetectionModel",
+                               classes={"model": "torch.nn.modules.container.Sequential",
+                                        detect: "ultralytics.nn.modules.head.Detect",
+                                        "model.0": "ultralytics.nn.modules.conv.Conv"},
+                               parameter=lambda n: not n.endswith("dfl.conv.weight") or True,
+                               yaml=yaml, names={i: f"c{i}" for i in range(spec.nc)},
+                               stride=ptwriter.Tensor(np.array([8.0, 16.0, 32.0], dtype=np.float32)),
+                               args={"imgsz": 640, "task": "detect"}, save=[4, 6, 10])
+    ckpt = {"date": "2026-11-30T10:00:00", "version": "8.4.190", "license": "AGPL-3.0 License",
+            "docs": "https://docs.ultralytics.com", "epoch": -1 if release else 3, "best_fitness": None,
+            "model": None, "ema": ema, "updates": 0 if release else 120, "optimizer": None,
+            "train_args": {"model": yaml_file, "epochs": 4, "imgsz": 64, "batch": 2},
+            "train_metrics": {"metrics/mAP50(B)": 0.1}, "train_results": {"epoch": [1, 2]}, "git": {"branch": "main"}}
+    return ptwriter.save(ckpt, path), state
+
+
+@pytest.mark.parametrize("name", ["yolo11n", "yolo26n"])
+def test_ultralytics_checkpoint_converts_and_loads(tmp_path, name):
+    from ppmulti.rank.engine.pretrained import load_initial_weights
+    from ppmulti.rank.models.convert import pdparams_for
+    from ppmulti.rank.models.ultra_convert import read_ultra_pt
+
+    paddle.seed(1)
+    source = UltraDetectionModel(f"{name}.yaml", nc=3)
+    pt, state = _write_ultralytics_pt(tmp_path / "best.pt", source, f"{name}.yaml")
+    read = read_ultra_pt(str(pt))
+    assert (read.kind, read.cfg, read.num_classes, read.names) == ("release", name, 3, ["c0", "c1", "c2"])
+    assert read.info["version"] == "8.4.190" and read.info["train_args"]["epochs"] == 4
+    path, first = pdparams_for(str(pt))
+    assert first is not None and pdparams_for(str(pt)) == (path, None)   # converted once, then the cache
+    paddle.seed(2)
+    target = _arch(f"{name[:-1]}/{name[:-1]}_n_500e_coco.yml")
+    own = target.state_dict()
+    assert set(own) == {k.replace(".running_mean", "._mean").replace(".running_var", "._variance")
+                        for k in state if not k.endswith("num_batches_tracked")}
+
+    class Cfg(dict):
+        pass
+
+    load_initial_weights(target, Cfg(num_classes=3), str(pt))
+    loaded = target.state_dict()
+    for key, value in state.items():
+        if key.endswith("num_batches_tracked"):
+            continue
+        mine = key.replace(".running_mean", "._mean").replace(".running_var", "._variance")
+        np.testing.assert_array_equal(loaded[mine].numpy(), value.astype(np.float32), err_msg=key)
+    target.eval()
+    out = target({"image": paddle.rand([1, 3, 64, 64]), "im_shape": paddle.to_tensor([[64.0, 64]]),
+                  "scale_factor": paddle.to_tensor([[1.0, 1.0]])})
+    assert out["bbox"].shape[1] == 6
+
+
+def test_ultralytics_checkpoint_other_classes_reinitialises_class_outputs(tmp_path, caplog):
+    from ppmulti.rank.engine.pretrained import load_initial_weights
+
+    source = UltraDetectionModel("yolo11n.yaml", nc=80)
+    pt, _ = _write_ultralytics_pt(tmp_path / "yolo11n.pt", source, "yolo11n.yaml", half=False)
+    target = _arch("yolo11/yolo11_n_500e_coco.yml")
+
+    class Cfg(dict):
+        pass
+
+    load_initial_weights(target, Cfg(num_classes=3), str(pt))
+    assert target.state_dict()["model.23.cv3.0.2.bias"].shape == [3]
+    np.testing.assert_array_equal(target.state_dict()["model.0.conv.weight"].numpy(),
+                                  source.state_dict()["model.0.conv.weight"].numpy())
+
+
+def test_release_name_through_the_mirror(tmp_path, monkeypatch):
+    import argparse
+
+    from test_pretrained import serve
+
+    from ppmulti.common.envvars import PPMULTI_WEIGHTS_MIRROR, XDG_CACHE_HOME
+    from ppmulti.rank.engine.pretrained import resolve_weights_flag
+
+    monkeypatch.setenv(XDG_CACHE_HOME, str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    pt, _ = _write_ultralytics_pt(tmp_path / "src.pt", UltraDetectionModel("yolov8n.yaml"), "yolov8n.yaml")
+    with serve({"yolov8n.pt": pt.read_bytes()}) as (url, hits):
+        monkeypatch.setenv(PPMULTI_WEIGHTS_MIRROR, url)
+        args = argparse.Namespace(weights="yolov8n.pt", cfg=None, config=None)
+        assert resolve_weights_flag(args) == []
+    assert hits == ["/v7.0/yolov8n.pt"]
+    assert args.weights == str(tmp_path / "cache" / "ppmulti" / "weights" / "yolov8n.pt") and args.cfg == "yolov8n"
+
+
+def test_other_ultralytics_tasks_are_refused(tmp_path):
+    import ptwriter
+
+    from ppmulti.rank.models.ultra_convert import read_ultra_pt
+
+    seg = ptwriter.Module("ultralytics.nn.tasks.SegmentationModel",
+                          parameters={"w": ptwriter.Tensor(np.zeros(2, np.float32), parameter=True)})
+    pt = ptwriter.save({"model": seg, "ema": None}, tmp_path / "yolo11n-seg.pt")
+    with pytest.raises(UserError, match="segmentation model"):
+        read_ultra_pt(str(pt))
