@@ -8,6 +8,8 @@ from ppmulti.rank.models.yolov5 import YOLOv5CSPDarkNet, YOLOv5CSPPAN, register_
 from ppmulti.rank.models.yolov5_head import YOLOv5Head  # noqa: E402
 from ppmulti.rank.models.yolov5_loss import YOLOv5Loss, bbox_ciou, build_targets  # noqa: E402
 from ppmulti.rank.models.ultra_loss import UltraDetectionLoss, UltraE2ELoss  # noqa: E402
+from ppmulti.rank.models.ultra_yolo import UltraYOLO  # noqa: E402
 
 __all__ = ["YOLOv5CSPDarkNet", "YOLOv5CSPPAN", "YOLOv5Head", "YOLOv5Loss", "bbox_ciou",
-           "build_targets", "register_once", "UltraDetectionLoss", "UltraE2ELoss"]
+           "build_targets", "register_once", "UltraDetectionLoss", "UltraE2ELoss",
+           "UltraYOLO"]
