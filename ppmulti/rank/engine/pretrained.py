@@ -75,7 +75,8 @@ def load_matching(model, weights: dict[str, Any], source: str, num_classes: int 
             reinit.append(key)
     if reinit:
         layers = sorted({k.rsplit(".", 1)[0] for k in reinit})
-        had = _classes_of(own[reinit[0]].shape, weights[reinit[0]].shape, num_classes)
+        out = reinit[-1]   # the last is the class output itself (ultralytics' cv3.<level>.2.bias)
+        had = _classes_of(own[out].shape, weights[out].shape, num_classes)
         log.info("%d layers re-initialised for %s classes (the weights have %s): %s", len(layers),
                  num_classes if num_classes is not None else "this run's",
                  had if had is not None else "another number", ", ".join(layers))
@@ -92,13 +93,17 @@ def load_matching(model, weights: dict[str, Any], source: str, num_classes: int 
     return reinit
 
 
-_ULTRA_CLASS_OUT = re.compile(r"^model\.\d+\.(one2one_)?cv3\.\d+\.2\.(weight|bias)$")
+# ultralytics' class branches (model.<Detect>.cv3.<level>..., one2one_cv3 too): their width is
+# max(channels, min(classes, 100)), so every layer of them may differ with the class count; ultralytics'
+# own loading (intersect_dicts) keeps such layers initialised too
+_ULTRA_CLASS_BRANCH = re.compile(r"^model\.\d+\.(one2one_)?cv3\.\d+\.")
 
 
 def _class_layer(key: str, own: list[int], theirs: list[int]) -> bool:
     """A head parameter that differs only in its output size (the class count): same rank, same other dims."""
-    # ppdet heads (yolo_head.*), or ultralytics' class outputs (model.<Detect>.cv3.<level>.2.*, one2one_cv3 too)
-    head = key.split(".", 1)[0].endswith("head") or bool(_ULTRA_CLASS_OUT.search(key))
+    if _ULTRA_CLASS_BRANCH.search(key):
+        return len(own) == len(theirs)
+    head = key.split(".", 1)[0].endswith("head")
     return head and len(own) == len(theirs) and own[1:] == theirs[1:] and own[0] != theirs[0]
 
 

@@ -1,4 +1,5 @@
-"""ppmulti's models registered into ppdet's workspace (importing this package registers them)."""
+"""ppmulti's models registered into ppdet's workspace (importing this package registers them): YOLOv5's parts
+and UltraYOLO (YOLOv8 / YOLO11 / YOLO26)."""
 
 from ppmulti.rank import compat
 
@@ -11,5 +12,4 @@ from ppmulti.rank.models.ultra_loss import UltraDetectionLoss, UltraE2ELoss  # n
 from ppmulti.rank.models.ultra_yolo import UltraYOLO  # noqa: E402
 
 __all__ = ["YOLOv5CSPDarkNet", "YOLOv5CSPPAN", "YOLOv5Head", "YOLOv5Loss", "bbox_ciou",
-           "build_targets", "register_once", "UltraDetectionLoss", "UltraE2ELoss",
-           "UltraYOLO"]
+           "build_targets", "register_once", "UltraDetectionLoss", "UltraE2ELoss", "UltraYOLO"]

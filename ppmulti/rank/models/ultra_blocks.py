@@ -14,7 +14,6 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle import ParamAttr
 from paddle.regularizer import L2Decay
-from ppdet.modeling.initializer import conv_init_
 
 __all__ = ["BN_EPS", "BN_MOMENTUM", "autopad", "make_divisible", "Conv", "DWConv", "Bottleneck", "C2f", "C3",
            "C3k", "C3k2", "SPPF", "Attention", "PSABlock", "C2PSA", "Concat", "Upsample", "DFL", "plain_conv"]
@@ -48,11 +47,19 @@ def make_divisible(x: float, divisor: int = 8) -> int:
     return int(math.ceil(x / divisor) * divisor)
 
 
+def _torch_default(fan_in: int, decay: bool = True) -> ParamAttr:
+    # PyTorch's default convolution init, which ultralytics keeps: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the
+    # weight (kaiming_uniform with a=sqrt(5)) and the bias; given as the initializer so nothing is drawn twice
+    bound = 1 / math.sqrt(fan_in)
+    return ParamAttr(initializer=nn.initializer.Uniform(-bound, bound),
+                     regularizer=None if decay else L2Decay(0.0))
+
+
 def plain_conv(c1: int, c2: int, k: int = 1, bias: bool = True) -> nn.Conv2D:
     """A bare convolution initialised as PyTorch's default (which ultralytics keeps)."""
-    conv = nn.Conv2D(c1, c2, k, bias_attr=_no_decay() if bias else False)
-    conv_init_(conv)
-    return conv
+    fan_in = c1 * k * k
+    return nn.Conv2D(c1, c2, k, weight_attr=_torch_default(fan_in),
+                     bias_attr=_torch_default(fan_in, decay=False) if bias else False)
 
 
 class Conv(nn.Layer):
@@ -61,8 +68,9 @@ class Conv(nn.Layer):
     def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1, d: int = 1,
                  act: bool | nn.Layer = True):
         super().__init__()
-        self.conv = nn.Conv2D(c1, c2, k, s, autopad(k, p, d), dilation=d, groups=g, bias_attr=False)
-        conv_init_(self.conv)
+        kh, kw = (k, k) if isinstance(k, int) else k
+        self.conv = nn.Conv2D(c1, c2, k, s, autopad(k, p, d), dilation=d, groups=g, bias_attr=False,
+                              weight_attr=_torch_default(c1 // g * kh * kw))
         self.bn = nn.BatchNorm2D(c2, momentum=BN_MOMENTUM, epsilon=BN_EPS, weight_attr=_no_decay(),
                                  bias_attr=_no_decay())
         self.set_act(act)
