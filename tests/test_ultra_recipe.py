@@ -167,7 +167,7 @@ class _Op:
 class _Loader:
     class dataset:
         class transform:
-            transforms = [object(), _Op()]
+            transforms_cls = [object(), _Op()]
 
 
 class _Trainer:
@@ -181,3 +181,29 @@ def test_close_mosaic_hook_sets_the_epoch_on_the_op():
     hook = CloseMosaicHook(10)
     hook.before_train(_Trainer())
     assert [op.close_from for op in mosaic_ops(_Trainer.loader)] == [2]
+
+
+class _Source:
+    """A dataset as the mosaic op sees it: records, and the epoch a loader worker's copy was set to."""
+
+    def __init__(self, epoch: int):
+        self._epoch = epoch
+        self.roidbs = [{"im_id": np.array([0])}]
+
+
+def test_mosaic_op_draws_letterboxes_from_the_closing_epoch(monkeypatch):
+    from ppmulti.rank.data import augment
+    from ppmulti.rank.data.pipeline import register_ops
+
+    op = register_ops()["YOLOv5Mosaic"](img_size=64, prob=1.0, mixup=1.0)
+    drawn = []
+    plain = (np.zeros((64, 64, 3), np.uint8), np.zeros((0, 4), np.float32), np.zeros((0, 1), np.int32))
+    op._load = lambda source, index, record: None
+    op._extras = lambda source, records, n: [None] * n
+    op._mosaic = lambda first, extras: drawn.append("mosaic") or plain
+    monkeypatch.setattr(augment, "mixup", lambda rng, a, b: drawn.append("mixup") or a)
+    monkeypatch.setattr(augment, "letterbox_affine", lambda first, size, hyp, rng: drawn.append("letterbox") or plain)
+    op.close_from = 2
+    for epoch in (0, 1, 2, 3):
+        op({"_source": _Source(epoch), "_index": 0})
+    assert drawn == ["mosaic", "mosaic", "mixup", "mosaic", "mosaic", "mixup", "letterbox", "letterbox"]

@@ -104,6 +104,10 @@ class _Build:
             hooks.append(ImageWeightsHook(self.image_weights))
         if self.warmup_batches:
             hooks.append(self._yolov5_warmup_hook())
+        if int(self.cfg.get("close_mosaic") or 0) > 0:   # ultralytics' configs: mosaic off for the last N epochs
+            from ppmulti.rank.engine.hooks.close_mosaic import CloseMosaicHook
+
+            hooks.append(CloseMosaicHook(int(self.cfg["close_mosaic"])))
         if self.cfg.get("profiler_options"):   # PaddleDetection's --profiler_options (-o profiler_options=...)
             from ppmulti.rank.engine.hooks.profiler import ProfilerHook, parse_options
 

@@ -14,7 +14,7 @@ def mosaic_ops(loader) -> list:
     """The train loader's mosaic ops (``YOLOv5Mosaic``), found through its dataset's transform."""
     dataset = getattr(loader, "dataset", None)
     transform = getattr(dataset, "transform", None)
-    ops = getattr(transform, "transforms", None) or []
+    ops = getattr(transform, "transforms_cls", None) or []   # ppdet's Compose keeps its op instances here
     return [op for op in ops if hasattr(op, "close_from")]
 
 
