@@ -259,3 +259,17 @@ def test_empty_batch_keeps_the_graph():
     out["loss"].backward()
     assert float(out["loss_box"]) == 0.0 and float(out["loss_dfl"]) == 0.0
     assert head["boxes"].grad is not None and float(out["loss_cls"]) > 0
+
+
+def test_configs_build_the_losses_with_the_runs_epochs():
+    from ppdet.core.workspace import create
+
+    from ppmulti.rank import config as config_mod
+    from conftest import REPO
+
+    cfg = config_mod.load(str(REPO / "configs/yolo26/yolo26_n_500e_coco.yml"), [])
+    cfg["epoch"] = 7   # what --epochs 7 leaves in the config before the model is built
+    loss = create("UltraE2ELoss")
+    assert (loss.epochs, loss.one2many.ref_batch, loss.one2many.batch_scale) == (7, 64, "ref_batch")
+    assert (loss.one2many.topk, loss.one2one.topk, loss.one2one.topk2) == (10, 7, 1)
+    assert loss.weights(6) == pytest.approx((0.1, 0.9))

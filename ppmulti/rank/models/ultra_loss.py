@@ -67,7 +67,8 @@ class UltraDetectionLoss(nn.Layer):
 
     Args:
         num_classes (int): number of classes.
-        reg_max (int): DFL bins (16; 1 for YOLO26).
+        reg_max (int): DFL bins (16; 1 for YOLO26): documentation only, the head's outputs say which (their
+            box channels are 4 x reg_max), as ultralytics reads it from the Detect layer; so does the class count.
         box (float), cls (float), dfl (float): ultralytics' gains (cfg/default.yaml: 7.5, 0.5, 1.5).
         topk (int), topk2 (int), alpha (float), beta (float): the assigner's (10, None, 0.5, 6.0).
         strides (list): the head's strides (None: from the image and feature shapes).
@@ -108,15 +109,16 @@ class UltraDetectionLoss(nn.Layer):
             raise ValueError("UltraDetectionLoss needs the head's strides or the batch's image to derive them")
         return [float(image.shape[2]) / float(f.shape[2]) for f in feats]
 
-    def _assigner(self, strides: Sequence[float]) -> TaskAlignedAssigner:
-        return TaskAlignedAssigner(self.topk, self.num_classes, self.alpha, self.beta, strides, topk2=self.topk2)
+    def _assigner(self, strides: Sequence[float], nc: int) -> TaskAlignedAssigner:
+        return TaskAlignedAssigner(self.topk, nc, self.alpha, self.beta, strides, topk2=self.topk2)
 
-    def _decode(self, points: paddle.Tensor, pred_dist: paddle.Tensor) -> paddle.Tensor:
+    @staticmethod
+    def _decode(points: paddle.Tensor, pred_dist: paddle.Tensor, reg_max: int) -> paddle.Tensor:
         """[B, A, 4 x reg_max] -> boxes x1 y1 x2 y2 in grid units (the DFL expectation when reg_max > 1)."""
-        if self.reg_max > 1:
+        if reg_max > 1:
             batch, anchors = pred_dist.shape[0], pred_dist.shape[1]
-            probs = F.softmax(pred_dist.reshape([batch, anchors, 4, self.reg_max]), axis=-1)
-            pred_dist = paddle.matmul(probs, paddle.arange(self.reg_max, dtype=probs.dtype))
+            probs = F.softmax(pred_dist.reshape([batch, anchors, 4, reg_max]), axis=-1)
+            pred_dist = paddle.matmul(probs, paddle.arange(reg_max, dtype=probs.dtype))
         return dist2bbox(pred_dist, points)
 
     def _multiplier(self, batch: int) -> float:
@@ -132,15 +134,20 @@ class UltraDetectionLoss(nn.Layer):
         feats = head_outputs["feats"]
         pred_dist = head_outputs["boxes"].transpose([0, 2, 1])                         # [B, A, 4 x reg_max]
         pred_scores = head_outputs["scores"].transpose([0, 2, 1])                      # [B, A, nc]
-        batch = pred_scores.shape[0]
+        batch, nc = pred_scores.shape[0], pred_scores.shape[2]
+        # the head's own reg_max and class count, as ultralytics reads them from its Detect layer
+        reg_max = int(pred_dist.shape[2]) // 4
+        if reg_max * 4 != int(pred_dist.shape[2]):
+            raise ValueError(f"UltraDetectionLoss: the head's boxes have {pred_dist.shape[2]} channels, "
+                             f"not 4 x reg_max")
         strides = self._strides(feats, inputs)
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
         points, stride_col = make_anchors(shapes, strides, 0.5, dtype=str(pred_scores.dtype).split(".")[-1])
         img_h, img_w = shapes[0][0] * strides[0], shapes[0][1] * strides[0]
 
         gt_labels, gt_bboxes, mask_gt = ultra_gt(inputs, batch)
-        pred_bboxes = self._decode(points, pred_dist)                                  # grid units
-        assigned = self._assigner(strides)(F.sigmoid(pred_scores.detach()), pred_bboxes.detach() * stride_col,
+        pred_bboxes = self._decode(points, pred_dist, reg_max)                         # grid units
+        assigned = self._assigner(strides, nc)(F.sigmoid(pred_scores.detach()), pred_bboxes.detach() * stride_col,
                                            points * stride_col, gt_labels, gt_bboxes, mask_gt)
         target_scores = assigned.scores.astype(pred_scores.dtype)
         scores_sum = paddle.clip(target_scores.sum(), min=1.0)
@@ -159,9 +166,9 @@ class UltraDetectionLoss(nn.Layer):
             loss_box = ((1.0 - iou) * weight).sum() / scores_sum
             point_fg = paddle.gather(points, fg[:, 1])
             dist_fg = paddle.gather_nd(pred_dist, fg)
-            if self.reg_max > 1:
-                target = bbox2dist(point_fg, box_t, self.reg_max - 1)
-                loss_dfl = (self._dfl(dist_fg.reshape([-1, self.reg_max]), target) * weight).sum() / scores_sum
+            if reg_max > 1:
+                target = bbox2dist(point_fg, box_t, reg_max - 1)
+                loss_dfl = (self._dfl(dist_fg.reshape([-1, reg_max]), target, reg_max) * weight).sum() / scores_sum
             else:
                 stride_fg = paddle.gather(stride_col, fg[:, 1])
                 scale = paddle.to_tensor([img_w, img_h, img_w, img_h], dtype=pred_dist.dtype)
@@ -172,10 +179,11 @@ class UltraDetectionLoss(nn.Layer):
         return {"loss_box": loss_box * self.gains["box"], "loss_cls": loss_cls * self.gains["cls"],
                 "loss_dfl": loss_dfl * self.gains["dfl"]}
 
-    def _dfl(self, logits: paddle.Tensor, target: paddle.Tensor) -> paddle.Tensor:
+    @staticmethod
+    def _dfl(logits: paddle.Tensor, target: paddle.Tensor, reg_max: int) -> paddle.Tensor:
         """Distribution focal loss (Li et al. 2020) of logits [K x 4, reg_max] for distances [K, 4] -> [K, 1]:
         cross-entropy against the two bins around each distance, weighted by nearness."""
-        target = target.clip(0, self.reg_max - 1 - 0.01)
+        target = target.clip(0, reg_max - 1 - 0.01)
         left = paddle.floor(target).astype("int64")
         w_left = (left + 1).astype(target.dtype) - target
         w_right = 1 - w_left
