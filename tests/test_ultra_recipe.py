@@ -207,3 +207,41 @@ def test_mosaic_op_draws_letterboxes_from_the_closing_epoch(monkeypatch):
     for epoch in (0, 1, 2, 3):
         op({"_source": _Source(epoch), "_index": 0})
     assert drawn == ["mosaic", "mosaic", "mixup", "mosaic", "mosaic", "mixup", "letterbox", "letterbox"]
+
+
+def test_decay_by_paddle_name():
+    assert R.decays("conv2d_3.w_0") and R.decays("linear_0.w_0")
+    assert not R.decays("conv2d_3.b_0") and not R.decays("batch_norm2d_1.w_0")
+    assert not R.decays("batch_norm2d_1.b_0") and not R.decays("sync_batch_norm_2.w_0")
+
+
+def test_ppdet_optimizer_sections():
+    sgd = R.ppdet_optimizer(R.choose_optimizer("SGD", 3, 1), 0.0005)
+    assert sgd["optimizer"] == {"type": "Momentum", "momentum": 0.937, "use_nesterov": True}
+    assert sgd["regularizer"] == {"type": "L2", "factor": 0.0005}
+    adamw = R.ppdet_optimizer(R.auto_optimizer(3, 100), 0.0005)
+    assert adamw["optimizer"]["type"] == "AdamW" and adamw["optimizer"]["beta1"] == 0.9
+    assert adamw["optimizer"]["apply_decay_param_fun"] is R.decays and adamw["regularizer"] is None
+    with pytest.raises(ValueError, match="MuSGD"):
+        R.ppdet_optimizer(R.auto_optimizer(3, 20000), 0.0005)
+    assert R.lr_reference(R.choose_optimizer("SGD", 3, 1), 96) == 64
+    assert R.lr_reference(R.auto_optimizer(3, 100), 96) == 96
+
+
+def test_adamw_section_builds_through_ppdet():
+    """ppdet's OptimizerBuilder passes apply_decay_param_fun through to Paddle's AdamW: BatchNorm and biases
+    keep their values under a pure decay step (zero gradients), convolution weights shrink."""
+    from ppdet.optimizer import OptimizerBuilder
+
+    paddle.seed(0)
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3), paddle.nn.BatchNorm2D(4))
+    section = R.ppdet_optimizer(R.auto_optimizer(3, 100), 0.5)
+    opt = OptimizerBuilder(regularizer=section["regularizer"], optimizer=section["optimizer"])(0.1, model)
+    before = {p.name: p.numpy().copy() for p in model.parameters()}
+    (model(paddle.zeros([1, 3, 5, 5])).sum() * 0).backward()
+    opt.step()
+    for p in model.parameters():
+        if p.stop_gradient:   # BatchNorm's running statistics
+            continue
+        changed = not np.allclose(p.numpy(), before[p.name])
+        assert changed == R.decays(p.name), p.name

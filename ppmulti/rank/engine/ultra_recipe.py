@@ -10,7 +10,8 @@ from typing import Iterable
 __all__ = ["HYP", "NBS", "OptimizerChoice", "auto_optimizer", "choose_optimizer", "nominal_accumulate",
            "scaled_weight_decay", "auto_iterations", "lr_lambda", "warmup_batches", "WarmupState", "warmup_state",
            "mosaic_closed", "GROUP_DECAY", "GROUP_NORM", "GROUP_BIAS", "GROUP_MUON", "classify_parameter",
-           "ParamGroupSpec", "param_groups", "MUSGD_MUON", "MUSGD_SGD", "MUSGD_HEAD_LR_GAIN", "Recipe", "plan"]
+           "ParamGroupSpec", "param_groups", "MUSGD_MUON", "MUSGD_SGD", "MUSGD_HEAD_LR_GAIN", "Recipe", "plan",
+           "decays", "ppdet_optimizer", "lr_reference"]
 
 # cfg/default.yaml's training hyperparameters in 8.4 (the keys a detection run reads).
 HYP: dict[str, float | int | bool | str] = {
@@ -228,3 +229,44 @@ def plan(dataset_size: int, batch: int, epochs: int, nc: int, batches_per_epoch:
     return Recipe(opt, int(batch), acc, wd, iterations,
                   warmup_batches(float(h["warmup_epochs"]), batches_per_epoch, epochs), int(epochs),
                   float(h["lrf"]), bool(h["cos_lr"]), int(h["close_mosaic"]), nbs)
+
+
+# ----------------------------------------------------------------------------- onto a ppdet config
+_NORM_PREFIXES = ("batch_norm", "sync_batch_norm", "layer_norm", "group_norm", "instance_norm")
+
+
+def decays(param_name: str) -> bool:
+    """Whether ultralytics decays a Paddle parameter, from its automatic name (``conv2d_3.w_0``,
+    ``batch_norm2d_1.b_0``): weights of convolutions and linear layers yes; biases and normalisation layers'
+    weights no. For AdamW's ``apply_decay_param_fun`` (ppdet passes the optimizer's other keys through)."""
+    layer, _, suffix = param_name.rpartition(".")
+    return suffix.startswith("w_") and not layer.startswith(_NORM_PREFIXES)
+
+
+def ppdet_optimizer(choice: OptimizerChoice, weight_decay: float) -> dict:
+    """The ``OptimizerBuilder`` section that trains as ``choice`` does on ppdet (ppmulti's ultralytics models
+    keep biases and BatchNorm out of the L2 regulariser themselves): SGD -> Momentum with Nesterov and L2
+    ``weight_decay``; AdamW -> AdamW (beta1 = momentum, beta2 0.999) with decoupled decay on the decayed
+    parameters only; Adam -> Adam with the L2 factor 0 (ultralytics' Adam groups carry no decay but the
+    'weight' group's, which torch's Adam adds to the gradient). MuSGD has no ppdet builder: ValueError (see
+    engine/musgd.py for the optimizer itself)."""
+    if choice.name == "SGD":
+        return {"optimizer": {"type": "Momentum", "momentum": choice.momentum, "use_nesterov": True},
+                "regularizer": {"type": "L2", "factor": weight_decay}}
+    if choice.name == "AdamW":
+        return {"optimizer": {"type": "AdamW", "beta1": choice.momentum, "beta2": 0.999,
+                              "weight_decay": weight_decay, "apply_decay_param_fun": decays},
+                "regularizer": None}
+    if choice.name == "Adam":
+        return {"optimizer": {"type": "Adam", "beta1": choice.momentum, "beta2": 0.999},
+                "regularizer": {"type": "L2", "factor": weight_decay}}
+    raise ValueError(f"optimizer={choice.name}: ppmulti builds SGD, Adam and AdamW through ppdet's "
+                     f"OptimizerBuilder; {choice.name} is not wired into a run yet")
+
+
+def lr_reference(choice: OptimizerChoice, effective_batch: int, nbs: int = NBS) -> int:
+    """The batch ppmulti should scale the lr from (its ``ref_batch``) to take ultralytics' step: SGD's update
+    grows with the loss, which ultralytics scales by the images per step, so lr0 is for ``nbs`` images (with
+    the loss x nbs, ppmulti's 'ref_batch' scaling); Adam's does not, so lr0 holds at any batch (ref_batch =
+    the effective batch: no scaling)."""
+    return int(nbs) if choice.name in ("SGD", "MuSGD") else int(effective_batch)
