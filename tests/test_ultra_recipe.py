@@ -218,7 +218,7 @@ def test_decay_by_paddle_name():
 def test_ppdet_optimizer_sections():
     sgd = R.ppdet_optimizer(R.choose_optimizer("SGD", 3, 1), 0.0005)
     assert sgd["optimizer"] == {"type": "Momentum", "momentum": 0.937, "use_nesterov": True}
-    assert sgd["regularizer"] == {"type": "L2", "factor": 0.0005}
+    assert sgd["regularizer"] == {"type": "L2", "factor": 0.0005} and sgd["clip_grad_by_norm"] == 10.0
     adamw = R.ppdet_optimizer(R.auto_optimizer(3, 100), 0.0005)
     assert adamw["optimizer"]["type"] == "AdamW" and adamw["optimizer"]["beta1"] == 0.9
     assert adamw["optimizer"]["apply_decay_param_fun"] is R.decays and adamw["regularizer"] is None
@@ -236,7 +236,7 @@ def test_adamw_section_builds_through_ppdet():
     paddle.seed(0)
     model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3), paddle.nn.BatchNorm2D(4))
     section = R.ppdet_optimizer(R.auto_optimizer(3, 100), 0.5)
-    opt = OptimizerBuilder(regularizer=section["regularizer"], optimizer=section["optimizer"])(0.1, model)
+    opt = OptimizerBuilder(**section)(0.1, model)
     before = {p.name: p.numpy().copy() for p in model.parameters()}
     (model(paddle.zeros([1, 3, 5, 5])).sum() * 0).backward()
     opt.step()

@@ -244,22 +244,25 @@ def decays(param_name: str) -> bool:
 
 
 def ppdet_optimizer(choice: OptimizerChoice, weight_decay: float) -> dict:
-    """The ``OptimizerBuilder`` section that trains as ``choice`` does on ppdet (ppmulti's ultralytics models
-    keep biases and BatchNorm out of the L2 regulariser themselves): SGD -> Momentum with Nesterov and L2
-    ``weight_decay``; AdamW -> AdamW (beta1 = momentum, beta2 0.999) with decoupled decay on the decayed
-    parameters only; Adam -> Adam with the L2 factor 0 (ultralytics' Adam groups carry no decay but the
-    'weight' group's, which torch's Adam adds to the gradient). MuSGD has no ppdet builder: ValueError (see
-    engine/musgd.py for the optimizer itself)."""
+    """The ``OptimizerBuilder`` section (gradient norm clipped at 10) that trains as ``choice`` does on ppdet
+    (ppmulti's ultralytics models keep biases and BatchNorm out of the L2 regulariser themselves): SGD ->
+    Momentum with Nesterov and L2 ``weight_decay``; AdamW -> AdamW (beta1 = momentum, beta2 0.999) with
+    decoupled decay on the decayed parameters only; Adam -> Adam with L2 ``weight_decay`` (torch's Adam adds
+    the 'weight' group's decay to the gradient). MuSGD has no ppdet builder: ValueError (engine/musgd.py is
+    the optimizer itself)."""
+    # every ultralytics step clips the gradient's global norm at 10; ppmulti's loss x ref_batch (64) over
+    # averaged batches gives the gradient ultralytics clips (loss x batch, summed over ~64 images' batches)
+    clip = {"clip_grad_by_norm": GRAD_CLIP_NORM}
     if choice.name == "SGD":
         return {"optimizer": {"type": "Momentum", "momentum": choice.momentum, "use_nesterov": True},
-                "regularizer": {"type": "L2", "factor": weight_decay}}
+                "regularizer": {"type": "L2", "factor": weight_decay}, **clip}
     if choice.name == "AdamW":
         return {"optimizer": {"type": "AdamW", "beta1": choice.momentum, "beta2": 0.999,
                               "weight_decay": weight_decay, "apply_decay_param_fun": decays},
-                "regularizer": None}
+                "regularizer": None, **clip}
     if choice.name == "Adam":
         return {"optimizer": {"type": "Adam", "beta1": choice.momentum, "beta2": 0.999},
-                "regularizer": {"type": "L2", "factor": weight_decay}}
+                "regularizer": {"type": "L2", "factor": weight_decay}, **clip}
     raise ValueError(f"optimizer={choice.name}: ppmulti builds SGD, Adam and AdamW through ppdet's "
                      f"OptimizerBuilder; {choice.name} is not wired into a run yet")
 
