@@ -258,7 +258,7 @@ def test_ultralytics_checkpoint_converts_and_loads(tmp_path, name):
     source = UltraDetectionModel(f"{name}.yaml", nc=3)
     pt, state = _write_ultralytics_pt(tmp_path / "best.pt", source, f"{name}.yaml")
     read = read_ultra_pt(str(pt))
-    assert (read.kind, read.cfg, read.num_classes, read.names) == ("release", name, 3, ["c0", "c1", "c2"])
+    assert (read.kind, read.cfg, read.num_classes, read.names) == ("weights", name, 3, ["c0", "c1", "c2"])
     assert read.info["version"] == "8.4.190" and read.info["train_args"]["epochs"] == 4
     path, first = pdparams_for(str(pt))
     assert first is not None and pdparams_for(str(pt)) == (path, None)   # converted once, then the cache
@@ -329,3 +329,12 @@ def test_other_ultralytics_tasks_are_refused(tmp_path):
     pt = ptwriter.save({"model": seg, "ema": None}, tmp_path / "yolo11n-seg.pt")
     with pytest.raises(UserError, match="segmentation model"):
         read_ultra_pt(str(pt))
+
+
+def test_val_thresholds_reach_ultrayolo_nms():
+    from ppmulti.rank import config as config_mod
+    from ppmulti.rank.eval_setup import _nms_sections
+
+    cfg = config_mod.load(CONFIGS / "yolo11/yolo11_n_500e_coco.yml")
+    sections = _nms_sections(cfg)
+    assert len(sections) == 1 and sections[0]["nms_threshold"] == 0.7 and sections[0]["keep_top_k"] == 300

@@ -128,6 +128,8 @@ class _Unpickler(pickle.Unpickler):
             return _rebuild_parameter
         if module == "torch" and name in STORAGE_DTYPES:
             return STORAGE_DTYPES[name]
+        if module == "torch" and name == "Size":   # a shape ultralytics' Detect keeps (its last input's)
+            return tuple
         if module == "collections" and name == "OrderedDict":
             return OrderedDict
         if module in ("builtins", "__builtin__") and name in _BUILTINS:

@@ -170,9 +170,10 @@ def _names_dataset(cfg, names: list[str]) -> None:
 
 
 def _nms_sections(cfg) -> list[dict]:
-    """The ``nms`` settings of the architecture's parts (the YOLOv5 and PP-YOLOE heads hold MultiClassNMS)."""
+    """The ``nms`` settings of the architecture's parts (the YOLOv5 and PP-YOLOE heads hold MultiClassNMS), or
+    of the architecture itself (UltraYOLO's ``nms``)."""
     parts = dict(cfg.get(cfg.get("architecture")) or {})
-    out = []
+    out = [parts["nms"]] if isinstance(parts.get("nms"), dict) else []
     for part in parts.values():
         section = cfg.get(part) if isinstance(part, str) else None
         if isinstance(section, dict) and isinstance(dict(section).get("nms"), dict):

@@ -62,7 +62,7 @@ class UltraWeights:
     """What an ultralytics .pt holds: its model (float32 arrays under UltraYOLO's names) and the rest as data."""
 
     path: str
-    kind: str                      # "release" (no optimizer, epoch -1) or "checkpoint" (a run's last/best.pt)
+    kind: str                      # "weights" (no optimizer: a release file, a finished run) or "checkpoint"
     params: dict[str, Any]
     yaml: dict
     num_classes: int
@@ -136,6 +136,6 @@ def read_ultra_pt(path: str, obj: Any = None, prefer: str = "ema", arrays: bool 
     params = convert_state_dict(values)
     nc = int(yaml.get("nc") or len(names or []) or 80)
     info = {k: _plain(v) for k, v in obj.items() if k not in ("model", "ema", "optimizer")}
-    kind = "release" if obj.get("epoch", -1) == -1 and not obj.get("optimizer") else "checkpoint"
+    kind = "weights" if not obj.get("optimizer") else "checkpoint"   # stripped (release, finished run) or not
     return UltraWeights(path=path, kind=kind, params=params, yaml=dict(yaml), num_classes=nc,
                         names=list(names) if isinstance(names, (list, tuple)) else None, info=info)
