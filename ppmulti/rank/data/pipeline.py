@@ -74,6 +74,9 @@ def _ops():
             self.rect, self.stride = bool(rect), int(stride)
             self._buffer: OrderedDict = OrderedDict()
             self._stores: dict = {}
+            # ultralytics' close_mosaic: from this epoch on (the dataset's, set in every loader worker) no
+            # mosaic and no mixup, the letterbox + affine path only; set by hooks.close_mosaic, None: never
+            self.close_from: int | None = None
 
         # -------------------------------------------------------------- loading
         def _store(self, source):
@@ -128,7 +131,8 @@ def _ops():
                 records = list(sample) if isinstance(sample, (list, tuple)) else [sample]
                 source, index, record, shape = None, None, records[0], None
             first = self._load(source, index, record)
-            if not self.rect and random.random() < self.prob:
+            closed = self.close_from is not None and int(getattr(source, "_epoch", 0) or 0) >= self.close_from
+            if not self.rect and not closed and random.random() < self.prob:
                 image, boxes, classes = self._mosaic(first, self._extras(source, records, 3))
                 if random.random() < self.mixup:
                     other = self._extras(source, records, 4)

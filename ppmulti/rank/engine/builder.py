@@ -117,6 +117,10 @@ class _Build:
             from ppmulti.rank.engine.hooks.callbacks import CallbacksHook
 
             hooks += [CallbacksHook(list(opts.callbacks), "early"), CallbacksHook(list(opts.callbacks), "late")]
+        if int(self.cfg.get("close_mosaic") or 0) > 0:   # ultralytics' configs: mosaic off for the last N epochs
+            from ppmulti.rank.engine.hooks.close_mosaic import CloseMosaicHook
+
+            hooks.append(CloseMosaicHook(int(self.cfg["close_mosaic"])))
         if self.cfg.get("profiler_options"):   # PaddleDetection's --profiler_options (-o profiler_options=...)
             from ppmulti.rank.engine.hooks.profiler import ProfilerHook, parse_options
 

@@ -8,7 +8,8 @@ compat.import_ppdet()  # before ppdet's modules load below, so its numba notice 
 from ppmulti.rank.models.yolov5 import YOLOv5CSPDarkNet, YOLOv5CSPPAN, register_once  # noqa: E402
 from ppmulti.rank.models.yolov5_head import YOLOv5Head  # noqa: E402
 from ppmulti.rank.models.yolov5_loss import YOLOv5Loss, bbox_ciou, build_targets  # noqa: E402
+from ppmulti.rank.models.ultra_loss import UltraDetectionLoss, UltraE2ELoss  # noqa: E402
 from ppmulti.rank.models.ultra_yolo import UltraYOLO  # noqa: E402
 
 __all__ = ["YOLOv5CSPDarkNet", "YOLOv5CSPPAN", "YOLOv5Head", "YOLOv5Loss", "bbox_ciou",
-           "build_targets", "register_once", "UltraYOLO"]
+           "build_targets", "register_once", "UltraDetectionLoss", "UltraE2ELoss", "UltraYOLO"]
