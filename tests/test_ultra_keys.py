@@ -154,21 +154,21 @@ def test_a_refusal_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.slow
 def test_train_val_predict_export_from_ultralytics_line(tmp_path):
-    """ultralytics' four commands, typed as its users type them, on a YOLO data set: runs/detect/train, val,
-    predict and the exported ONNX file, as ultralytics lays them out."""
+    """ultralytics' four commands, typed as its users type them, on a YOLO data set, with YOLO26 (end-to-end, no
+    NMS): runs/detect/train, val, predict (from the weights and from the ONNX file) as ultralytics lays them out."""
     from ppmulti.common.synthdata import generate
 
     generate(tmp_path / "data", fmt="yolo", n_train=16, n_val=8, size=96, seed=0)
     cfg = tmp_path / "args.yaml"
     cfg.write_text("epochs: 1\nimgsz: 64\nworkers: 0\ndfl: 2.0\n")
-    proc = _ppmulti_yolo("detect", "train", "model=yolov5n.yaml", "data=data/data.yaml", "batch=8", "lr0=0.02",
-                         f"cfg={cfg}", cwd=tmp_path)
+    proc = _ppmulti_yolo("detect", "train", "model=yolo26n.yaml", "data=data/data.yaml", "batch=8", "lr0=0.02",
+                         "close_mosaic=1", f"cfg={cfg}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "detect" / "train"
     assert (run / "weights" / "best.pdparams").is_file() and (run / "results.csv").is_file()
     assert json.loads(proc.stdout.strip().splitlines()[-1])["run_dir"] == "runs/detect/train"
-    assert "--hyp <dfl=2, lr0=0.02>" in proc.stderr
-    assert "hyp dfl=2.0 has no effect here" in proc.stderr + proc.stdout   # YOLOv5's loss has no DFL term
+    assert "--hyp <dfl=2, lr0=0.02>" in proc.stderr and "YOLO26n summary" in proc.stderr
+    assert "close_mosaic: mosaic and mixup off for the last 1 epochs" in proc.stderr
     best = "runs/detect/train/weights/best.pdparams"
     proc = _ppmulti_yolo("val", f"model={best}", "data=data/data.yaml", "imgsz=64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -180,3 +180,6 @@ def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     proc = _ppmulti_yolo("export", f"model={best}", "format=onnx", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "weights" / "best.onnx").is_file()
+    proc = _ppmulti_yolo("predict", "model=runs/detect/train/weights/best.onnx", "source=data/images/val",
+                         "conf=0.01", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,5 +1,5 @@
-"""YOLO11n, YOLOv8n and YOLO26n train for real with ultralytics' losses through tools/train.py: one process and
-two gloo ranks (``ppmulti launch``), on a tiny YOLO-format set at 64 px."""
+"""YOLOv8n, YOLO11n and YOLO26n train for real with ultralytics' losses through tools/train.py on two gloo ranks
+(``ppmulti launch``), on a tiny YOLO-format set at 64 px (one process: tests/test_ultra_keys.py)."""
 
 from __future__ import annotations
 
@@ -38,18 +38,11 @@ def _train(root, cfg: str, name: str, epochs: int, launch: list[str] | None = No
     return proc
 
 
-def test_yolo11n_trains_in_one_process(tiny):
-    proc = _train(tiny, "yolo11n.yaml", "y11", 2)
-    assert "YOLO11n summary" in proc.stdout + proc.stderr
-
-
-def test_yolov8n_trains_in_one_process(tiny):
-    proc = _train(tiny, "yolov8n.yaml", "y8", 1)
-    assert "YOLOv8n summary" in proc.stdout + proc.stderr
-
-
 @pytest.mark.multiproc
-def test_yolo26n_trains_on_two_ranks(tiny):
-    proc = _train(tiny, "yolo26n.yaml", "y26", 2, ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2"])
+@pytest.mark.seam
+@pytest.mark.parametrize("cfg,summary", [("yolov8n.yaml", "YOLOv8n"), ("yolo11n.yaml", "YOLO11n"),
+                                         ("yolo26n.yaml", "YOLO26n")])
+def test_trains_on_two_ranks(tiny, cfg, summary):
+    proc = _train(tiny, cfg, summary, 2, ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2"])
     out = proc.stdout + proc.stderr
-    assert "YOLO26n summary" in out and "world size 2" in out
+    assert f"{summary} summary" in out and "world size 2" in out

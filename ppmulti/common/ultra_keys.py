@@ -180,7 +180,7 @@ KEYS: dict[str, Key] = {
     "single_cls": Key(False, _all((*TRAIN, *VAL), _switch("--single-cls"))),
     "rect": Key(False, _all(TRAIN, _switch("--rect"))),
     "cos_lr": Key(False, _all(TRAIN, _switch("--cos-lr"))),
-    "close_mosaic": Key(10, _all(TRAIN, _flag("--close-mosaic"))),
+    "close_mosaic": Key(10, {"train": lambda v, _: ["-o", f"close_mosaic={int(v)}"]}),
     "resume": Key(False, {"train": _resume}),
     "amp": Key(True, {"train": _amp}),
     "fraction": Key(1.0, refuse="training on part of the set: " + _FIXED + "; point data= at a smaller list"),

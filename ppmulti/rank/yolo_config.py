@@ -164,11 +164,20 @@ def apply_hyp(cfg, hyp: dict, is_yolov5: bool) -> list[str]:
         for key in ("cls_pw", "obj_pw", "anchor_t"):
             if key in hyp:
                 loss[key] = float(hyp[key])
+    elif cfg.get("architecture") == "UltraYOLO":   # ultralytics' gains box, cls, dfl on its loss
+        loss = cfg.setdefault(cfg["UltraYOLO"].get("loss", "UltraDetectionLoss"), {})
+        for key in ("box", "cls", "dfl"):
+            if key in hyp:
+                loss[key] = float(hyp[key])
+        notes += [f"hyp {k}={hyp[k]} is a YOLOv5 loss gain; ultralytics' loss has box, cls and dfl (not changed)"
+                  for k in loss_keys if k in hyp and k not in ("box", "cls")]
     else:
         notes += [f"hyp {k}={hyp[k]} is a YOLOv5 loss gain; this model's loss has its own (not changed)"
                   for k in loss_keys if k in hyp]
     notes += _apply_augment(cfg, hyp)
     handled = {"perspective", "flipud"} if _find_op(cfg, "YOLOv5Mosaic") is not None else set()
+    if cfg.get("architecture") == "UltraYOLO":
+        handled.add("dfl")
     for key, why in HYP_NO_EQUIVALENT.items():
         if key not in hyp or key == "iou_t" or key in handled:   # iou_t: YOLOv5 reads it nowhere either
             continue

@@ -110,6 +110,7 @@ def draw(img, dets: np.ndarray, names: dict[int, str], thickness: int, hide_labe
     pen = ImageDraw.Draw(img)
     for x1, y1, x2, y2, conf, cls in dets:
         color = PALETTE[int(cls) % len(PALETTE)]
+        x1, x2, y1, y2 = min(x1, x2), max(x1, x2), min(y1, y2), max(y1, y2)   # a box the model turned inside out
         pen.rectangle([x1, y1, x2, y2], outline=color, width=max(1, thickness))
         if hide_labels:
             continue
@@ -167,13 +168,16 @@ class FrameFeeder:
 
 
 class PaddleBackend:
-    """The weights in Paddle, NMS left out of the head so that the same NMS as for ONNX runs after it."""
+    """The weights in Paddle, NMS left out of the head so that the same NMS as for ONNX runs after it; an
+    end-to-end head (YOLO26's one-to-one branch) has no NMS to leave out, and its rows are taken as they come."""
 
     def __init__(self, config: str, overrides: list[str], weights: str, edit: Callable[[Any], None]):
         from ppmulti.rank.engine.inference import build_model, leave_nms_out
 
         self.cfg, self.model = build_model(config, overrides, weights, edit)
-        leave_nms_out(self.model)
+        self.end2end = bool(getattr(getattr(self.model, "head", None), "end2end", False))
+        if not self.end2end:
+            leave_nms_out(self.model)
         self.feed = FrameFeeder(self.cfg)
 
     def predict(self, bgr: np.ndarray) -> Prediction:
@@ -182,6 +186,8 @@ class PaddleBackend:
         data = {k: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in self.feed(bgr).items()}
         with paddle.no_grad():
             outs = self.model(data)
+        if self.end2end:   # rows cls, score, x1, y1, x2, y2, as a graph with NMS inside gives them
+            return Prediction(dets=outs["bbox"].numpy()[: int(outs["bbox_num"].numpy()[0])])
         return Prediction(boxes=outs["bbox"].numpy()[0], scores=outs["bbox_num"].numpy()[0])
 
 

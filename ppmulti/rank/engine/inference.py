@@ -213,6 +213,7 @@ def draw_boxes(img, detections: list[dict], catid2name: dict) -> None:
     draw = ImageDraw.Draw(img)
     for det in detections:
         x, y, w, h = det["bbox"]
+        x, y, w, h = min(x, x + w), min(y, y + h), abs(w), abs(h)   # a box the model turned inside out
         color = PALETTE[int(det["category_id"]) % len(PALETTE)]
         draw.rectangle([x, y, x + w, y + h], outline=color, width=2)
         label = f"{catid2name.get(det['category_id'], det['category_id'])} {det['score']:.2f}"
