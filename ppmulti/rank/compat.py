@@ -1020,16 +1020,15 @@ def override_registered_module(cls: type) -> bool:
 
 def override_transform(cls: type) -> bool:
     """R27: make ppdet's reader build ``cls`` for the op name ``cls.__name__`` (its Compose looks each name up on
-    ``ppdet.data.transform``; ``ppdet.data.transform.operators`` holds the same name). False when already done."""
+    ``ppdet.data.transform``). ``ppdet.data.transform.operators`` keeps its own class under the name: 2.6.0's
+    methods call ``super(RandomDistort, self)`` through that module's globals. False when already done."""
     import ppdet.data.transform as transform
-    from ppdet.data.transform import operators
 
     name = cls.__name__
     if getattr(transform, name, None) is cls:
         return False
     setattr(cls, _OVERRIDE_MARK, True)
     setattr(transform, name, cls)
-    setattr(operators, name, cls)
     return True
 
 

@@ -246,11 +246,10 @@ class RandomCrop(ops.RandomCrop):
     """ppdet 2.6.0's RandomCrop plus release/2.7's ``prob``: the crop is tried with that probability."""
 
     def __init__(self, aspect_ratio=[.5, 2.], thresholds=[.0, .1, .3, .5, .7, .9], scaling=[.3, 1.],
-                 num_attempts=50, allow_no_crop=True, cover_all_box=False, is_mask_crop=False, ioumode="iou",
-                 prob=1.0):
+                 num_attempts=50, allow_no_crop=True, cover_all_box=False, is_mask_crop=False, prob=1.0):
         super().__init__(aspect_ratio=aspect_ratio, thresholds=thresholds, scaling=scaling,
                          num_attempts=num_attempts, allow_no_crop=allow_no_crop, cover_all_box=cover_all_box,
-                         is_mask_crop=is_mask_crop, ioumode=ioumode)
+                         is_mask_crop=is_mask_crop)
         self.prob = prob
 
     def apply(self, sample, context=None):
