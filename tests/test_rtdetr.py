@@ -419,7 +419,8 @@ def test_small_config_trains_a_step_and_predicts(tmp_path, monkeypatch):
 @pytest.mark.seam
 def test_small_rtdetr_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path):
     """What a PaddleDetection user types, from their checkout: ``ppmulti launch --nproc_per_node 2
-    <ppmulti>/tools/train.py -c configs/rtdetr/<config>.yml --eval -o epoch=1 use_gpu=false``."""
+    <ppmulti>/tools/train.py -c configs/rtdetr/<config>.yml --eval -o epoch=1 use_gpu=false``; then --resume,
+    eval.py --classwise and export_model.py on what it wrote."""
     root = write_checkout(tmp_path / "PaddleDetection", SMALL)
     write_coco(root)
     proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
@@ -433,6 +434,23 @@ def test_small_rtdetr_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path):
     assert re.search(r"world size 2, global batch 4 \(2 per rank\)", out), out[-4000:]
     run = root / summary["run_dir"]
     assert (run / "config.yml").is_file()
+
+    # then, in one process each: resume to a second epoch, evaluate per class, export for Paddle inference
+    common = ["-c", SMALL_CONFIG, "-o", "use_gpu=false", "pretrain_weights=", "num_classes=3"]
+    proc = run_tool([str(REPO / "tools" / "train.py"), *common, "epoch=2", "--resume", str(run)], cwd=root,
+                    timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in (run / "train.log").read_text()
+    assert len((run / "results.csv").read_text().strip().splitlines()) == 3     # a header, epochs 1 and 2
+    weights = str(run / "weights" / "last.pdparams")
+    proc = run_tool([str(REPO / "tools" / "eval.py"), *common, f"weights={weights}", "--classwise"], cwd=root,
+                    timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(json.loads(proc.stdout.strip().splitlines()[-1])["class_AP"]) == {"rectangle", "ellipse", "triangle"}
+    proc = run_tool([str(REPO / "tools" / "export_model.py"), *common, f"weights={weights}", "--output_dir",
+                     str(root / "inference")], cwd=root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (root / "inference" / "rtdetr_r18vd_small_coco" / "model.pdiparams").is_file()
 
 
 def test_ema_filter_no_grad_keeps_frozen_weights_out_of_the_average():
