@@ -468,3 +468,10 @@ def test_ema_filter_no_grad_keeps_frozen_weights_out_of_the_average():
     ema.update()
     averaged = ema.apply()
     assert np.allclose(averaged[frozen[0]].numpy(), model[0].weight.numpy())
+
+
+def test_only_module_like_values_are_looked_up():
+    from ppmulti.rank.newer import _looks_like_a_class
+
+    assert _looks_like_a_class("HybridEncoder") and _looks_like_a_class("PPHGNetV2")
+    assert not any(_looks_like_a_class(v) for v in ("NCHW", "bn", "d", "gelu", "L", "sine"))

@@ -76,6 +76,12 @@ def _schema(name: str):
     return found if isinstance(found, SchemaDict) else None
 
 
+def _looks_like_a_class(value: str) -> bool:
+    """A module name as configs write one (ResNet, HybridEncoder), not a value such as 'NCHW', 'bn' or 'd'."""
+    return (value in NEWER_MODULES or (value.isidentifier() and value[:1].isupper()
+                                       and any(c.islower() for c in value)))
+
+
 def _module_problems(cfg: Mapping[str, Any]) -> Iterator[str]:
     from ppdet.core.config.schema import SchemaDict
 
@@ -93,7 +99,7 @@ def _module_problems(cfg: Mapping[str, Any]) -> Iterator[str]:
                 yield _missing(f"{name} ({where})", NEWER_MODULES.get(name))
                 return
             yield from args_of(_schema(name), value, where)
-        elif isinstance(value, str) and value[:1].isupper() and value.isidentifier() and _schema(value) is None:
+        elif isinstance(value, str) and _looks_like_a_class(value) and _schema(value) is None:
             yield _missing(f"{value} ({where})", NEWER_MODULES.get(value))
 
     arch = cfg.get("architecture")
