@@ -475,3 +475,25 @@ def test_only_module_like_values_are_looked_up():
 
     assert _looks_like_a_class("HybridEncoder") and _looks_like_a_class("PPHGNetV2")
     assert not any(_looks_like_a_class(v) for v in ("NCHW", "bn", "d", "gelu", "L", "sine"))
+
+
+def test_train_batch_picture_draws_rtdetr_boxes_in_pixels(monkeypatch, tmp_path):
+    """RT-DETR's reader hands the model boxes as centre and size in 0-1 (NormalizeBox, BboxXYXY2XYWH) and one
+    array per image (collate_batch: false); train_batch*.jpg draws them in the image's pixels."""
+    from types import SimpleNamespace
+
+    from ppmulti.rank.engine import pictures
+    from ppmulti.rank.engine.hooks import plots
+
+    drawn = []
+    monkeypatch.setattr(pictures, "draw_mosaic", lambda batch, names, path: drawn.append(batch))
+    cfg = {"TrainReader": {"batch_transforms": [{"NormalizeImage": {"norm_type": "none"}}, {"NormalizeBox": {}},
+                                                {"BboxXYXY2XYWH": {}}, {"Permute": {}}]}}
+    trainer = SimpleNamespace(cfg=cfg, input_norm=None, dataset=None)
+    data = {"image": np.zeros((2, 3, 64, 96), np.float32),
+            "gt_bbox": [np.array([[0.5, 0.5, 0.5, 0.5]]), np.array([[0.25, 0.25, 0.1, 0.1], [0.75, 0.5, 0.2, 0.2]])],
+            "gt_class": [np.array([[0]]), np.array([[1], [2]])]}
+    plots._draw_train_batch(trainer, data, ["a", "b", "c"], tmp_path / "train_batch0.jpg")
+    first, second = drawn[0].boxes
+    assert np.allclose(first[:, :5], [[0, 24, 16, 72, 48]])
+    assert np.allclose(second[:, :5], [[1, 19.2, 12.8, 28.8, 19.2], [2, 62.4, 25.6, 81.6, 38.4]])
