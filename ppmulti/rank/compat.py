@@ -990,3 +990,76 @@ def scaler_update(scaler: Any) -> None:
     finally:
         if shaped:
             scaler._scale = scaler._scale.reshape([1])
+
+
+# PaddleDetection release/2.7's configs name some modules and reader ops that ppdet 2.6.0 registers with an older
+# signature (DETR without a neck, ResNet without freeze_stem_only, DINOLoss without use_vfl, RandomDistort and
+# RandomCrop without prob). The subclasses in ppmulti/rank/models/rtdetr/release27.py keep 2.6.0's behaviour for
+# 2.6's keys; this puts them where ppdet looks the names up.
+_OVERRIDE_MARK = "_ppmulti_release27"
+
+
+def override_registered_module(cls: type) -> bool:
+    """R27: make ppdet's workspace build ``cls`` for the name ``cls.__name__`` that ppdet 2.6.0 registered for its
+    own class (ppdet's ``register`` refuses a second registration; ``create`` looks the class up by that name on
+    the schema's module, which is now ``cls``'s). Values a loaded config set on the old schema are kept. False when
+    ``cls`` is already the registered one."""
+    from ppdet.core.config.schema import SchemaDict
+    from ppdet.core.workspace import global_config, register
+
+    name = cls.__name__
+    existing = global_config.get(name)
+    if isinstance(existing, SchemaDict) and getattr(existing.pymodule, "__name__", None) == cls.__module__:
+        return False
+    old = global_config.pop(name, None)
+    register(cls)
+    if isinstance(old, dict) and old:
+        global_config[name].update(dict(old))
+    return True
+
+
+def override_transform(cls: type) -> bool:
+    """R27: make ppdet's reader build ``cls`` for the op name ``cls.__name__`` (its Compose looks each name up on
+    ``ppdet.data.transform``). ``ppdet.data.transform.operators`` keeps its own class under the name: 2.6.0's
+    methods call ``super(RandomDistort, self)`` through that module's globals. False when already done."""
+    import ppdet.data.transform as transform
+
+    name = cls.__name__
+    if getattr(transform, name, None) is cls:
+        return False
+    setattr(cls, _OVERRIDE_MARK, True)
+    setattr(transform, name, cls)
+    return True
+
+
+def release27_overrides() -> list[str]:
+    """Put release/2.7's versions of the modules and reader ops ppdet 2.6.0 already names in its workspace and
+    reader (R27). Idempotent; returns the names replaced now."""
+    from ppmulti.rank.models.rtdetr import release27
+
+    done = [cls.__name__ for cls in release27.OVERRIDES if override_registered_module(cls)]
+    return done + [cls.__name__ for cls in release27.TRANSFORM_OVERRIDES if override_transform(cls)]
+
+
+def model_ema(model: Any, decay: float = 0.9998, ema_decay_type: str = "threshold", cycle_epoch: int = -1,
+              ema_black_list: Any = None, ema_filter_no_grad: bool = False) -> Any:
+    """ppdet's ModelEMA. F14: ppdet 2.6.0's ``ema_filter_no_grad`` (ppdet/optimizer/ema.py:71-74) appends each
+    frozen parameter to its black list, which ``_match_ema_black_list`` made a set: ``AttributeError: 'set' object
+    has no attribute 'append'`` as soon as one weight is frozen (release/2.7's RT-DETR configs set it, with a
+    frozen stem). Here the frozen parameters join the black list as ppdet meant: kept as they are, not averaged."""
+    from ppdet.optimizer import ModelEMA
+
+    ema = ModelEMA(model, decay=decay, ema_decay_type=ema_decay_type, cycle_epoch=cycle_epoch,
+                   ema_black_list=ema_black_list, ema_filter_no_grad=False)
+    if ema_filter_no_grad:
+        from ppdet.optimizer.ema import get_bn_running_state_names
+
+        running = set(get_bn_running_state_names(model))
+        state = model.state_dict()
+        black = set(ema.ema_black_list)
+        for name, param in model.named_parameters():
+            if param.stop_gradient and name not in running:
+                black.add(name)
+                ema.state_dict[name] = state[name]
+        ema.ema_black_list = black
+    return ema

@@ -199,6 +199,9 @@ def load(path: str | os.PathLike, overrides: Iterable[str] | dict | None = None)
         check_values(over)
         ws.merge_config(copy.deepcopy(over))
     sync_eval_size(cfg)
+    from ppmulti.rank import newer
+
+    newer.refuse_newer(cfg, path)   # a module or argument of a newer PaddleDetection: one line, before building
     return cfg
 
 

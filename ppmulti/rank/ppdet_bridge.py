@@ -20,6 +20,7 @@ def register_extensions() -> None:
     coco.register_source()
     voc.register_source()
     register_ops()
+    compat.release27_overrides()   # release/2.7's DETR, ResNet, DINOLoss, RandomDistort and RandomCrop
     compat.register_lr_scheduler(LinearDecay)
 
 

@@ -24,13 +24,13 @@ class EMAHook(Hook):
         if not cfg.get("use_ema", False):
             trainer.ema = None
             return
-        from ppdet.optimizer import ModelEMA
+        from ppmulti.rank import compat
 
-        self.ema = ModelEMA(trainer.model, decay=cfg.get("ema_decay", 0.9998),
-                            ema_decay_type=cfg.get("ema_decay_type", "threshold"),
-                            cycle_epoch=cfg.get("cycle_epoch", -1),
-                            ema_black_list=cfg.get("ema_black_list", None),
-                            ema_filter_no_grad=cfg.get("ema_filter_no_grad", False))
+        self.ema = compat.model_ema(trainer.model, decay=cfg.get("ema_decay", 0.9998),
+                                    ema_decay_type=cfg.get("ema_decay_type", "threshold"),
+                                    cycle_epoch=cfg.get("cycle_epoch", -1),
+                                    ema_black_list=cfg.get("ema_black_list", None),
+                                    ema_filter_no_grad=cfg.get("ema_filter_no_grad", False))
         trainer.ema = self.ema
 
     def after_step(self, trainer, epoch, step, outputs, lr, data_time) -> None:

@@ -136,15 +136,23 @@ def _draw_train_batch(trainer, data: dict, names: list[str], path: Path) -> None
 
     def host_array(key):
         value = data.get(key)
+        if isinstance(value, (list, tuple)):   # uncollated (collate_batch: false): one array per image
+            return [v.numpy() if hasattr(v, "numpy") else np.asarray(v) for v in value]
         return None if value is None else (value.numpy() if hasattr(value, "numpy") else np.asarray(value))
 
     gt_bbox, gt_class, valid = host_array("gt_bbox"), host_array("gt_class"), host_array("pad_gt_mask")
+    # DETR readers (RT-DETR's) end with NormalizeBox and BboxXYXY2XYWH: boxes as centre and size in 0-1
+    centre, unit = bool(reader_ops(trainer.cfg, "BboxXYXY2XYWH")), bool(reader_ops(trainer.cfg, "NormalizeBox"))
     boxes = []
     for i in range(n):
         if gt_bbox is None or gt_class is None:
             boxes.append(np.zeros((0, 6)))
             continue
         b = np.asarray(gt_bbox[i], dtype=np.float64).reshape(-1, 4)
+        if centre:
+            b = np.c_[b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2]
+        if unit:
+            b = b * [images.shape[2], images.shape[1], images.shape[2], images.shape[1]]
         c = np.asarray(gt_class[i]).reshape(-1)
         keep = (np.asarray(valid[i]).reshape(-1) > 0) if valid is not None else (b[:, 2] > b[:, 0])
         boxes.append(np.c_[c[keep], b[keep], np.full(int(keep.sum()), np.nan)])
