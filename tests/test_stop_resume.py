@@ -129,8 +129,10 @@ def test_under_a_launch_the_ranks_name_the_launchers_signal(tmp_path, monkeypatc
 # ----------------------------------------------------------------------------- loader workers leave it to the rank
 @pytest.mark.slow
 def test_forked_loader_workers_leave_sigint_and_sigterm_to_the_rank(tmp_path):
-    """A SIGTERM and a SIGINT to the rank's whole process group (a Ctrl-C on a terminal) reach the rank's handler;
-    its forked workers (Paddle's loader forks them with multiprocessing) keep running, the signals blocked."""
+    """A SIGTERM and a SIGINT to the rank's whole process group (a Ctrl-C on a terminal; Paddle's launcher stops a
+    rank with killpg) reach the rank's handler only: its forked workers (Paddle's loader forks them through
+    multiprocessing) are in a group of their own and keep running. A SIGTERM to a worker itself still ends it (the
+    rank's terminate() at exit), and the rank's signal mask is as it was."""
     script = tmp_path / "fork.py"
     script.write_text(
         "import json, multiprocessing as mp, os, signal, sys, time\n"
@@ -139,24 +141,32 @@ def test_forked_loader_workers_leave_sigint_and_sigterm_to_the_rank(tmp_path):
         "for s in (signal.SIGINT, signal.SIGTERM):\n"
         "    signal.signal(s, lambda n, f: got.append(n))\n"
         "shield_workers()\n"
-        "def work(path):\n"
-        "    time.sleep(2)\n"
+        "def work(path, seconds):\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+        "    time.sleep(seconds)\n"
         "    open(path, 'w').write('alive')\n"
-        "child = mp.get_context('fork').Process(target=work, args=(sys.argv[1],))\n"
+        "ctx = mp.get_context('fork')\n"
+        "child = ctx.Process(target=work, args=(sys.argv[1], 2), daemon=True)\n"
         "child.start()\n"
-        "blocked = int([l for l in open(f'/proc/{child.pid}/status') if l.startswith('SigBlk')][0].split()[1], 16)\n"
-        "mine = signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        "other = ctx.Process(target=work, args=(sys.argv[1] + '.other', 60), daemon=True)\n"
+        "other.start()\n"
+        "time.sleep(0.5)\n"
+        "groups = [os.getpgid(child.pid), os.getpgid(0)]\n"
         "os.killpg(0, signal.SIGTERM); os.killpg(0, signal.SIGINT)\n"
+        "other.terminate(); other.join(20)\n"
         "child.join(20)\n"
         "time.sleep(0.2)\n"
-        "print(json.dumps({'got': got, 'child': child.exitcode, 'blocked': blocked, 'mine': sorted(mine)}))\n")
+        "mine = signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        "print(json.dumps({'got': got, 'child': child.exitcode, 'other': other.exitcode, 'groups': groups,\n"
+        "                  'mine': sorted(mine)}))\n")
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "alive")], capture_output=True, text=True,
                           timeout=60, env=launch_env(), start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(out["got"]) == sorted([signal.SIGINT, signal.SIGTERM])
     assert out["child"] == 0 and (tmp_path / "alive").read_text() == "alive"
-    assert out["blocked"] & (1 << (signal.SIGINT - 1)) and out["blocked"] & (1 << (signal.SIGTERM - 1))
+    assert out["groups"][0] != out["groups"][1]
+    assert out["other"] == -signal.SIGTERM     # terminate() still works
     assert out["mine"] == []     # the rank's own mask is back as it was
 
 

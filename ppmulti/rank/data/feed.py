@@ -38,36 +38,52 @@ log = logging.getLogger("ppmulti")
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _shielded = False
+_mask_before_fork: set | None = None
 
 
 def shield_workers() -> None:
-    """Processes this rank forks from now on (Paddle's loader workers) start with SIGINT and SIGTERM blocked, so
-    that a Ctrl-C (the terminal signals the whole foreground group) or a SIGTERM to the rank's group reaches only the
-    rank: its stop-on-signal hook decides, stops every rank at the same step and saves. Left to the default action,
-    a worker dies of the signal first and Paddle's SIGCHLD handler kills the rank ("DataLoader process ... is killed
-    by signal: Terminated") before anything is saved. A shielded worker still ends: the rank stops it through its
-    queue, and Paddle's workers exit when the rank is gone (their parent watchdog); SIGKILL always works.
+    """Processes this rank forks from now on (Paddle's loader workers) leave its process group, so that a Ctrl-C
+    (the terminal signals the foreground group) or a SIGTERM to the rank's group (Paddle's launcher stops each rank
+    with ``killpg``) reaches only the rank: its stop-on-signal hook decides, stops every rank at the same step and
+    saves. In the rank's group a worker died of the signal first and Paddle's SIGCHLD handler killed the rank
+    ("DataLoader process ... is killed by signal: Terminated") before anything was saved. A signal sent to the
+    worker itself still acts as before: the rank's ``terminate()`` at exit, SIGKILL, ppmulti's sweep of a launch's
+    processes; and Paddle's workers exit when the rank is gone (their parent watchdog).
 
-    The mask is blocked in the forking thread just before the fork (so a signal in between waits in the rank, which
-    handles it once the fork is done) and restored there right after; the child keeps it. Only ``os.fork`` (which
-    multiprocessing uses) runs these hooks; ``subprocess`` does not, so nothing exec'd inherits the mask from here.
-    Idempotent: the hooks are registered once per process."""
+    SIGINT and SIGTERM are blocked in the forking thread from just before the fork until the child has its own group
+    (a signal to the group in between waits, in the rank and in the child; the child drops it, the rank handles it);
+    the parent's mask comes back right after. Only ``os.fork`` (which multiprocessing uses) runs these hooks;
+    ``subprocess`` does not. Idempotent: the hooks are registered once per process."""
     global _shielded
     if _shielded or not hasattr(os, "register_at_fork") or not hasattr(signal, "pthread_sigmask"):
         return
     _shielded = True
-    saved = threading.local()
+    os.register_at_fork(before=_block_stop_signals, after_in_parent=_unblock_stop_signals,
+                        after_in_child=_leave_the_group)
 
-    def before() -> None:
-        saved.mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
-    def after_in_parent() -> None:
-        mask = getattr(saved, "mask", None)
-        if mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            saved.mask = None
+def _block_stop_signals() -> None:
+    global _mask_before_fork
+    _mask_before_fork = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
-    os.register_at_fork(before=before, after_in_parent=after_in_parent)
+
+def _unblock_stop_signals() -> None:
+    global _mask_before_fork
+    if _mask_before_fork is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _mask_before_fork)
+        _mask_before_fork = None
+
+
+def _leave_the_group() -> None:
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    pending = signal.sigpending() & STOP_SIGNALS   # sent to the rank's group between the fork and setpgid
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in pending}   # discarded as it is unblocked
+    _unblock_stop_signals()
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 class EpochTaggedSampler:
@@ -258,7 +274,7 @@ class Feed:
     starts a new one. ``close()`` stops its workers; a run calls it however it ends."""
 
     def __init__(self, loader: Any, seed: int | None = None):
-        shield_workers()   # the loader workers forked for this run leave SIGINT/SIGTERM to the rank
+        shield_workers()   # the loader workers forked for this run leave the rank's group: signals are its own
         self.loader = loader
         self.seed = seed   # each sample's augmentation seeded by (seed, epoch, index): see EpochTaggedDataset
         self._batches = None          # the run-long iterator, once made
