@@ -241,12 +241,14 @@ class Trainer:
         # groups from the epoch's start (lr.Accumulation); the last may be short, so an epoch never ends with
         # gradients pending (a resumed epoch starts at a group boundary, see _drop_pending)
         flags = self.accumulation.step_flags(epoch)
+        self._note_buffers()   # an epoch starts at a group boundary
         for step, data in self._batches(epoch, meter):
             self.call("before_step", epoch, step)
             outputs, lr = self.run_step(data, epoch, step_optimizer=flags[step])
             meter.add(outputs)
             if flags[step]:
                 meter.mark()
+                self._note_buffers()
             self.state.global_step += 1
             self.state.step_in_epoch = step + 1
             self.call("after_step", epoch, step, StepOutputs(outputs), lr, meter.data_time)
@@ -296,9 +298,26 @@ class Trainer:
         self.state.step_in_epoch -= pending
         self.state.global_step -= pending
         self.optimizer.clear_grad()
+        self._restore_buffers()
         if self.lr_per_batch:
             self.lr.step(self.lr.last_epoch - pending)
         self.optimizer_stepped = True
+
+    def _note_buffers(self) -> None:
+        """Accumulating: keep the model's buffers (BatchNorm's running statistics) as they stand at an optimizer
+        step. A stop mid-accumulation drops the batches since then and a resume redoes them; their forward passes
+        have moved the running statistics already, which would count them twice."""
+        if self.batch.accumulate > 1:   # Paddle keeps BatchNorm's _mean/_variance as parameters without gradients
+            self._buffers = {name: t.clone() for name, t in self.model.state_dict().items()
+                             if getattr(t, "stop_gradient", True)}
+
+    def _restore_buffers(self) -> None:
+        saved = getattr(self, "_buffers", None)
+        if not saved:
+            return
+        for name, t in self.model.state_dict().items():
+            if name in saved:
+                t.set_value(saved[name])
 
     def _batches(self, epoch: int, meter: EpochMeter) -> Iterator[tuple[int, dict]]:
         """(step, batch) of this epoch's shuffle after the steps already done; the wait counts as data time."""

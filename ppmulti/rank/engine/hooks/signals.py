@@ -98,6 +98,7 @@ class StopOnSignalHook(Hook):
         stop = getattr(trainer, "interrupted", None)
         if stop is None:
             return
+        self._exiting()
         name = launcher_signal() or signal.Signals(stop.signum).name
         if dist.is_main():
             report(stop, name, trainer.run_dir, trainer.steps_per_epoch)
@@ -105,6 +106,18 @@ class StopOnSignalHook(Hook):
 
     def close(self, trainer) -> None:
         self._restore()
+        if getattr(trainer, "interrupted", None) is not None:
+            self._exiting()
+
+    @staticmethod
+    def _exiting() -> None:
+        """A rank of a launch that stops on a signal ignores further SIGTERMs while it reports and exits: Paddle's
+        launcher sends its group SIGTERM three times, 0.2 s apart, and the handler restored here (worker.py's: die
+        of it) would cut the report short (the launcher force-kills a rank still there 30 s later)."""
+        from ppmulti.common.envvars import in_paddle_worker
+
+        if in_paddle_worker() and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def _restore(self) -> None:
         for sig, old in self._old.items():
