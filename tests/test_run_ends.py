@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
 from launching import Launches, launch_env
 
 from ppmulti.common import heartbeat as H
