@@ -19,13 +19,22 @@ SIGINT/SIGTERM to ppmulti are forwarded to the launcher's group (Paddle then sto
 ``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG). Starting, forwarding
 and stopping go through ``ppmulti.procs.supervisor``.
 
-Interrupts. After the ranks have stopped, the launcher says what rank 0 saved (``rundir.INTERRUPTED`` in the launch
-directory, written by the ranks' stop-on-signal hook) and the command that resumes, in the user's own dialect, and
-exits with 128 + the signal it received, as a single process would.
+Interrupts. The launcher notes the signal it got (``rundir.SIGNALLED``: Paddle's launcher stops every rank with
+SIGTERM, so a Ctrl-C is named SIGINT only from there). After the ranks have stopped, the launcher says what rank 0
+saved (``rundir.INTERRUPTED`` in the launch directory, written by the ranks' stop-on-signal hook) and the command
+that resumes, in the user's own dialect, and exits with 128 + the signal it received, as a single process would; or,
+when rank 0 had finished the run before the signal (its done mark and no record), says so and exits 0.
 
 Log directory. Paddle's launcher writes into ``log`` unless ``--log_dir`` says otherwise; a *file* named ``log``
 (``ppmulti launch ... > log`` makes one before ppmulti starts) would stop it, so the logs then go to
-``ppmulti-log`` with a line saying so. A ``--log_dir`` that is a file is refused by name.
+``ppmulti-log`` with a line saying so. A ``--log_dir`` that is a file is refused by name. A launch holds its log
+directory with an flock (``LOG_DIR/.ppmulti-launch.lock``); a second launch started while the first runs, from the
+same directory or with the same ``--log_dir``, writes ``LOG_DIR/launch2/`` (``launch3`` ...) and says so, so that
+neither console shows the other's lines (Paddle's launcher echoes ``LOG_DIR/workerlog.0``).
+
+Restarts and the hint. After a failure the launcher suggests ``--max_restarts N`` only where a restart could get
+past it (``restart_could_help``): not after a Python error that came before the first training step ended, which a
+restart meets again; with ``--max_restarts`` such an error seen twice in a row ends the restarts.
 
 Output. The launcher's stdout and stderr come through ``console.LauncherOutput``: Paddle's chatter is kept in
 ``LOG_DIR/launcher.log`` and off the console (``--verbose`` shows it), environment values are hidden, and the
