@@ -500,8 +500,8 @@ def _run_claimed(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, 
                 last_cause = cause
                 continue
             if cause == last_cause and not helps:
-                _log(f"giving up: {cause}, the same error as the last attempt, before any training step ended "
-                     f"(a restart cannot fix it)", out)
+                _log(f"giving up after {attempt} restart(s): {cause}; the same error as the last attempt, before any "
+                     f"training step ended (a restart cannot fix it)", out)
             elif restarts:
                 _log(f"giving up after {restarts} restart(s): {cause}", out)
             elif helps:
