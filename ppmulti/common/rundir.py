@@ -15,6 +15,7 @@ WEIGHTS = ".pdparams"   # model weights (EMA applied when EMA is on): what eval/
 STATE = ".pdstate"      # everything resume needs
 RUN_DIR_MARKER = "run_dir"   # in a launch's directory: the run that a restarted launch continues
 INTERRUPTED = "interrupted.json"   # in a launch's directory: what rank 0 saved when a signal stopped the run
+SIGNALLED = "signal"   # in a launch's directory: the signal the launcher got (its ranks all see SIGTERM from Paddle)
 
 
 def blocking_file(path: Path | str) -> Path | None:

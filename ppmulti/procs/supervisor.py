@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -115,13 +116,42 @@ class Child:
 
 
 def start(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-          stdin: Stream = None, stdout: Stream = None, stderr: Stream = None, new_session: bool = True) -> Child:
+          stdin: Stream = None, stdout: Stream = None, stderr: Stream = None, new_session: bool = True,
+          parent_death_signal: int | None = None) -> Child:
     """Start ``argv``; ``new_session``: in a session and process group of its own, so a Ctrl-C on the terminal
     reaches only ppmulti, which decides what the child gets, and one signal reaches the child's whole group.
+    ``parent_death_signal``: Linux sends the child this signal when the thread that started it ends, the whole
+    process killed by SIGKILL included (``prctl(PR_SET_PDEATHSIG)``, set in the child before it runs ``argv``;
+    elsewhere than Linux nothing is set). Start such a child from a thread that waits for it.
     Raises OSError (FileNotFoundError, PermissionError) when it cannot start."""
+    preexec = None if parent_death_signal is None else _die_with_parent(int(parent_death_signal), os.getpid())
     popen = subprocess.Popen(list(argv), env=None if env is None else dict(env), cwd=cwd, stdin=stdin,
-                             stdout=stdout, stderr=stderr, start_new_session=new_session)
+                             stdout=stdout, stderr=stderr, start_new_session=new_session, preexec_fn=preexec)
     return Child(popen, own_group=new_session)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(sig: int, parent: int) -> Callable[[], None] | None:
+    """A preexec function that asks Linux for ``sig`` when the parent dies (None where prctl is not to be had).
+    The C function is looked up here, before the fork, so the child only calls it; a parent already gone by then
+    (the child was re-parented) makes the child send itself the signal at once."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,22 @@ SIGINT/SIGTERM to ppmulti are forwarded to the launcher's group (Paddle then sto
 ``worker.py`` asks Linux to kill each rank if the launcher itself dies (PR_SET_PDEATHSIG). Starting, forwarding
 and stopping go through ``ppmulti.procs.supervisor``.
 
-Interrupts. After the ranks have stopped, the launcher says what rank 0 saved (``rundir.INTERRUPTED`` in the launch
-directory, written by the ranks' stop-on-signal hook) and the command that resumes, in the user's own dialect, and
-exits with 128 + the signal it received, as a single process would.
+Interrupts. The launcher notes the signal it got (``rundir.SIGNALLED``: Paddle's launcher stops every rank with
+SIGTERM, so a Ctrl-C is named SIGINT only from there). After the ranks have stopped, the launcher says what rank 0
+saved (``rundir.INTERRUPTED`` in the launch directory, written by the ranks' stop-on-signal hook) and the command
+that resumes, in the user's own dialect, and exits with 128 + the signal it received, as a single process would; or,
+when rank 0 had finished the run before the signal (its done mark and no record), says so and exits 0.
 
 Log directory. Paddle's launcher writes into ``log`` unless ``--log_dir`` says otherwise; a *file* named ``log``
 (``ppmulti launch ... > log`` makes one before ppmulti starts) would stop it, so the logs then go to
-``ppmulti-log`` with a line saying so. A ``--log_dir`` that is a file is refused by name.
+``ppmulti-log`` with a line saying so. A ``--log_dir`` that is a file is refused by name. A launch holds its log
+directory with an flock (``LOG_DIR/.ppmulti-launch.lock``); a second launch started while the first runs, from the
+same directory or with the same ``--log_dir``, writes ``LOG_DIR/launch2/`` (``launch3`` ...) and says so, so that
+neither console shows the other's lines (Paddle's launcher echoes ``LOG_DIR/workerlog.0``).
+
+Restarts and the hint. After a failure the launcher suggests ``--max_restarts N`` only where a restart could get
+past it (``restart_could_help``): not after a Python error that came before the first training step ended, which a
+restart meets again; with ``--max_restarts`` such an error seen twice in a row ends the restarts.
 
 Output. The launcher's stdout and stderr come through ``console.LauncherOutput``: Paddle's chatter is kept in
 ``LOG_DIR/launcher.log`` and off the console (``--verbose`` shows it), environment values are hidden, and the
@@ -35,6 +44,7 @@ environment dumps Paddle leaves in LOG_DIR are scrubbed after every attempt.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -45,7 +55,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping, TextIO
+from typing import IO, Callable, Mapping, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common import heartbeat as heartbeat_record
@@ -53,7 +63,8 @@ from ppmulti.common import shm
 from ppmulti.common.compat import collective_timeout_env, launcher_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.procfs import alive, exit_code
-from ppmulti.common.rundir import INTERRUPTED, RUN_DIR_MARKER, STATE, blocking_file, resume_command, unwritable
+from ppmulti.common.rundir import (INTERRUPTED, RUN_DIR_MARKER, SIGNALLED, STATE, blocking_file, resume_command,
+                                   unwritable)
 from ppmulti.procs import supervisor
 from ppmulti.procs.launch.console import LauncherOutput, verbose_from
 from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
@@ -297,13 +308,44 @@ def choose_log_dir(given: str | None, default: str) -> tuple[str | None, str | N
                          f"(--log_dir DIR picks another place)")
 
 
+LOG_LOCK = ".ppmulti-launch.lock"   # in a log directory: held (flock) by the launch writing there
+
+
+def claim_log_dir(log_dir: str) -> tuple[str, IO | None, str | None]:
+    """(the log directory this launch writes, the open lock file that holds it, a line to say): ``log_dir`` when no
+    other running launch holds it, else its first free ``launchN`` subdirectory. Paddle's launcher shows the console
+    what it reads back from ``LOG_DIR/workerlog.0``; two launches started from one directory would each show the
+    other's lines, errors and result. The lock is an flock, so a launch that died frees it. A directory that cannot
+    be written is left as it is (the launch says so where it writes)."""
+    for n in range(1, 100):
+        where = log_dir if n == 1 else os.path.join(log_dir, f"launch{n}")
+        try:
+            os.makedirs(where, exist_ok=True)
+            lock = open(os.path.join(where, LOG_LOCK), "a")
+        except OSError:
+            return log_dir, None, None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        note = None if n == 1 else (f"{log_dir}/ is in use by another running launch: this launch's logs go to "
+                                    f"{where}/ (--log_dir DIR picks the place)")
+        return where, lock, note
+    return log_dir, None, None
+
+
 # --- what a signal stopped ---------------------------------------------------------------------------------
 def interruption_lines(signame: str, record: dict | None, run_dir: str | None, command: list[str] | None,
-                       node_rank: int = 0, checkpoint_exists: bool = False) -> list[str]:
+                       node_rank: int = 0, checkpoint_exists: bool = False, finished: bool = False) -> list[str]:
     """What the launcher says once a signal stopped the ranks: what rank 0 saved (``record``, from the launch
-    directory) or the run's last checkpoint, and the command that resumes (``command`` + ``--resume RUN_DIR``)."""
+    directory) or the run's last checkpoint, and the command that resumes (``command`` + ``--resume RUN_DIR``);
+    ``finished``: rank 0 had completed the run when the signal came (nothing to resume)."""
     if node_rank != 0:
         return [f"{signame}: this node's ranks stopped; node 0 says what was saved and how to resume"]
+    if record is None and finished:
+        where = f" ({run_dir})" if run_dir else ""
+        return [f"{signame} came as the run ended: rank 0 had finished it{where}, nothing to resume"]
     if record is not None and record.get("checkpoint"):
         run_dir = record.get("run_dir") or run_dir
         lines = [f"{signame}: the ranks stopped {record.get('where')} and saved {record['checkpoint']}"]
@@ -341,9 +383,35 @@ def _report_interrupt(plan: LaunchPlan, launch_dir: str, signum: int, command: l
     except OSError:
         run_dir = None
     last = run_dir is not None and os.path.isfile(os.path.join(run_dir, "weights", f"last{STATE}"))
-    for line in interruption_lines(signame, record, _shown(run_dir), command, plan.node_rank, last):
+    # rank 0 exited 0 (worker.py's done mark) and left no interruption record: the signal came after its last vote
+    finished = record is None and os.path.exists(os.path.join(launch_dir, "rank0.done"))
+    for line in interruption_lines(signame, record, _shown(run_dir), command, plan.node_rank, last, finished):
         _log(line, out)
-    return 128 + signum
+    return 0 if finished and plan.node_rank == 0 else 128 + signum
+
+
+MEMORY_ERRORS = ("memoryerror", "out of memory", "resourceexhausted", "cannot allocate memory")
+
+
+def restart_could_help(watch: "_RankWatch", launch_dir: str) -> bool:
+    """Whether starting the ranks again could get past this failure: a rank killed by a signal (the out-of-memory
+    killer), one that died of a fatal signal, lost a peer (gloo/NCCL connection errors) or ran out of memory, or a
+    Python error after training steps had run (data, a file, the machine). Not a Python error of the rank that went
+    first before its first step ended (a bad config, a model that cannot train on several ranks): it comes back the
+    same on every start."""
+    from ppmulti.procs.launch.watchdog import peer_error
+
+    failed = watch.failed()
+    rank = watch.first_gone if watch.first_gone is not None else (min(failed) if failed else None)
+    if rank is None or rank not in failed:
+        return True   # no Python error of the first rank: a signal, the launcher, a timeout
+    text = failed[rank]
+    if peer_error(text) or heartbeat_record.fatal(launch_dir, rank) or any(m in text.lower() for m in MEMORY_ERRORS):
+        return True
+    if not text.startswith("exited with code") or text == "exited with code 1":
+        progress = heartbeat_record.read(launch_dir, rank)
+        return progress is not None and progress.step > 0   # a step ended before it (global steps count from 0)
+    return True
 
 
 REFUSED = f"exited with code {UserError.exit_code}"   # worker.py's failed mark for a UserError's (or argparse's) exit
@@ -395,6 +463,19 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
     if dry_run:
         (out or sys.stdout).write(describe(plan, environ))
         return 0
+    claimed, lock, note = claim_log_dir(plan.log_dir or launcher_spec().default_log_dir)
+    if note:
+        _log(note, out)
+        plan = replace(plan, log_dir=claimed)
+    try:
+        return _run_claimed(plan, environ, out, command)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run_claimed(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, command: list[str] | None) -> int:
+    """``run`` once the log directory is this launch's own."""
     if plan.elastic is not None:   # --nnodes MIN:MAX on etcd: rounds agreed there, each one attempt (elastic.py)
         from ppmulti.procs.launch.elastic import run_elastic
 
@@ -403,6 +484,7 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
     watch = _RankWatch(launch_dir)
     interrupted: list[int] = []
     restarts = plan.max_restarts or 0
+    last_cause: str | None = None
     try:
         for attempt in range(restarts + 1):
             watch.reset()
@@ -421,14 +503,21 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
                     _drop_unstarted_run(launch_dir)
                 return UserError.exit_code
             cause = dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause()
-            if attempt < restarts:
+            helps = restart_could_help(watch, launch_dir)
+            if attempt < restarts and not (cause == last_cause and not helps):
                 _log(f"{cause}; restarting every rank ({attempt + 1} of {restarts} restarts), "
                      f"training resumes from its last checkpoint", out)
+                last_cause = cause
                 continue
-            if restarts:
+            if cause == last_cause and not helps:
+                _log(f"giving up after {attempt} restart(s): {cause}; the same error as the last attempt, before any "
+                     f"training step ended (a restart cannot fix it)", out)
+            elif restarts:
                 _log(f"giving up after {restarts} restart(s): {cause}", out)
-            else:
+            elif helps:
                 _log(f"{cause} (exit code {rc}); pass --max_restarts N to restart automatically", out)
+            else:
+                _log(f"{cause} (exit code {rc})", out)
             return rc
         return 1  # not reached: the loop returns
     finally:
@@ -550,6 +639,12 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     output.follow(child.stdout, child.stderr)
 
     def forward(signum: int) -> None:
+        if not interrupted:   # the ranks name this signal, not the SIGTERM Paddle's launcher stops them with
+            try:
+                with open(os.path.join(launch_dir, SIGNALLED), "w") as f:
+                    f.write(signal.Signals(signum).name + "\n")
+            except (OSError, ValueError):
+                pass
         interrupted.append(signum)
         child.signal(signum)
 

@@ -353,8 +353,11 @@ class Evolution:
             with self._procs_lock:
                 if self.stop.is_set():
                     return 128 + (self.signum or signal.SIGTERM)
-                # its own session: a signal to the evolution reaches a candidate only as forwarded here
-                proc = supervisor.start(cmd, stdin=supervisor.DEVNULL, stdout=log, stderr=supervisor.STDOUT, env=env)
+                # its own session: a signal to the evolution reaches a candidate only as forwarded here; and should
+                # the evolution die without forwarding (SIGKILL), Linux sends the candidate SIGTERM (it stops and
+                # saves as on any SIGTERM; a later evolution resumes it), since this thread waits for it below
+                proc = supervisor.start(cmd, stdin=supervisor.DEVNULL, stdout=log, stderr=supervisor.STDOUT, env=env,
+                                        parent_death_signal=signal.SIGTERM)
                 self.procs[slot.label] = proc
             try:
                 return proc.wait()

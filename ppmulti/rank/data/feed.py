@@ -25,13 +25,65 @@ trainer, after one line naming the image.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import signal
 import threading
 from typing import Any, Iterator, Mapping
 
 from ppmulti.rank import compat
 
 log = logging.getLogger("ppmulti")
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_shielded = False
+_mask_before_fork: set | None = None
+
+
+def shield_workers() -> None:
+    """Processes this rank forks from now on (Paddle's loader workers) leave its process group, so that a Ctrl-C
+    (the terminal signals the foreground group) or a SIGTERM to the rank's group (Paddle's launcher stops each rank
+    with ``killpg``) reaches only the rank: its stop-on-signal hook decides, stops every rank at the same step and
+    saves. In the rank's group a worker died of the signal first and Paddle's SIGCHLD handler killed the rank
+    ("DataLoader process ... is killed by signal: Terminated") before anything was saved. A signal sent to the
+    worker itself still acts as before: the rank's ``terminate()`` at exit, SIGKILL, ppmulti's sweep of a launch's
+    processes; and Paddle's workers exit when the rank is gone (their parent watchdog).
+
+    SIGINT and SIGTERM are blocked in the forking thread from just before the fork until the child has its own group
+    (a signal to the group in between waits, in the rank and in the child; the child drops it, the rank handles it);
+    the parent's mask comes back right after. Only ``os.fork`` (which multiprocessing uses) runs these hooks;
+    ``subprocess`` does not. Idempotent: the hooks are registered once per process."""
+    global _shielded
+    if _shielded or not hasattr(os, "register_at_fork") or not hasattr(signal, "pthread_sigmask"):
+        return
+    _shielded = True
+    os.register_at_fork(before=_block_stop_signals, after_in_parent=_unblock_stop_signals,
+                        after_in_child=_leave_the_group)
+
+
+def _block_stop_signals() -> None:
+    global _mask_before_fork
+    _mask_before_fork = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def _unblock_stop_signals() -> None:
+    global _mask_before_fork
+    if _mask_before_fork is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _mask_before_fork)
+        _mask_before_fork = None
+
+
+def _leave_the_group() -> None:
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    pending = signal.sigpending() & STOP_SIGNALS   # sent to the rank's group between the fork and setpgid
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in pending}   # discarded as it is unblocked
+    _unblock_stop_signals()
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 class EpochTaggedSampler:
@@ -60,10 +112,17 @@ class EpochTaggedSampler:
 
 class EpochTaggedDataset:
     """``dataset[(epoch, i)]`` is ``dataset[i]`` after ``dataset.set_epoch(epoch)`` (when the epoch changes):
-    what a loader worker's copy of the dataset needs to follow the run's epochs."""
+    what a loader worker's copy of the dataset needs to follow the run's epochs.
 
-    def __init__(self, dataset: Any):
+    With ``seed`` (the run's ``--seed``), Python's and numpy's global generators are seeded from (seed, epoch, i)
+    before each sample is made, so a sample's augmentation (mosaic's other images, flips, HSV, the batch transforms
+    that follow it) depends on nothing but the run's seed and where the sample falls: not on which loader worker or
+    thread made it, how far ahead the loader ran, or whether the run was stopped and resumed in between (a resumed
+    run makes the batches an uninterrupted one makes). Ranks draw different indices, so they still differ."""
+
+    def __init__(self, dataset: Any, seed: int | None = None):
         self.dataset = dataset
+        self.seed = seed
         self._epoch: int | None = None
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
@@ -72,10 +131,22 @@ class EpochTaggedDataset:
             if hasattr(self.dataset, "set_epoch"):
                 self.dataset.set_epoch(epoch)
             self._epoch = epoch
+        if self.seed is not None:
+            seed_sample(self.seed, epoch, index)
         return self.dataset[index]
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+
+def seed_sample(seed: int, epoch: int, index: int) -> None:
+    """Seed ``random`` and ``numpy.random`` for sample ``index`` of ``epoch`` in a run seeded ``seed``."""
+    import random
+
+    import numpy as np
+
+    random.seed(f"sample:{seed}:{epoch}:{index}")   # a str seed is hashed by SHA-512: the same in every process
+    np.random.seed(random.getrandbits(32))
 
 
 class ThreadBatches:
@@ -202,8 +273,10 @@ class Feed:
     epoch count; see the module's docstring); asked for anything else (another epoch, a resumed step), it
     starts a new one. ``close()`` stops its workers; a run calls it however it ends."""
 
-    def __init__(self, loader: Any):
+    def __init__(self, loader: Any, seed: int | None = None):
+        shield_workers()   # the loader workers forked for this run leave the rank's group: signals are its own
         self.loader = loader
+        self.seed = seed   # each sample's augmentation seeded by (seed, epoch, index): see EpochTaggedDataset
         self._batches = None          # the run-long iterator, once made
         self._next: tuple[int, int] | None = None   # the (epoch, skip) it stands at, between epochs
 
@@ -224,7 +297,8 @@ class Feed:
             self.close()
             tagged = EpochTaggedSampler(self._sampler(), epoch, max(end or 0, epoch + 1), skip)
             self._batches = batches_of(compat.loader_like(self.loader,
-                                                          EpochTaggedDataset(self.loader.dataloader.dataset), tagged))
+                                                          EpochTaggedDataset(self.loader.dataloader.dataset, self.seed),
+                                                          tagged))
         self._next = None   # mid-epoch: a stop here leaves the iterator unusable for a later request
         for step in range(skip, len(self._sampler())):
             yield step, next(self._batches)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,9 @@ class TrainState:
     global_batch: int
     step_in_epoch: int = 0   # >0 only in a checkpoint saved on an interrupt: steps of ``epoch`` already done
     accumulate: int = 1      # batches per optimizer step (older checkpoints: 1); global_batch x this = effective
+    # an interrupted epoch's running loss sums over its ``step_in_epoch`` steps (this rank's), so the resumed epoch's
+    # results.csv row averages all of its steps
+    loss_sums: dict = field(default_factory=dict)
 
     @property
     def effective_batch(self) -> int:

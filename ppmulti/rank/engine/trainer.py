@@ -81,6 +81,16 @@ class EpochMeter:
     steps: int = 0
     data_time: float = 0.0
     started: float = field(default_factory=time.time)
+    done_sums: dict = field(default_factory=dict)   # a resumed epoch: the sums of the steps done before the stop
+    done_steps: int = 0
+    marked: tuple = ({}, 0)   # (sums, steps) at the last optimizer step: a stop mid-accumulation goes back to it
+
+    def mark(self) -> None:
+        self.marked = (dict(self.sums), self.steps)
+
+    def rollback(self) -> None:
+        """Forget the batches since the last optimizer step (a resume redoes them)."""
+        self.sums, self.steps = dict(self.marked[0]), self.marked[1]
 
     def add(self, outputs: dict) -> None:
         import paddle
@@ -91,8 +101,16 @@ class EpochMeter:
                 self.sums[key] = v if key not in self.sums else self.sums[key] + v
         self.steps += 1
 
+    def totals(self) -> dict[str, float]:
+        """The epoch's loss sums so far, those of the steps done before a resume included (one device read)."""
+        out = dict(self.done_sums)
+        for key, value in self.sums.items():
+            out[key] = out.get(key, 0.0) + float(value.numpy().reshape(-1)[0])
+        return out
+
     def losses(self) -> dict[str, float]:
-        return {k: float(v.numpy().reshape(-1)[0]) / max(self.steps, 1) for k, v in self.sums.items()}
+        steps = max(self.steps + self.done_steps, 1)
+        return {k: v / steps for k, v in self.totals().items()}
 
 
 class Trainer:
@@ -138,7 +156,8 @@ class Trainer:
         self.model = model
         self.train_model = model if train_model is None else train_model   # the model wrapped for several ranks
         self.loader = loader
-        self.feed = Feed(loader)   # the epochs' batches: loader workers start once per run
+        # the epochs' batches: loader workers start once per run, each sample's augmentation seeded by --seed
+        self.feed = Feed(loader, seed=int(self.opts.seed or 0))
         self.dataset = dataset   # its set_epoch(epoch), if it has one, is called before each epoch
         self.optimizer = optimizer
         self.lr = _FixedLR() if lr is None else lr
@@ -160,6 +179,7 @@ class Trainer:
         self.amp = amp if amp is not None else MixedPrecisionHook(amp_request(False, None, None, "cpu", False))
         self.device = self.threads = self.conv_kernel = None   # set by the builder: facts for the log
         self.plan_notes: list[str] = []   # set by the builder: lines logged after the plan
+        self.meter: EpochMeter | None = None   # the running epoch's (a checkpoint mid-epoch keeps its loss sums)
         self.hooks: list[Hook] = []
         self._hooks_chosen = not report_by_default   # False: train() adds the reporting hooks unless registered
         self.stop_training = False   # set by hooks (early stop, a signal); the loop ends at the next step
@@ -215,21 +235,28 @@ class Trainer:
 
     def run_epoch(self, epoch: int) -> EpochStats | None:
         """The epoch's steps (a resumed epoch skips those done); None if a hook stopped it part-way."""
-        meter = EpochMeter()
+        meter = self.meter = EpochMeter()
+        if self.state.step_in_epoch and self.state.loss_sums:   # resumed mid-epoch: its first steps' losses count
+            meter.done_sums = {k: float(v) for k, v in self.state.loss_sums.items()}
+            meter.done_steps = self.state.step_in_epoch
         # groups from the epoch's start (lr.Accumulation); the last may be short, so an epoch never ends with
         # gradients pending (a resumed epoch starts at a group boundary, see _drop_pending)
         flags = self.accumulation.step_flags(epoch)
+        self._note_buffers()   # an epoch starts at a group boundary
         for step, data in self._batches(epoch, meter):
             self.call("before_step", epoch, step)
             outputs, lr = self.run_step(data, epoch, step_optimizer=flags[step])
             meter.add(outputs)
+            if flags[step]:
+                meter.mark()
+                self._note_buffers()
             self.state.global_step += 1
             self.state.step_in_epoch = step + 1
             self.call("after_step", epoch, step, StepOutputs(outputs), lr, meter.data_time)
             if self.stop_training:
                 self._drop_pending(flags, step)
                 return None
-        self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
+        self.state.epoch, self.state.step_in_epoch, self.state.loss_sums = epoch + 1, 0, {}
         return self._epoch_stats(epoch, meter)
 
     def run_step(self, data: dict, epoch: int, step_optimizer: bool = True) -> tuple[dict, float]:
@@ -267,12 +294,31 @@ class Trainer:
             return
         group_start = max((i + 1 for i in range(step) if flags[i]), default=0)
         pending = step + 1 - group_start
+        if self.meter is not None:
+            self.meter.rollback()
         self.state.step_in_epoch -= pending
         self.state.global_step -= pending
         self.optimizer.clear_grad()
+        self._restore_buffers()
         if self.lr_per_batch:
             self.lr.step(self.lr.last_epoch - pending)
         self.optimizer_stepped = True
+
+    def _note_buffers(self) -> None:
+        """Accumulating: keep the model's buffers (BatchNorm's running statistics) as they stand at an optimizer
+        step. A stop mid-accumulation drops the batches since then and a resume redoes them; their forward passes
+        have moved the running statistics already, which would count them twice."""
+        if self.batch.accumulate > 1:   # Paddle keeps BatchNorm's _mean/_variance as parameters without gradients
+            self._buffers = {name: t.clone() for name, t in self.model.state_dict().items()
+                             if getattr(t, "stop_gradient", True)}
+
+    def _restore_buffers(self) -> None:
+        saved = getattr(self, "_buffers", None)
+        if not saved:
+            return
+        for name, t in self.model.state_dict().items():
+            if name in saved:
+                t.set_value(saved[name])
 
     def _batches(self, epoch: int, meter: EpochMeter) -> Iterator[tuple[int, dict]]:
         """(step, batch) of this epoch's shuffle after the steps already done; the wait counts as data time."""
@@ -327,6 +373,8 @@ class Trainer:
         stem = self.run_dir / "weights" / name
         heartbeat.beat("checkpoint")
         hooks = {h.name: state for h in self.hooks if h.name and (state := h.state_dict()) is not None}
+        if self.state.step_in_epoch and self.meter is not None:   # mid-epoch (a stop): the steps' losses so far
+            self.state.loss_sums = self.meter.totals()
         ckpt.save(stem, self.model, self.inference_weights(), self.optimizer, self.lr, self.state, hooks)
         return stem
 

@@ -38,11 +38,13 @@ class Interruption:
 class StopOnSignalHook(Hook):
     """SIGINT/SIGTERM handlers that only take note; the ranks agree on stopping at a step boundary.
 
-    Stopping where the signal lands would leave a rank inside an all-reduce its peers never join, so every
-    ``log_iter`` steps (every step with one rank), and at the end of an epoch shorter than that, the ranks
-    sum their flags and all stop at the same step: ``trainer.stop_training`` and ``trainer.interrupted`` are
-    set, the loop ends, the checkpoint hook saves, and ``after_train`` here raises ``Interrupted``.
-    A second Ctrl-C stops at once, without a checkpoint. The old handlers come back at the end."""
+    Stopping where the signal lands would leave a rank inside an all-reduce its peers never join, so after every
+    step the ranks sum their flags (one all-reduce of two numbers: which signals came) and all stop at the same
+    step, within a step of the signal: ``trainer.stop_training`` and ``trainer.interrupted`` are set, the loop
+    ends, the checkpoint hook saves where the run stands (mid-epoch: ``step_in_epoch`` and the epoch's running
+    losses), and ``after_train`` here raises ``Interrupted``. The loader workers never see the signal
+    (``feed.shield_workers``), so only the ranks decide. A second Ctrl-C stops at once, without a checkpoint.
+    The old handlers come back at the end."""
 
     priority = 100   # last: the vote comes after every other hook finished its step or epoch
 
@@ -53,7 +55,6 @@ class StopOnSignalHook(Hook):
     def before_train(self, trainer) -> None:
         self.signum = None
         trainer.interrupted = None
-        self.check_every = 1 if trainer.world == 1 else max(1, int(trainer.cfg.get("log_iter", 20)))
         if threading.current_thread() is threading.main_thread():   # signal.signal works only there
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._note)
@@ -63,22 +64,29 @@ class StopOnSignalHook(Hook):
             raise KeyboardInterrupt
         self.signum = signum
 
-    def agreed(self) -> bool:
-        """Whether any rank got a signal (a collective with more than one rank: every rank must ask)."""
+    def agreed(self) -> int | None:
+        """The signal any rank got (SIGINT before SIGTERM when ranks differ), None: none. With more than one rank
+        a collective: every rank asks at the same point (after every step, after every epoch)."""
         if dist.world_size() <= 1:
-            return self.signum is not None
-        return dist.all_reduce_sum([1.0 if self.signum is not None else 0.0])[0] > 0
+            return self.signum
+        got = dist.all_reduce_sum([1.0 if self.signum == signal.SIGINT else 0.0,
+                                   1.0 if self.signum == signal.SIGTERM else 0.0])
+        if got[0] > 0:
+            return int(signal.SIGINT)
+        return int(signal.SIGTERM) if got[1] > 0 else None
 
     def after_step(self, trainer, epoch, step, outputs, lr, data_time) -> None:
-        if (step + 1) % self.check_every == 0 and self.agreed():
-            self._stop(trainer, Interruption(self.signum or signal.SIGTERM, epoch, step))
+        signum = self.agreed()
+        if signum is not None:
+            self._stop(trainer, Interruption(signum, epoch, step))
 
     def after_epoch(self, trainer, stats) -> None:
         # an early stop ends the run anyway, and the last epoch needs no vote
         if trainer.stop_training or stats.epoch + 1 >= int(trainer.cfg["epoch"]):
             return
-        if self.agreed():
-            self._stop(trainer, Interruption(self.signum or signal.SIGTERM, stats.epoch, None))
+        signum = self.agreed()
+        if signum is not None:
+            self._stop(trainer, Interruption(signum, stats.epoch, None))
 
     @staticmethod
     def _stop(trainer, interruption: Interruption) -> None:
@@ -90,18 +98,47 @@ class StopOnSignalHook(Hook):
         stop = getattr(trainer, "interrupted", None)
         if stop is None:
             return
-        name = signal.Signals(stop.signum).name
+        self._exiting()
+        name = launcher_signal() or signal.Signals(stop.signum).name
         if dist.is_main():
             report(stop, name, trainer.run_dir, trainer.steps_per_epoch)
-        raise Interrupted(name, 128 + int(stop.signum))
+        raise Interrupted(name, 128 + int(signal.Signals[name]))
 
     def close(self, trainer) -> None:
         self._restore()
+        if getattr(trainer, "interrupted", None) is not None:
+            self._exiting()
+
+    @staticmethod
+    def _exiting() -> None:
+        """A rank of a launch that stops on a signal ignores further SIGTERMs while it reports and exits: Paddle's
+        launcher sends its group SIGTERM three times, 0.2 s apart, and the handler restored here (worker.py's: die
+        of it) would cut the report short (the launcher force-kills a rank still there 30 s later)."""
+        from ppmulti.common.envvars import in_paddle_worker
+
+        if in_paddle_worker() and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def _restore(self) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old = {}
+
+
+def launcher_signal() -> str | None:
+    """Under ``ppmulti launch``: the signal the launcher got (``SIGINT`` for a Ctrl-C), which it notes in the launch
+    directory before passing it on; Paddle's launcher then stops every rank with SIGTERM whatever it got."""
+    from ppmulti.common.envvars import launch_record
+    from ppmulti.common.rundir import SIGNALLED
+
+    directory = launch_record().directory
+    if not directory:
+        return None
+    try:
+        name = Path(directory, SIGNALLED).read_text().strip()
+    except OSError:
+        return None
+    return name if name in ("SIGINT", "SIGTERM", "SIGHUP") else None
 
 
 def own_command(argv: list[str]) -> list[str] | None:
