@@ -24,6 +24,13 @@ def _weights_path(cfg, weights: str | None) -> str:
     if p.is_dir() and (p / "weights" / "best.pdparams").is_file():
         return str(p / "weights" / "best.pdparams")
     if not p.is_file() and not Path(str(p) + ".pdparams").is_file():
+        run = p.parent
+        found = [name for name in ("best", "last") if (run / "weights" / f"{name}.pdparams").is_file()]
+        if found:   # PaddleDetection's output/CONFIG/model_final of a run that has ppmulti's weights only
+            raise UserError(f"weights file not found: {path}; {run} holds "
+                            + " and ".join(f"weights/{n}.pdparams" for n in found)
+                            + f" (runs that finish write model_final.pdparams): pass "
+                              f"-o weights={run / 'weights' / found[0]}")
         raise UserError(f"weights file not found: {path}")
     return str(p)
 
@@ -68,10 +75,10 @@ class ValOutputs:
 def evaluate(config: str, overrides: list[str], weights: str | None, save_json: str | None = None,
              edit: Callable[[Any], None] | None = None, outputs: ValOutputs | None = None,
              verbose: bool = False) -> dict:
-    """COCO bbox mAP of the weights on the config's EvalDataset (sharded across ranks when launched); ``edit``
-    changes the loaded config first (tools/eval.py's YOLOv5 val.py flags); ``outputs``: what rank 0 writes
-    into a results directory (its path in the result as ``save_dir``)."""
-    from ppmulti.rank.engine.evaluator import CocoEvaluator
+    """The bbox mAP (the config's metric: COCO or VOC) of the weights on the config's EvalDataset (sharded across
+    ranks when launched); ``edit`` changes the loaded config first (tools/eval.py's YOLOv5 val.py flags);
+    ``outputs``: what rank 0 writes into a results directory (its path in the result as ``save_dir``)."""
+    from ppmulti.rank.engine.evaluator import make_evaluator
 
     cfg, model = build_model(config, overrides, weights, edit)
     if not cfg.get("use_gpu", False):   # training's kernels (ppmulti's oneDNN convolution and SiLU), so that its own
@@ -79,9 +86,9 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
 
         setup_cpu_ops(model)
     config_mod.check_dataset(cfg, "EvalDataset")
-    evaluator = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0))
+    evaluator = make_evaluator(cfg, worker_num=cfg.get("worker_num", 0))
     # YOLOv5 val.py's table: every class's row under 50 classes or with --verbose, else the 'all' row
-    evaluator.table = "classes" if verbose or len(evaluator.dataset.catid2clsid) < 50 else "all"
+    evaluator.table = "classes" if verbose or len(evaluator.catid2clsid) < 50 else "all"
     evaluator.keep_batches = 3 if outputs is not None and outputs.plots else 0   # val_batch0-2_*.jpg
     result = evaluator.evaluate(model).as_dict()
     if save_json and dist.is_main():
@@ -120,7 +127,7 @@ def write_val_outputs(evaluator, result: dict, outputs: ValOutputs) -> Path:
         by_image: dict[int, list[dict]] = {}
         for det in detections:
             by_image.setdefault(int(det["image_id"]), []).append(det)
-        catid2clsid = evaluator.dataset.catid2clsid
+        catid2clsid = evaluator.catid2clsid
         for im_id, dets in by_image.items():
             record = images[im_id]
             rows = np.asarray([[d["bbox"][0], d["bbox"][1], d["bbox"][0] + d["bbox"][2], d["bbox"][1] + d["bbox"][3],
