@@ -337,11 +337,13 @@ class VocEvaluator(CocoEvaluator):
         self.label = f"VOC mAP50 (ppdet's DetectionMAP, {self.map_type}) / mAP50-95 (YOLOv5's interpolation)"
 
     def _class_ids(self) -> dict[int, int]:
-        return {cid: cid for cid in self.dataset.cname2cid.values()}   # detections keep the model's class ids
+        # detections keep the model's class ids: every one it can predict (num_classes), the label list's too
+        count = max(int(self.cfg.get("num_classes") or 0), max(self.dataset.cname2cid.values(), default=-1) + 1)
+        return {cid: cid for cid in range(count)}
 
     def names(self) -> list[str]:
         by_id = {cid: name for name, cid in self.dataset.cname2cid.items()}
-        return [str(by_id.get(i, i)) for i in range(max(by_id, default=-1) + 1)]
+        return [str(by_id.get(i, i)) for i in range(max(self.catid2clsid, default=-1) + 1)]
 
     def _records(self):
         import numpy as np
