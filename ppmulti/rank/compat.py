@@ -518,13 +518,51 @@ def fix_rcnn_get_pred_under_pir() -> list[str]:
     return ["BBoxPostProcess.get_pred"]
 
 
+def fix_old_op_builders_under_pir() -> list[str]:
+    """F16: ppdet 2.6.0's ``ops.prior_box`` (SSD's anchors, ppdet/modeling/ops.py:473) and ``ops.matrix_nms``
+    (PP-YOLO's NMS, ops.py:761) build their static-graph ops with the old program API, as F3's multiclass_nms
+    does; Paddle 3's export stops: ``TypeError: The type of '%Input' in operator prior_box should be one of [str,
+    bytes, Variable]`` (and ``'%BBoxes' in operator matrix_nms``). Paddle's own ``paddle.vision.ops.prior_box``
+    and ``matrix_nms`` take the same arguments in the same order and build the phi ops under PIR; here, in PIR
+    static mode only, ppdet's functions hand over to them (ppdet's callers look them up as ``ops.<name>`` at call
+    time: layers.py:423, 592); everywhere else ppdet's originals run. ppdet's prior_box reads a ``max_sizes``
+    whose first value is not positive as none, and so does the hand-over. Returns the names it patched now."""
+    import inspect
+
+    import paddle
+    from ppdet.modeling import ops
+
+    patched = []
+    for name in ("prior_box", "matrix_nms"):
+        original = getattr(ops, name)
+        if is_ppdet_fix(original):
+            continue
+        ours = getattr(paddle.vision.ops, name)
+
+        def handed_over(*args: Any, _original: Callable = original, _ours: Callable = ours, _name: str = name,
+                        **kwargs: Any) -> Any:
+            if not in_pir_static_mode():
+                return _original(*args, **kwargs)
+            if _name == "prior_box":
+                bound = inspect.signature(_original).bind(*args, **kwargs)
+                sizes = bound.arguments.get("max_sizes")
+                sizes = [sizes] if sizes is not None and not isinstance(sizes, (list, tuple)) else sizes
+                bound.arguments["max_sizes"] = list(sizes) if sizes and sizes[0] > 0 else None
+                return _ours(*bound.args, **bound.kwargs)
+            return _ours(*args, **kwargs)
+
+        setattr(ops, name, paddle.jit.not_to_static(_mark_fixed(handed_over, original)))
+        patched.append(f"ops.{name}")
+    return patched
+
+
 # (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
 _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
     ((0, 0), fix_numpy_reshape_newshape), ((2, 5), fix_concat_of_0d_shapes),
     ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
     ((3, 0), fix_ssd_hard_example_mining), ((3, 0), fix_quality_focal_loss_mask),
     ((3, 0), fix_deformable_attention_offsets), ((3, 0), fix_dino_denoising_mask),
-    ((3, 0), fix_rcnn_get_pred_under_pir))
+    ((3, 0), fix_rcnn_get_pred_under_pir), ((3, 0), fix_old_op_builders_under_pir))
 
 
 def apply_ppdet_fixes() -> list[str]:
