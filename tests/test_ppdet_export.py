@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import REPO
 from launching import launch_env
 from test_ppdet_zoo import FAMILIES, write_checkout
 

@@ -72,3 +72,41 @@ def test_each_map_is_labelled_by_what_computed_it():
     voc = VocEvaluator.__new__(VocEvaluator)
     voc.label = "VOC mAP50 (ppdet's DetectionMAP, 11point) / mAP50-95 (YOLOv5's interpolation)"
     assert voc.table_note(0.5, 0.25).startswith(voc.label + ": 0.5 / 0.25")
+
+
+def test_a_model_that_detects_nothing_gets_every_class_row_and_a_pr_curve(tmp_path):
+    """tools/val.py on a model that detects nothing yet: YOLOv5's table keeps a row (zeros) for every class with labels
+    and PR_curve.png is drawn (zeros), as YOLOv5 draws it; before, score() returned without a curve."""
+    import json
+
+    import numpy as np
+
+    from ppmulti.rank.engine.evaluator import CocoEvaluator
+    from ppmulti.rank.engine.plots import PR_PNG, plot_pr
+
+    anno = tmp_path / "instances_val.json"
+    anno.write_text(json.dumps({
+        "info": {}, "licenses": [],
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 64},
+                   {"id": 2, "file_name": "b.jpg", "width": 64, "height": 64}],
+        "categories": [{"id": 5, "name": "rect"}, {"id": 7, "name": "ellipse"}, {"id": 9, "name": "triangle"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 7, "bbox": [1, 1, 10, 10], "area": 100, "iscrowd": 0},
+                        {"id": 2, "image_id": 2, "category_id": 9, "bbox": [5, 5, 20, 20], "area": 400,
+                         "iscrowd": 0}]}))
+
+    class Dataset:
+        catid2clsid = {5: 0, 7: 1, 9: 2}
+        roidbs = [{"im_id": np.array([1])}, {"im_id": np.array([2])}]
+
+    ev = CocoEvaluator.__new__(CocoEvaluator)
+    ev.dataset, ev.anno_file, ev._coco_gt, ev._labels = Dataset(), str(anno), None, None
+    ev.catid2clsid = dict(Dataset.catid2clsid)
+    ev.clsid2catid = {v: k for k, v in ev.catid2clsid.items()}
+    assert ev.score([]) == (0.0, 0.0, "no detections")
+    assert ev.last_pr.names == ["ellipse", "triangle"] and ev.last_pr.precision.shape == (2, 101)
+    assert not ev.last_pr.precision.any() and ev.last_class_maps == [0.0, 0.0, 0.0]
+    rows = ev.diagnose([]).table(per_class=True).splitlines()
+    assert [r.split()[0] for r in rows] == ["Class", "all", "ellipse", "triangle"]
+    assert rows[2].split()[1:] == ["2", "1", "0", "0", "0", "0"]
+    plot_pr(ev.last_pr, tmp_path / PR_PNG)
+    assert (tmp_path / PR_PNG).stat().st_size > 0

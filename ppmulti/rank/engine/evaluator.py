@@ -238,6 +238,9 @@ class CocoEvaluator:
         count = max(self.catid2clsid.values(), default=-1) + 1
         return [str(cats.get(self.clsid2catid.get(i), i)) for i in range(count)]
 
+    def _empty_pr(self):
+        return _no_detection_pr(self._gt())
+
     def _val_batch(self, data: dict, outs: dict):
         """One batch for val_batch*_labels.jpg / _pred.jpg: its first 16 images back to pixels, their labels and
         detections moved into the input's pixels (the letterbox keeps the top left: scale_factor alone)."""
@@ -301,7 +304,9 @@ class CocoEvaluator:
             self.last_pr = None
             self.last_class_maps = None
             self.last_class_ap = {c["name"]: float("nan") for c in self._coco_gt.loadCats(self._coco_gt.getCatIds())}
-            if not detections:
+            if not detections:   # a model that detects nothing yet: zeros, as YOLOv5 shows them
+                self.last_pr = self._empty_pr()
+                self.last_class_maps = [0.0] * (max(self.catid2clsid.values(), default=-1) + 1)
                 return 0.0, 0.0, "no detections"
             coco_dt = self._coco_gt.loadRes(detections)
             ev = COCOeval(self._coco_gt, coco_dt, "bbox")
@@ -415,6 +420,19 @@ class VocEvaluator(CocoEvaluator):
             one.accumulate()
             out[name] = float(one.get_map())
         return out
+
+
+def _no_detection_pr(gt):
+    """The PR curve of no detections against ``gt`` (pycocotools' COCO): precision 0 at every recall point for each
+    category with labels, the categories COCOeval's own curve keeps; PR_curve.png still shows them."""
+    import numpy as np
+
+    from ppmulti.rank.engine.plots import PRCurve
+
+    labelled = sorted({a["category_id"] for a in gt.loadAnns(gt.getAnnIds()) if not a.get("iscrowd")})
+    names = {c["id"]: c["name"] for c in gt.loadCats(gt.getCatIds())}
+    return PRCurve(recall=np.linspace(0.0, 1.0, 101), precision=np.zeros((len(labelled), 101)),
+                   names=[str(names.get(c, c)) for c in labelled])
 
 
 def class_maps(coco_eval, catid2clsid: dict, overall: float) -> list[float]:
