@@ -50,8 +50,15 @@ class CheckpointHook(Hook):
         stop = getattr(trainer, "interrupted", None)
         if stop is not None and dist.is_main():
             stop.checkpoint = trainer.save_checkpoint("last")
-        elif dist.is_main() and trainer.run_dir is not None and getattr(trainer.opts, "record", None) is None:
+        elif dist.is_main() and trainer.run_dir is not None and trainer.opts.config and trainer.opts.record is None:
+            # a PaddleDetection config's command line (YOLOv5's keeps a record; a Trainer from parts has no config)
             write_model_final(trainer.run_dir)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_map": self.best_map}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_map = float(state.get("best_map", -1.0))
 
 
 FINAL = "model_final"   # PaddleDetection's name for the weights a training ends with (ppdet/engine/trainer.py)
@@ -68,9 +75,3 @@ def write_model_final(run_dir) -> None:
     last = Path(run_dir) / "weights" / "last"
     if Path(str(last) + WEIGHTS).is_file():
         copy_checkpoint(last, Path(run_dir) / FINAL, state=False)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best_map": self.best_map}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_map = float(state.get("best_map", -1.0))
