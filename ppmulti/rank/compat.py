@@ -206,16 +206,25 @@ def concat_0d_as_1d(x: Any, axis: Any = 0, name: str | None = None) -> Any:
     if isinstance(x, (list, tuple)) and any(_is_0d(t) for t in x) and all(len(getattr(t, "shape", [0, 0])) <= 1
                                                                           for t in x):
         x = [t.reshape([1]) if _is_0d(t) else t for t in x]
-    if _is_array_of_0d(x):   # F14: the list a converted loop appended 0-D values to
-        out, _ = paddle._C_ops.array_to_tensor(x, axis, True)   # stacked: [n], as the 1-element ones concatenate
+    if _is_array_of_0d(x):   # F14: the list a converted loop appended 0-D values to, stacked: [n]
+        if callable(getattr(x, "is_dense_tensor_array_type", None)):   # Paddle 3's PIR
+            out, _ = paddle._C_ops.array_to_tensor(x, axis, True)
+        else:                                                          # Paddle 2.6's program
+            out, _ = paddle.tensor.manipulation.tensor_array_to_tensor(x, axis=axis, use_stack=True)
         return out
     return paddle.concat(x, axis=axis, name=name)
 
 
 def _is_array_of_0d(x: Any) -> bool:
-    """A PIR tensor array (what a Python list becomes inside a loop that to_static converted) of 0-D tensors."""
+    """A tensor array of 0-D tensors: what a Python list becomes inside a loop that to_static converted (a PIR
+    array Value on Paddle 3, a LOD_TENSOR_ARRAY Variable on Paddle 2.6; both report the element's shape)."""
     probe = getattr(x, "is_dense_tensor_array_type", None)
-    return callable(probe) and bool(probe()) and len(getattr(x, "shape", [0])) == 0
+    if callable(probe):
+        return bool(probe()) and len(x.shape) == 0
+    from paddle.base import core
+
+    array = getattr(core.VarDesc.VarType, "LOD_TENSOR_ARRAY", None)
+    return array is not None and getattr(x, "type", None) == array and len(getattr(x, "shape", [0])) == 0
 
 
 class _ModuleView(types.ModuleType):
