@@ -495,16 +495,19 @@ def fix_dino_denoising_mask() -> list[str]:
     return ["get_contrastive_denoising_training_group"]
 
 
-def fix_rcnn_get_pred_under_pir() -> list[str]:
+def fix_rcnn_get_pred_in_export() -> list[str]:
     """F15: ppdet 2.6.0's ``BBoxPostProcess.get_pred`` (ppdet/modeling/post_process.py:123-130, every Faster and
     Cascade R-CNN's last step) picks each image's count as ``fake_bbox_num`` (shape [1]) or ``bbox_num[i]`` (0-D
     since Paddle 2.5) in an ``if`` that Paddle 3's export turns into a ``cond``, whose branches must agree:
     ``EnforceNotMet: Does not support rank inconsistency: rank1=0, rank2=1``. PaddleDetection's 79f77ba (release/2.6,
-    after paddledet 2.6.0) slices ``bbox_num[i:i + 1]`` there. Here, while Paddle 3 builds an export program (PIR
-    static mode) only, the method takes ppdet's own ``export_onnx`` path, which skips that per-image loop: the
+    after paddledet 2.6.0) slices ``bbox_num[i:i + 1]`` there; on Paddle 2.6 the program builds but its
+    ``tensor_array_to_tensor`` of those counts fails when run (``The axis is expected to be in range of [0, 0)``).
+    Here, while a static program is built (an export) only, the method takes ppdet's own ``export_onnx`` path,
+    which skips that per-image loop: the
     program then serves batch 1 (PaddleDetection's deploy runs batch 1 by default) and an image without a detection
     gives ``bbox_num`` 0 instead of ppdet's placeholder box. Training and evaluation (dygraph) are untouched.
     Returns the names it patched now (empty when already patched)."""
+    import paddle
     from ppdet.modeling.post_process import BBoxPostProcess
 
     original = BBoxPostProcess.get_pred
@@ -512,15 +515,13 @@ def fix_rcnn_get_pred_under_pir() -> list[str]:
         return []
 
     def get_pred(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not in_pir_static_mode() or self.export_onnx:
+        if paddle.in_dynamic_mode() or self.export_onnx:
             return original(self, *args, **kwargs)
         self.export_onnx = True
         try:
             return original(self, *args, **kwargs)
         finally:
             self.export_onnx = False
-
-    import paddle
 
     # run as Python, not converted: to_static would convert the original's source (the wrapper's __wrapped__)
     BBoxPostProcess.get_pred = paddle.jit.not_to_static(_mark_fixed(get_pred, original))
@@ -571,7 +572,7 @@ _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
     ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
     ((3, 0), fix_ssd_hard_example_mining), ((3, 0), fix_quality_focal_loss_mask),
     ((3, 0), fix_deformable_attention_offsets), ((3, 0), fix_dino_denoising_mask),
-    ((3, 0), fix_rcnn_get_pred_under_pir), ((3, 0), fix_old_op_builders_under_pir))
+    ((2, 5), fix_rcnn_get_pred_in_export), ((3, 0), fix_old_op_builders_under_pir))
 
 
 def apply_ppdet_fixes() -> list[str]:
