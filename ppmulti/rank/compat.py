@@ -206,7 +206,25 @@ def concat_0d_as_1d(x: Any, axis: Any = 0, name: str | None = None) -> Any:
     if isinstance(x, (list, tuple)) and any(_is_0d(t) for t in x) and all(len(getattr(t, "shape", [0, 0])) <= 1
                                                                           for t in x):
         x = [t.reshape([1]) if _is_0d(t) else t for t in x]
+    if _is_array_of_0d(x):   # F14: the list a converted loop appended 0-D values to, stacked: [n]
+        if callable(getattr(x, "is_dense_tensor_array_type", None)):   # Paddle 3's PIR
+            out, _ = paddle._C_ops.array_to_tensor(x, axis, True)
+        else:                                                          # Paddle 2.6's program
+            out, _ = paddle.tensor.manipulation.tensor_array_to_tensor(x, axis=axis, use_stack=True)
+        return out
     return paddle.concat(x, axis=axis, name=name)
+
+
+def _is_array_of_0d(x: Any) -> bool:
+    """A tensor array of 0-D tensors: what a Python list becomes inside a loop that to_static converted (a PIR
+    array Value on Paddle 3, a LOD_TENSOR_ARRAY Variable on Paddle 2.6; both report the element's shape)."""
+    probe = getattr(x, "is_dense_tensor_array_type", None)
+    if callable(probe):
+        return bool(probe()) and len(x.shape) == 0
+    from paddle.base import core
+
+    array = getattr(core.VarDesc.VarType, "LOD_TENSOR_ARRAY", None)
+    return array is not None and getattr(x, "type", None) == array and len(getattr(x, "shape", [0])) == 0
 
 
 class _ModuleView(types.ModuleType):
@@ -239,8 +257,12 @@ def fix_concat_of_0d_shapes() -> list[str]:
     two-stage detector dies in its first step (``RPNHead._gen_proposal``, ``generate_proposal_target``,
     ``CascadeHead._get_rois_from_bbox``) and in evaluation (``BBoxPostProcess.get_pred``); TOOD, Deformable
     DETR and DINO build shapes that way. Here those modules' global ``paddle`` becomes a view of paddle whose
-    ``concat`` takes 0-D tensors as 1-element ones (``concat_0d_as_1d``), what upstream's slices give. Returns the
-    modules it patched now."""
+    ``concat`` takes 0-D tensors as 1-element ones (``concat_0d_as_1d``), what upstream's slices give.
+    F14, the same under Paddle 3's export: to_static turns ``RPNHead._gen_proposal``'s per-image loop into a while
+    loop whose list of 0-D counts is a PIR tensor array, which ppdet's concat joins into a 0-D ``rois_num``; then
+    ``RCNNBox``'s ``rois_num[idx]`` (ppdet/modeling/layers.py:476) stops the export of every Faster/Cascade R-CNN:
+    ``ValueError: (InvalidArgument) The axis value should be less than the rank of input``. The same ``concat``
+    stacks such an array into the 1-D counts. Returns the modules it patched now."""
     import importlib
 
     patched = []
@@ -473,12 +495,84 @@ def fix_dino_denoising_mask() -> list[str]:
     return ["get_contrastive_denoising_training_group"]
 
 
+def fix_rcnn_get_pred_in_export() -> list[str]:
+    """F15: ppdet 2.6.0's ``BBoxPostProcess.get_pred`` (ppdet/modeling/post_process.py:123-130, every Faster and
+    Cascade R-CNN's last step) picks each image's count as ``fake_bbox_num`` (shape [1]) or ``bbox_num[i]`` (0-D
+    since Paddle 2.5) in an ``if`` that Paddle 3's export turns into a ``cond``, whose branches must agree:
+    ``EnforceNotMet: Does not support rank inconsistency: rank1=0, rank2=1``. PaddleDetection's 79f77ba (release/2.6,
+    after paddledet 2.6.0) slices ``bbox_num[i:i + 1]`` there; on Paddle 2.6 the program builds but its
+    ``tensor_array_to_tensor`` of those counts fails when run (``The axis is expected to be in range of [0, 0)``).
+    Here, while a static program is built (an export) only, the method takes ppdet's own ``export_onnx`` path,
+    which skips that per-image loop: the
+    program then serves batch 1 (PaddleDetection's deploy runs batch 1 by default) and an image without a detection
+    gives ``bbox_num`` 0 instead of ppdet's placeholder box. Training and evaluation (dygraph) are untouched.
+    Returns the names it patched now (empty when already patched)."""
+    import paddle
+    from ppdet.modeling.post_process import BBoxPostProcess
+
+    original = BBoxPostProcess.get_pred
+    if is_ppdet_fix(original):
+        return []
+
+    def get_pred(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if paddle.in_dynamic_mode() or self.export_onnx:
+            return original(self, *args, **kwargs)
+        self.export_onnx = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.export_onnx = False
+
+    # run as Python, not converted: to_static would convert the original's source (the wrapper's __wrapped__)
+    BBoxPostProcess.get_pred = paddle.jit.not_to_static(_mark_fixed(get_pred, original))
+    return ["BBoxPostProcess.get_pred"]
+
+
+def fix_old_op_builders_under_pir() -> list[str]:
+    """F16: ppdet 2.6.0's ``ops.prior_box`` (SSD's anchors, ppdet/modeling/ops.py:473) and ``ops.matrix_nms``
+    (PP-YOLO's NMS, ops.py:761) build their static-graph ops with the old program API, as F3's multiclass_nms
+    does; Paddle 3's export stops: ``TypeError: The type of '%Input' in operator prior_box should be one of [str,
+    bytes, Variable]`` (and ``'%BBoxes' in operator matrix_nms``). Paddle's own ``paddle.vision.ops.prior_box``
+    and ``matrix_nms`` take the same arguments in the same order and build the phi ops under PIR; here, in PIR
+    static mode only, ppdet's functions hand over to them (ppdet's callers look them up as ``ops.<name>`` at call
+    time: layers.py:423, 592); everywhere else ppdet's originals run. ppdet's prior_box reads a ``max_sizes``
+    whose first value is not positive as none, and so does the hand-over. Returns the names it patched now."""
+    import inspect
+
+    import paddle
+    from ppdet.modeling import ops
+
+    patched = []
+    for name in ("prior_box", "matrix_nms"):
+        original = getattr(ops, name)
+        if is_ppdet_fix(original):
+            continue
+        ours = getattr(paddle.vision.ops, name)
+
+        def handed_over(*args: Any, _original: Callable = original, _ours: Callable = ours, _name: str = name,
+                        **kwargs: Any) -> Any:
+            if not in_pir_static_mode():
+                return _original(*args, **kwargs)
+            if _name == "prior_box":
+                bound = inspect.signature(_original).bind(*args, **kwargs)
+                sizes = bound.arguments.get("max_sizes")
+                sizes = [sizes] if sizes is not None and not isinstance(sizes, (list, tuple)) else sizes
+                bound.arguments["max_sizes"] = list(sizes) if sizes and sizes[0] > 0 else None
+                return _ours(*bound.args, **bound.kwargs)
+            return _ours(*args, **kwargs)
+
+        setattr(ops, name, paddle.jit.not_to_static(_mark_fixed(handed_over, original)))
+        patched.append(f"ops.{name}")
+    return patched
+
+
 # (the Paddle version from which a fix is due, the fix): ppdet 2.6.0 was written for Paddle 2.4, before 0-D tensors
 _PPDET_FIXES: tuple[tuple[tuple[int, int], Callable[[], list[str]]], ...] = (
     ((0, 0), fix_numpy_reshape_newshape), ((2, 5), fix_concat_of_0d_shapes),
     ((3, 0), fix_assigner_int32_labels), ((3, 0), fix_multiclass_nms_under_pir), ((3, 0), fix_rpn_batch_size_index),
     ((3, 0), fix_ssd_hard_example_mining), ((3, 0), fix_quality_focal_loss_mask),
-    ((3, 0), fix_deformable_attention_offsets), ((3, 0), fix_dino_denoising_mask))
+    ((3, 0), fix_deformable_attention_offsets), ((3, 0), fix_dino_denoising_mask),
+    ((2, 5), fix_rcnn_get_pred_in_export), ((3, 0), fix_old_op_builders_under_pir))
 
 
 def apply_ppdet_fixes() -> list[str]:
@@ -512,6 +606,22 @@ def exported_program_name(version: tuple[int, ...] | None = None) -> str:
     Paddle 2.6.2 saves the ProgramDesc as ``model.pdmodel``; Paddle 3, whose to_static builds PIR programs
     (its default, FLAGS_enable_pir_api), saves ``model.json`` instead."""
     return "model.json" if paddle3(version) else "model.pdmodel"
+
+
+LEGACY_PROGRAM = "model.pdmodel"   # the ProgramDesc PaddleDetection release/2.6's deploy/python/infer.py reads
+
+
+def legacy_program_guard() -> Any:
+    """Paddle 3: a context in which ``paddle.jit.to_static`` and ``paddle.jit.save`` build and write the old
+    ProgramDesc (``model.pdmodel``) instead of a PIR ``model.json`` (``paddle.pir_utils.OldIrGuard``, the switch
+    Paddle's own tests use). Seen on Paddle 3.3.1: YOLOv3 exports that way in-process, with a ``model.pdiparams``
+    byte-identical to the PIR export's, and Paddle Inference 3.3.1 runs it; a model whose forward has a converted
+    ``if`` on a tensor (Faster/Cascade R-CNN) fails there (``logical_not(): argument (position 1) must be Value,
+    but got Variable``, also with FLAGS_enable_pir_api=0). Paddle 2.6 writes the old program anyway: a no-op."""
+    import paddle
+
+    guard = getattr(getattr(paddle, "pir_utils", None), "OldIrGuard", None)
+    return guard() if paddle3() and guard is not None else contextlib.nullcontext()
 
 
 def cpu_predictor_config(model_dir: Path | str, threads: int = 1) -> Any:

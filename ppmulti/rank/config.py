@@ -37,7 +37,7 @@ HONOURED_KEYS = {
     "classwise": "engine/evaluator.py: the per-category AP table",
     "output_eval": "engine/evaluator.py: where bbox.json goes",
     "save_prediction_only": "engine/evaluator.py: bbox.json without scoring (training refuses it: rank/entry.py)",
-    "metric": "COCO only: anything else is refused below (check_values)",
+    "metric": "engine/evaluator.py: COCO or VOC (map_type: 11point or integral); anything else is refused below",
     "print_params": "engine/builder.py: the model's parameter count after the start line",
     "find_unused_parameters": "compat.distributed_model: the ranks' DataParallel (Cascade R-CNN, DETR, DINO)",
     "profiler_options": "hooks/profiler.py: paddle.profiler over a range of steps (PaddleDetection's option string)",
@@ -55,7 +55,7 @@ REFUSED_KEYS = {
     "use_mlu": "ppmulti runs on CPUs and CUDA GPUs only (use_gpu)",
 }
 KNOWN_TOP_LEVEL_KEYS = frozenset(HONOURED_KEYS) | frozenset(REFUSED_KEYS)
-METRICS = ("COCO",)   # what engine/evaluator.py scores
+METRICS = ("COCO", "VOC")   # what engine/evaluator.py scores
 
 
 def ppdet_workspace():
@@ -136,7 +136,8 @@ def check_values(overrides: dict[str, Any]) -> None:
         if key in REFUSED_KEYS and value not in (False, None, "", 0):
             raise UserError(f"-o {key}={value}: {REFUSED_KEYS[key]}; remove it")
     if "metric" in overrides and overrides["metric"] not in METRICS:
-        raise UserError(f"-o metric={overrides['metric']}: ppmulti evaluates COCO bbox mAP only (metric: COCO)")
+        raise UserError(f"-o metric={overrides['metric']}: ppmulti evaluates COCO or VOC bbox mAP "
+                        f"(metric: COCO or VOC)")
 
 
 def sync_eval_size(cfg) -> None:

@@ -20,6 +20,10 @@ SEGMENTATION_ARCHITECTURES = frozenset({"MaskRCNN", "SOLOv2", "QueryInst", "Spar
 # the metric names ppdet's Trainer evaluates each family with (ppdet/engine/trainer.py, _init_metrics)
 METRIC_KINDS = {"KeyPointTopDownCOCOEval": "keypoint", "KeyPointTopDownMPIIEval": "keypoint",
                 "Pose3DEval": "keypoint", "MOT": "MOT", "MCMOT": "MOT", "KITTI": "MOT", "RBOX": "rotated-box"}
+# Architectures whose parameters go unused in some steps, whose PaddleDetection configs do not set
+# find_unused_parameters: on several ranks Paddle's reducer stops in the first steps with "parameter ... has been
+# ready before. Please set find_unused_parameters=True" (seen with cascade_rcnn_r50_fpn_1x_coco on 2 CPU ranks).
+NEEDS_UNUSED_PARAMETERS = {"CascadeRCNN": "its later stages get no positive RoIs in some steps"}
 # the architecture sub-keys that make a box detector (Cascade R-CNN, Faster R-CNN) an instance-segmentation one
 MASK_KEYS = ("mask_head", "mask_post_process")
 
@@ -56,3 +60,17 @@ def refuse_unsupported(path: Any) -> None:
         family, why = found
         raise UserError(f"{path} is a {family} config ({why}): ppmulti trains detection configs only "
                         f"(boxes and classes); use PaddleDetection's own tools/train.py for this one")
+
+
+def find_unused_parameters(cfg: Mapping[str, Any], world: int) -> tuple[bool, str | None]:
+    """The ``find_unused_parameters`` the ranks' DataParallel gets, and a line for the run log when ppmulti chose it:
+    the config's own key when it has one (PaddleDetection's DETR, GFL, PicoDet ... configs set it), on for the
+    architectures known to need it (NEEDS_UNUSED_PARAMETERS) on several ranks, off otherwise."""
+    if "find_unused_parameters" in cfg and cfg.get("find_unused_parameters") is not None:
+        return bool(cfg.get("find_unused_parameters")), None
+    arch = cfg.get("architecture")
+    if world > 1 and isinstance(arch, str) and arch in NEEDS_UNUSED_PARAMETERS:
+        return True, (f"find_unused_parameters: on for {arch} on {world} ranks ({NEEDS_UNUSED_PARAMETERS[arch]}; "
+                      f"without it Paddle stops with 'parameter ... has been ready before'); "
+                      f"-o find_unused_parameters=false turns it off")
+    return False, None

@@ -14,14 +14,15 @@ from ppmulti.common.rundir import new_run_dir
 from ppmulti.rank import config as config_mod
 from ppmulti.rank import dist
 from ppmulti.rank import ref_batch as ref_batch_mod
+from ppmulti.rank import zoo
 from ppmulti.rank.data import agree
 from ppmulti.rank.data import coco as coco_cache
 from ppmulti.rank.data import voc
 from ppmulti.rank.data.cache import apply_cache, prebuild_cache
 from ppmulti.rank.data.device import place_hsv
 from ppmulti.rank.engine import checkpoint as ckpt
-from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, ResumeHook,
-                                       StopOnSignalHook)
+from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, LossWatchHook,
+                                       ResumeHook, StopOnSignalHook)
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
@@ -106,7 +107,7 @@ class _Build:
         state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
                                 accumulate=self.batch.accumulate)
         hooks = [EMAHook(), self.amp, self.resume, EvaluationHook(), EarlyStopHook(opts.patience), CheckpointHook(),
-                 StopOnSignalHook()]
+                 LossWatchHook(), StopOnSignalHook()]
         if self.image_weights is not None:
             from ppmulti.rank.engine.hooks.image_weights import ImageWeightsHook
 
@@ -280,7 +281,10 @@ class _Build:
             self.conv_kernel = setup_cpu_ops(self.model, bf16=self.amp.mode == "bfloat16")
         self.train_model = self.model
         if self.world > 1:
-            self.train_model = compat.distributed_model(self.model, bool(cfg.get("find_unused_parameters")))
+            unused, note = zoo.find_unused_parameters(cfg, self.world)
+            if note:
+                self.plan_notes.append(note)
+            self.train_model = compat.distributed_model(self.model, unused)
             self.optimizer = fleet.distributed_optimizer(self.optimizer)
 
     def _agree_classes(self) -> None:

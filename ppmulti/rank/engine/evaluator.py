@@ -1,6 +1,7 @@
-"""Distributed COCO evaluation: each rank predicts its shard, rank 0 scores all of it once with pycocotools (and,
-as the config asks, prints the per-category AP table, writes bbox.json, or only writes it) and computes YOLOv5's
-diagnostics of the same detections (engine.diagnostics: P, R, the per-class table, the confusion matrix)."""
+"""Distributed evaluation: each rank predicts its shard, rank 0 scores all of it once with the config's metric
+(COCO: pycocotools; VOC: ppdet's DetectionMAP), as the config asks prints the per-category AP table, writes bbox.json
+or only writes it, and computes YOLOv5's diagnostics of the same detections (engine.diagnostics: P, R, the
+per-class table, the confusion matrix)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ class EvalResult:
     precision: float | None = None   # YOLOv5's P and R: the means over classes at the max-mean-F1 confidence
     recall: float | None = None
     val_losses: dict[str, float] | None = None   # YOLOv5's family: loss_box, loss_obj, loss_cls on the val split
+    metric: str = "COCO"   # what computed mAP50 (the config's metric: COCO's pycocotools or VOC's DetectionMAP)
 
     def as_dict(self) -> dict:
-        out = {"mAP50": self.mAP50, "mAP50_95": self.mAP50_95, "images": self.images,
+        out = {"mAP50": self.mAP50, "mAP50_95": self.mAP50_95, "metric": self.metric, "images": self.images,
                "seconds": round(self.seconds, 3),
                "per_rank_images_per_s": [round(v, 3) for v in self.per_rank_images_per_s]}
         if self.precision is not None:
@@ -67,8 +69,18 @@ def _shard_sampler(n: int, rank: int, world: int):
     return _Shard()
 
 
+def make_evaluator(cfg, worker_num: int = 0) -> "CocoEvaluator":
+    """The evaluator of the config's ``metric``: VOC's for ``metric: VOC``, COCO's otherwise."""
+    return (VocEvaluator if cfg.get("metric") == "VOC" else CocoEvaluator)(cfg, worker_num)
+
+
 class CocoEvaluator:
     """Builds the eval loader once (this rank's shard) and scores a model on demand."""
+
+    metric = "COCO"
+    # what the mAP50 and mAP50-95 this metric reports are, as the console and the per-class table name them
+    label = "COCO mAP50 / mAP50-95 (pycocotools, 101-point)"
+    classwise_title = "Per-category bbox AP (IoU 0.50:0.95):"
 
     def __init__(self, cfg, worker_num: int = 0):
         import paddle
@@ -87,7 +99,8 @@ class CocoEvaluator:
                                                drop_last=False)
         with prints_to_log():   # ppdet's reader parses the annotations again
             self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
-        self.clsid2catid = {v: k for k, v in self.dataset.catid2clsid.items()}
+        self.catid2clsid = self._class_ids()   # the annotation's category id -> the model's class id
+        self.clsid2catid = {v: k for k, v in self.catid2clsid.items()}
         self._coco_gt = None
         self.last_detections: list[dict] = []
         self.last_pr = None   # rank 0: the PR curve of the last scoring (engine.plots.PRCurve)
@@ -155,20 +168,29 @@ class CocoEvaluator:
                                     f"(save_prediction_only)", predictions=written)
                 _say(result.summary)
             else:
+                diag = self.last_diagnostics = self.diagnose(all_dets)   # before score: VOC's reads it
                 m50_95, m50, summary = self.score(all_dets)
                 result = EvalResult(m50, m50_95, total, max(s for _, _, s in gathered), rates, summary,
                                     self.last_class_maps, predictions=written)
+                result.metric = self.metric
                 result.val_losses = val_losses
-                diag = self.last_diagnostics = self.diagnose(all_dets)
                 means = diag.means()
                 result.precision, result.recall = means["precision"], means["recall"]
                 if self.table:
+                    _say(self.table_note(m50, m50_95))
                     _say(diag.table(per_class=self.table == "classes" and len(diag.names) > 1))
                 if self.cfg.get("classwise"):
                     result.class_ap = self.last_class_ap
-                    _say(classwise_table(self.last_class_ap))
+                    _say(classwise_table(self.last_class_ap, title=self.classwise_title))
         result = dist.all_gather_object(result)[0]
         return result
+
+    def table_note(self, m50: float, m50_95: float) -> str:
+        """The line above YOLOv5's table: which mAP is the run's (the epoch line's, best weights') and what the
+        table's are, so that two mAP50s of one evaluation are never read as one (GFL once showed 0.0029 on the
+        epoch line and 0.00466 in the table's 'all' row)."""
+        return (f"{self.label}: {m50:.4g} / {m50_95:.4g}; the table below is YOLOv5's (its own interpolation of "
+                f"the same detections: trapezoids over 101 recall points, mean over classes with labels)")
 
     def write_predictions(self, detections: list[dict]) -> str | None:
         """Rank 0: every rank's detections as ``bbox.json`` (PaddleDetection's file) in the config's
@@ -191,10 +213,8 @@ class CocoEvaluator:
 
         from ppmulti.rank.engine.diagnostics import diagnose
 
-        gt = self._gt()
-        catid2clsid = self.dataset.catid2clsid
-        cats = {c["id"]: c["name"] for c in gt.loadCats(gt.getCatIds())}
-        names = [str(cats.get(self.clsid2catid.get(i), i)) for i in range(max(catid2clsid.values(), default=-1) + 1)]
+        catid2clsid = self.catid2clsid
+        names = self.names()
         by_image: dict[int, list] = {}
         for d in detections:
             if d["category_id"] in catid2clsid:
@@ -207,6 +227,19 @@ class CocoEvaluator:
             images.append((np.asarray(by_image.get(im_id, []), dtype=np.float64).reshape(-1, 6),
                            self.labels_of(im_id)))
         return diagnose(images, names)
+
+    def _class_ids(self) -> dict[int, int]:
+        return dict(self.dataset.catid2clsid)
+
+    def names(self) -> list[str]:
+        """The class names by the model's class id."""
+        gt = self._gt()
+        cats = {c["id"]: c["name"] for c in gt.loadCats(gt.getCatIds())}
+        count = max(self.catid2clsid.values(), default=-1) + 1
+        return [str(cats.get(self.clsid2catid.get(i), i)) for i in range(count)]
+
+    def _empty_pr(self):
+        return _no_detection_pr(self._gt())
 
     def _val_batch(self, data: dict, outs: dict):
         """One batch for val_batch*_labels.jpg / _pred.jpg: its first 16 images back to pixels, their labels and
@@ -243,7 +276,7 @@ class CocoEvaluator:
 
         if self._labels is None:
             gt = self._gt()
-            catid2clsid = self.dataset.catid2clsid
+            catid2clsid = self.catid2clsid
             by_image: dict[int, list] = {}
             for a in gt.loadAnns(gt.getAnnIds()):
                 if not a.get("iscrowd") and a["category_id"] in catid2clsid:
@@ -271,7 +304,9 @@ class CocoEvaluator:
             self.last_pr = None
             self.last_class_maps = None
             self.last_class_ap = {c["name"]: float("nan") for c in self._coco_gt.loadCats(self._coco_gt.getCatIds())}
-            if not detections:
+            if not detections:   # a model that detects nothing yet: zeros, as YOLOv5 shows them
+                self.last_pr = self._empty_pr()
+                self.last_class_maps = [0.0] * (max(self.catid2clsid.values(), default=-1) + 1)
                 return 0.0, 0.0, "no detections"
             coco_dt = self._coco_gt.loadRes(detections)
             ev = COCOeval(self._coco_gt, coco_dt, "bbox")
@@ -282,11 +317,122 @@ class CocoEvaluator:
 
         cats = self._coco_gt.loadCats(self._coco_gt.getCatIds())
         self.last_pr = pr_curve(ev, {c["id"]: c["name"] for c in cats})   # [plots] PR_curve.png on rank 0
-        self.last_class_maps = class_maps(ev, self.dataset.catid2clsid, max(0.0, float(ev.stats[0])))
+        self.last_class_maps = class_maps(ev, self.catid2clsid, max(0.0, float(ev.stats[0])))
         self.last_class_ap = class_ap(ev, {c["id"]: c["name"] for c in cats})
         summary = "\n".join(line for line in buf.getvalue().splitlines() if "Average Precision" in line
                             or "Average Recall" in line)
         return max(0.0, float(ev.stats[0])), max(0.0, float(ev.stats[1])), summary
+
+
+class VocEvaluator(CocoEvaluator):
+    """``metric: VOC`` as PaddleDetection's VOCMetric scores it: ppdet's ``DetectionMAP`` at IoU 0.5 with the
+    config's ``map_type`` (11point, its default, or integral), boxes marked difficult neither counted nor
+    penalised, in the images' own pixels. Each rank predicts its shard as for COCO. One difference: ppdet's
+    VOCMetric skips a whole eval batch whose images have no detection at all, labels included (its
+    ``bboxes.shape == (1, 1)`` test), which raises recall; here every image's labels count. VOC has no mAP50-95:
+    the one reported is YOLOv5's (its interpolation, the per-class table's) over the non-difficult boxes, so the
+    run's best weights and fitness still have one."""
+
+    metric = "VOC"
+    classwise_title = "Per-category bbox AP (VOC, IoU 0.5):"
+
+    def __init__(self, cfg, worker_num: int = 0):
+        super().__init__(cfg, worker_num)
+        self.map_type = str(cfg.get("map_type", "11point"))
+        self.label = f"VOC mAP50 (ppdet's DetectionMAP, {self.map_type}) / mAP50-95 (YOLOv5's interpolation)"
+
+    def _class_ids(self) -> dict[int, int]:
+        # detections keep the model's class ids: every one it can predict (num_classes), the label list's too
+        count = max(int(self.cfg.get("num_classes") or 0), max(self.dataset.cname2cid.values(), default=-1) + 1)
+        return {cid: cid for cid in range(count)}
+
+    def names(self) -> list[str]:
+        by_id = {cid: name for name, cid in self.dataset.cname2cid.items()}
+        return [str(by_id.get(i, i)) for i in range(max(self.catid2clsid, default=-1) + 1)]
+
+    def _records(self):
+        import numpy as np
+
+        for record in self.dataset.roidbs:
+            im_id = int(np.asarray(record["im_id"]).reshape(-1)[0])
+            boxes = np.asarray(record.get("gt_bbox", np.zeros((0, 4))), dtype=np.float64).reshape(-1, 4)
+            classes = np.asarray(record.get("gt_class", np.zeros((0, 1))), dtype=np.int64).reshape(-1)
+            difficult = np.asarray(record.get("difficult", np.zeros(len(classes))), dtype=np.int64).reshape(-1)
+            yield im_id, boxes, classes, difficult
+
+    def labels_of(self, im_id: int):
+        """An image's non-difficult labels (M, 5: class id, x1, y1, x2, y2), as YOLOv5's VOC conversion keeps."""
+        import numpy as np
+
+        if self._labels is None:
+            self._labels = {}
+            for iid, boxes, classes, difficult in self._records():
+                keep = difficult == 0
+                self._labels[iid] = np.c_[classes[keep], boxes[keep]].astype(np.float64).reshape(-1, 5)
+        return self._labels.get(int(im_id), np.zeros((0, 5)))
+
+    def _gt(self):
+        raise AssertionError("a VOC data set has no COCO annotation file")
+
+    def score(self, detections: list[dict]) -> tuple[float, float, str]:
+        """(mAP50-95 from YOLOv5's diagnostics, VOC mAP50, summary); ``self.last_diagnostics`` is this scoring's
+        (evaluate() diagnoses first)."""
+        import numpy as np
+        from ppdet.metrics.map_utils import DetectionMAP
+
+        names = self.names()
+        voc = DetectionMAP(class_num=max(len(names), 1), overlap_thresh=0.5, map_type=self.map_type,
+                           is_bbox_normalized=False, evaluate_difficult=False, catid2name=dict(enumerate(names)))
+        by_image: dict[int, list] = {}
+        for d in detections:
+            x, y, w, h = d["bbox"]
+            by_image.setdefault(int(d["image_id"]), []).append([x, y, x + w, y + h, d["score"], d["category_id"]])
+        for im_id, boxes, classes, difficult in self._records():
+            dets = np.asarray(by_image.get(im_id, []), dtype=np.float64).reshape(-1, 6)
+            voc.update(dets[:, :4], dets[:, 4], dets[:, 5], boxes, classes, difficult)
+        voc.accumulate()
+        m50 = max(0.0, float(voc.get_map()))
+        diag = self.last_diagnostics
+        m50_95 = diag.means()["mAP50_95"] if diag is not None else 0.0
+        self.last_pr = None
+        self.last_class_maps = None
+        if diag is not None:
+            overall = m50_95
+            per_class = dict(zip(diag.metrics.classes.tolist(), diag.metrics.ap50_95.tolist()))
+            self.last_class_maps = [per_class.get(i, overall) for i in range(len(names))]
+        self.last_class_ap = self._class_aps(voc, names)
+        summary = (f"VOC mAP50 ({self.map_type}, IoU 0.5, ppdet's DetectionMAP) = {m50:.4f}; "
+                   f"mAP50-95 (YOLOv5's interpolation; VOC has none) = {m50_95:.4f}")
+        return m50_95, m50, summary
+
+    def _class_aps(self, voc, names: list[str]) -> dict[str, float]:
+        """AP50 per class name (NaN without labels), by the same map_type: each class scored alone."""
+        import copy as copy_mod
+
+        out = {}
+        for c, name in enumerate(names):
+            one = copy_mod.copy(voc)
+            one.class_score_poss = [p if i == c else [] for i, p in enumerate(voc.class_score_poss)]
+            one.class_gt_counts = [n if i == c else 0 for i, n in enumerate(voc.class_gt_counts)]
+            if not one.class_gt_counts[c]:
+                out[name] = float("nan")
+                continue
+            one.accumulate()
+            out[name] = float(one.get_map())
+        return out
+
+
+def _no_detection_pr(gt):
+    """The PR curve of no detections against ``gt`` (pycocotools' COCO): precision 0 at every recall point for each
+    category with labels, the categories COCOeval's own curve keeps; PR_curve.png still shows them."""
+    import numpy as np
+
+    from ppmulti.rank.engine.plots import PRCurve
+
+    labelled = sorted({a["category_id"] for a in gt.loadAnns(gt.getAnnIds()) if not a.get("iscrowd")})
+    names = {c["id"]: c["name"] for c in gt.loadCats(gt.getCatIds())}
+    return PRCurve(recall=np.linspace(0.0, 1.0, 101), precision=np.zeros((len(labelled), 101)),
+                   names=[str(names.get(c, c)) for c in labelled])
 
 
 def class_maps(coco_eval, catid2clsid: dict, overall: float) -> list[float]:
@@ -319,12 +465,13 @@ def class_ap(coco_eval, names: dict) -> dict[str, float]:
     return out
 
 
-def classwise_table(aps: dict[str, float], pairs: int = 3) -> str:
+def classwise_table(aps: dict[str, float], pairs: int = 3,
+                    title: str = "Per-category bbox AP (IoU 0.50:0.95):") -> str:
     """The per-category AP as a text table, ``pairs`` (category, AP) columns a row."""
     cells = [(name, "nan" if math.isnan(ap) else f"{ap:0.3f}") for name, ap in aps.items()]
     width = max([len("category")] + [len(n) for n, _ in cells])
     header = " | ".join(f"{'category':<{width}} | {'AP':>5}" for _ in range(min(pairs, len(cells)) or 1))
-    lines = ["Per-category bbox AP (IoU 0.50:0.95):", header, "-" * len(header)]
+    lines = [title, header, "-" * len(header)]
     for i in range(0, len(cells), pairs):
         lines.append(" | ".join(f"{n:<{width}} | {a:>5}" for n, a in cells[i:i + pairs]))
     return "\n".join(lines)

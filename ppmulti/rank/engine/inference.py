@@ -24,6 +24,13 @@ def _weights_path(cfg, weights: str | None) -> str:
     if p.is_dir() and (p / "weights" / "best.pdparams").is_file():
         return str(p / "weights" / "best.pdparams")
     if not p.is_file() and not Path(str(p) + ".pdparams").is_file():
+        run = p.parent
+        found = [name for name in ("best", "last") if (run / "weights" / f"{name}.pdparams").is_file()]
+        if found:   # PaddleDetection's output/CONFIG/model_final of a run that has ppmulti's weights only
+            raise UserError(f"weights file not found: {path}; {run} holds "
+                            + " and ".join(f"weights/{n}.pdparams" for n in found)
+                            + f" (runs that finish write model_final.pdparams): pass "
+                              f"-o weights={run / 'weights' / found[0]}")
         raise UserError(f"weights file not found: {path}")
     return str(p)
 
@@ -31,6 +38,9 @@ def _weights_path(cfg, weights: str | None) -> str:
 def build_model(config: str, overrides: list[str], weights: str | None, edit: Callable[[Any], None] | None = None):
     """Load the config (then ``edit`` it, when given), build its model on the right device and load weights
     (shapes checked)."""
+    from ppmulti.rank.compat import import_ppdet
+
+    import_ppdet()   # first: a bare ``import ppdet`` prints its numba notice (twice) on the console
     from ppdet.core.workspace import create
 
     from ppmulti.rank.engine.checkpoint import load_weights
@@ -68,10 +78,10 @@ class ValOutputs:
 def evaluate(config: str, overrides: list[str], weights: str | None, save_json: str | None = None,
              edit: Callable[[Any], None] | None = None, outputs: ValOutputs | None = None,
              verbose: bool = False) -> dict:
-    """COCO bbox mAP of the weights on the config's EvalDataset (sharded across ranks when launched); ``edit``
-    changes the loaded config first (tools/eval.py's YOLOv5 val.py flags); ``outputs``: what rank 0 writes
-    into a results directory (its path in the result as ``save_dir``)."""
-    from ppmulti.rank.engine.evaluator import CocoEvaluator
+    """The bbox mAP (the config's metric: COCO or VOC) of the weights on the config's EvalDataset (sharded across
+    ranks when launched); ``edit`` changes the loaded config first (tools/eval.py's YOLOv5 val.py flags);
+    ``outputs``: what rank 0 writes into a results directory (its path in the result as ``save_dir``)."""
+    from ppmulti.rank.engine.evaluator import make_evaluator
 
     cfg, model = build_model(config, overrides, weights, edit)
     if not cfg.get("use_gpu", False):   # training's kernels (ppmulti's oneDNN convolution and SiLU), so that its own
@@ -79,9 +89,9 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
 
         setup_cpu_ops(model)
     config_mod.check_dataset(cfg, "EvalDataset")
-    evaluator = CocoEvaluator(cfg, worker_num=cfg.get("worker_num", 0))
+    evaluator = make_evaluator(cfg, worker_num=cfg.get("worker_num", 0))
     # YOLOv5 val.py's table: every class's row under 50 classes or with --verbose, else the 'all' row
-    evaluator.table = "classes" if verbose or len(evaluator.dataset.catid2clsid) < 50 else "all"
+    evaluator.table = "classes" if verbose or len(evaluator.catid2clsid) < 50 else "all"
     evaluator.keep_batches = 3 if outputs is not None and outputs.plots else 0   # val_batch0-2_*.jpg
     result = evaluator.evaluate(model).as_dict()
     if save_json and dist.is_main():
@@ -120,7 +130,7 @@ def write_val_outputs(evaluator, result: dict, outputs: ValOutputs) -> Path:
         by_image: dict[int, list[dict]] = {}
         for det in detections:
             by_image.setdefault(int(det["image_id"]), []).append(det)
-        catid2clsid = evaluator.dataset.catid2clsid
+        catid2clsid = evaluator.catid2clsid
         for im_id, dets in by_image.items():
             record = images[im_id]
             rows = np.asarray([[d["bbox"][0], d["bbox"][1], d["bbox"][0] + d["bbox"][2], d["bbox"][1] + d["bbox"][3],
@@ -156,6 +166,10 @@ def predict(config: str, overrides: list[str], weights: str | None, image: str |
             image_dir: str | None, output_dir: str, threshold: float = 0.5) -> list[Path]:
     """Detect objects in images; write each with its boxes drawn as a PNG, plus detections.json."""
     from PIL import Image
+
+    from ppmulti.rank.compat import import_ppdet
+
+    import_ppdet()   # before ppdet's own imports below: its numba notice stays off the console
     from ppdet.core.workspace import create
     from ppdet.data.source.category import get_categories
     from ppdet.metrics.coco_utils import get_infer_results
@@ -239,10 +253,26 @@ def leave_nms_out(model) -> None:
 def export_model(cfg, model, output_dir: str) -> Path:
     """ppdet's exporter on a built model: the program (``model.pdmodel`` on Paddle 2.6, ``model.json`` on
     Paddle 3: ``compat.exported_program_name()``), ``model.pdiparams`` and ``infer_cfg.yml`` in
-    ``output_dir/<config name>``, which is returned."""
+    ``output_dir/<config name>``, which is returned. On Paddle 3 also ``model.pdmodel`` where Paddle can still
+    write it (``write_legacy_program``), so that PaddleDetection release/2.6's deploy/python/infer.py finds it."""
+    import copy
+
+    from ppmulti.rank.compat import exported_program_name, paddle3
+
+    legacy = copy.deepcopy(model) if paddle3() else None   # to_static converts the layer it is given in place
+    dst = _ppdet_export(cfg, model, output_dir)
+    for name in (exported_program_name(), "model.pdiparams"):
+        if not (dst / name).is_file():
+            raise RuntimeError(f"export finished but {dst / name} is missing")
+    if legacy is not None:
+        write_legacy_program(cfg, legacy, dst)
+    return dst
+
+
+def _ppdet_export(cfg, model, output_dir: str | Path) -> Path:
     from ppdet.engine import Trainer
 
-    from ppmulti.rank.compat import exported_program_name, full_graph_to_static
+    from ppmulti.rank.compat import full_graph_to_static
 
     cfg["model"] = model  # ppdet's Trainer takes a ready model from the config
     # ppdet's Trainer opens a VisualDL writer in the working directory (vdl_log_dir/scalar) when use_vdl is on,
@@ -250,12 +280,49 @@ def export_model(cfg, model, output_dir: str) -> Path:
     cfg["use_vdl"] = False
     trainer = Trainer(cfg, mode="test")
     with full_graph_to_static():
-        trainer.export(output_dir)
-    dst = Path(output_dir) / cfg["filename"]   # ppdet keeps the config file's stem here
-    for name in (exported_program_name(), "model.pdiparams"):
-        if not (dst / name).is_file():
-            raise RuntimeError(f"export finished but {dst / name} is missing")
-    return dst
+        trainer.export(str(output_dir))
+    return Path(output_dir) / cfg["filename"]   # ppdet keeps the config file's stem here
+
+
+def write_legacy_program(cfg, model, dst: Path) -> bool:
+    """Paddle 3: the same model exported once more as Paddle's old program, ``model.pdmodel`` beside ``model.json``
+    in ``dst`` (they share ``model.pdiparams``, which must come out byte for byte the same), for the deploy code
+    written for Paddle 2 (PaddleDetection release/2.6's deploy/python/infer.py looks for model.pdmodel only).
+    A model Paddle cannot write that way (compat.legacy_program_guard) gets one WARNING line; returns whether
+    model.pdmodel was written."""
+    import copy
+    import filecmp
+    import shutil
+    import tempfile
+
+    from ppmulti.rank.compat import LEGACY_PROGRAM, legacy_program_guard
+
+    with tempfile.TemporaryDirectory(prefix="ppmulti-legacy-") as tmp:
+        try:
+            with legacy_program_guard():
+                out = _ppdet_export(copy.copy(cfg), model, tmp)   # its own model key
+        except Exception as exc:  # noqa: BLE001 - Paddle's converter raises anything; the PIR export stands
+            log.warning("model.pdmodel not written: Paddle %s cannot export %s as its old program (%s); model.json "
+                        "serves Paddle Inference 3 and PaddleDetection develop's deploy, not release/2.6's",
+                        _paddle_version(), cfg.get("architecture"), _last_line(exc)[:200])
+            return False
+        if not filecmp.cmp(out / "model.pdiparams", dst / "model.pdiparams", shallow=False):
+            log.warning("model.pdmodel not written: the old program's parameters differ from model.json's")
+            return False
+        shutil.copyfile(out / LEGACY_PROGRAM, dst / LEGACY_PROGRAM)
+    return True
+
+
+def _last_line(exc: BaseException) -> str:
+    """The line of a converter error that names the cause (its first is "In transformed code:")."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.strip().startswith("[")]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _paddle_version() -> str:
+    import paddle
+
+    return paddle.__version__
 
 
 def export(config: str, overrides: list[str], weights: str | None, output_dir: str, nms: bool = True,

@@ -22,6 +22,8 @@ prio hook              module       does                                        
                                     --image-weights sampler before each epoch               per-class mAP
 40   EarlyStopHook     early_stop   best fitness; --patience sets trainer.stop_training     early_stop: best
                                     (core)                                                  fitness and epoch
+45   LossWatchHook     loss_watch   a loss component non-finite or 1000x its running value: -
+                                    one WARNING line, the first time (core)
 50   ConsoleLogHook    console      step lines, "epoch N done" line, terminal bars          -
 60   CheckpointHook    checkpoint   weights/last|best|epochN; the save on a signal (core)   checkpoint: best mAP
 70   ResultsHook       results      results.csv rows, metrics.json                          -
@@ -42,6 +44,7 @@ from ppmulti.rank.engine.hooks.console import ConsoleLogHook
 from ppmulti.rank.engine.hooks.early_stop import EarlyStopHook
 from ppmulti.rank.engine.hooks.ema import EMAHook
 from ppmulti.rank.engine.hooks.evaluation import EvaluationHook
+from ppmulti.rank.engine.hooks.loss_watch import LossWatchHook
 from ppmulti.rank.engine.hooks.plots import PlotsHook
 from ppmulti.rank.engine.hooks.results import RESULT_FIELDS, ResultsHook
 from ppmulti.rank.engine.hooks.resume import ResumeHook
@@ -50,6 +53,7 @@ from ppmulti.rank.engine.hooks.trackers import TrackersHook, VisualDLHook
 from ppmulti.rank.engine.hooks.visualdl import HPARAM_METRICS, run_hparams
 
 __all__ = ["HOOK_POINTS", "Hook", "StepOutputs", "host_losses", "CheckpointHook", "ConsoleLogHook", "EarlyStopHook",
-           "EMAHook", "MixedPrecisionHook", "EvaluationHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook",
+           "EMAHook", "MixedPrecisionHook", "EvaluationHook",
+           "LossWatchHook", "PlotsHook", "RESULT_FIELDS", "ResultsHook", "ResumeHook",
            "Interrupted", "Interruption", "StopOnSignalHook", "HPARAM_METRICS", "TrackersHook", "VisualDLHook",
            "run_hparams"]

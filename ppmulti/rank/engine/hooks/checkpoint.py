@@ -1,4 +1,5 @@
-"""Writing checkpoints: weights/last every snapshot epoch, weights/best on a better mAP, weights/epochN, on a stop."""
+"""Writing checkpoints: weights/last every snapshot epoch, weights/best on a better mAP, weights/epochN, on a stop;
+a PaddleDetection config's run also ends with model_final.pdparams, as PaddleDetection's trainer writes it."""
 
 from __future__ import annotations
 
@@ -49,9 +50,28 @@ class CheckpointHook(Hook):
         stop = getattr(trainer, "interrupted", None)
         if stop is not None and dist.is_main():
             stop.checkpoint = trainer.save_checkpoint("last")
+        elif dist.is_main() and trainer.run_dir is not None and trainer.opts.config and trainer.opts.record is None:
+            # a PaddleDetection config's command line (YOLOv5's keeps a record; a Trainer from parts has no config)
+            write_model_final(trainer.run_dir)
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_map": self.best_map}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_map = float(state.get("best_map", -1.0))
+
+
+FINAL = "model_final"   # PaddleDetection's name for the weights a training ends with (ppdet/engine/trainer.py)
+
+
+def write_model_final(run_dir) -> None:
+    """``run_dir/model_final.pdparams``: the final ``weights/last`` weights (EMA's when on, as PaddleDetection's
+    trainer saves them), where a PaddleDetection user's ``-o weights=output/CONFIG/model_final`` finds them. Only a
+    run that finished writes it (a stopped one resumes from weights/last); YOLOv5-style runs keep YOLOv5's files."""
+    from pathlib import Path
+
+    from ppmulti.rank.engine.checkpoint import WEIGHTS, copy_checkpoint
+
+    last = Path(run_dir) / "weights" / "last"
+    if Path(str(last) + WEIGHTS).is_file():
+        copy_checkpoint(last, Path(run_dir) / FINAL, state=False)

@@ -75,7 +75,7 @@ class ConsoleLogHook(Hook):
         msg = (f"epoch {stats.epoch + 1} done in {stats.seconds:.1f}s, {stats.images_per_s:.2f} img/s, "
                + " ".join(f"{k}={v:.4f}" for k, v in stats.losses.items()))
         if stats.metrics:
-            msg += f"; bbox mAP50={stats.metrics['mAP50']:.4f} mAP50-95={stats.metrics['mAP50_95']:.4f}"
+            msg += "; " + metrics_label(stats.metrics)
         if getattr(stats, "amp", None):
             msg += f"; AMP skipped {stats.amp['skipped_steps']} steps, loss scale {stats.amp['loss_scale']:g}"
         log.info(msg)
@@ -91,3 +91,11 @@ class ConsoleLogHook(Hook):
         if self.bars is not None:
             self.bars.__exit__(None, None, None)
             self.bars = None
+
+
+def metrics_label(metrics: dict) -> str:
+    """The epoch line's mAPs, each named by what computed it (evaluator.EvalResult's ``metric``)."""
+    m50, m50_95 = metrics["mAP50"], metrics["mAP50_95"]
+    if metrics.get("metric") == "VOC":
+        return f"VOC bbox mAP50={m50:.4f} (ppdet's DetectionMAP) mAP50-95={m50_95:.4f} (YOLOv5's)"
+    return f"COCO bbox mAP50={m50:.4f} mAP50-95={m50_95:.4f} (pycocotools)"

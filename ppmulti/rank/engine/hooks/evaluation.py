@@ -8,9 +8,10 @@ from ppmulti.rank.engine.hooks.base import Hook
 
 
 class EvaluationHook(Hook):
-    """Scores the model with COCO mAP when ``--eval`` asks for it every ``snapshot_epoch`` epochs, and always
-    after the last epoch; fills ``stats.metrics`` (and rank 0's ``stats.pr_curve``) for the hooks after it
-    and keeps ``trainer.last_metrics`` for metrics.json. No state of its own to resume."""
+    """Scores the model with the config's metric (COCO or VOC mAP) when ``--eval`` asks for it every
+    ``snapshot_epoch`` epochs, and always after the last epoch; fills ``stats.metrics`` (and rank 0's
+    ``stats.pr_curve``) for the hooks after it and keeps ``trainer.last_metrics`` for metrics.json. No state of
+    its own to resume."""
 
     priority = 30   # after the EMA update, before early stop and the checkpoint that keeps the best weights
 
@@ -44,10 +45,10 @@ class EvaluationHook(Hook):
     def evaluate(self, trainer):
         """Score the inference weights (EMA's when on) and put the trained weights back; rank 0 prints YOLOv5's
         table as ``self.table`` asks (CocoEvaluator.table)."""
-        from ppmulti.rank.engine.evaluator import CocoEvaluator
+        from ppmulti.rank.engine.evaluator import make_evaluator
 
         if self.evaluator is None:
-            self.evaluator = CocoEvaluator(trainer.cfg, worker_num=trainer.cfg.get("worker_num", 0))
+            self.evaluator = make_evaluator(trainer.cfg, worker_num=trainer.cfg.get("worker_num", 0))
         self.evaluator.table = getattr(self, "table", "all")
         self.evaluator.keep_batches = 0 if getattr(trainer.opts, "noplots", False) else 3   # val_batch*.jpg
         model = trainer.model
