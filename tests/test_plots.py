@@ -154,3 +154,20 @@ def test_two_rank_training_writes_plots_plain_lines_and_visualdl(two_rank_run, s
     assert int(table.group(1)) == len(val["images"]) == 16
     assert int(table.group(2)) == len(val["annotations"])
     assert 0 <= metrics["precision"] <= 1 and 0 <= metrics["recall"] <= 1
+
+
+def test_a_mosaic_draws_boxes_an_untrained_head_gives(tmp_path):
+    """Boxes turned inside out, far outside the image or not finite (an untrained YOLO26 head gives all three) are
+    drawn within their tile or left out: not a ValueError from PIL, nor a huge rectangle drawn for minutes."""
+    from PIL import Image
+
+    from ppmulti.rank.engine.pictures import Batch, draw_mosaic
+
+    images = np.zeros((2, 64, 64, 3), dtype=np.uint8)
+    boxes = [np.array([[0, 50, 40, 10, 20, 0.9],             # x2 < x1, y2 < y1
+                       [1, -1e9, -1e9, 1e9, 1e9, 0.8],        # far outside
+                       [2, np.nan, 0, np.inf, 10, 0.7]]),     # not finite
+             np.zeros((0, 6))]
+    draw_mosaic(Batch(images, boxes, ["a.jpg", "b.jpg"]), ["r", "e", "t"], tmp_path / "m.jpg")
+    picture = np.asarray(Image.open(tmp_path / "m.jpg"))
+    assert picture[:64, :64].any()   # the first two boxes were drawn in the first tile

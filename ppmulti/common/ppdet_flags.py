@@ -37,12 +37,10 @@ def refuse(why: str) -> Use:
 
 TOOL = Use("tool")
 
-SLIM = refuse("PaddleSlim's quantization-aware training, pruning and distillation wrap PaddleDetection's own Trainer; "
-              "ppmulti's trainer does not build them: run PaddleDetection's tools for a slim model")
-SLICE = refuse("sliced inference for small objects (ppdet's slice_infer) is not implemented in ppmulti; "
-               "evaluate or infer on whole images")
-NOT_VDL_IMAGES = refuse("PaddleDetection logs the drawn images to VisualDL; ppmulti writes them as PNGs to "
-                        "--output_dir")
+SLIM = refuse("PaddleSlim's compression wraps PaddleDetection's own Trainer: run PaddleDetection's tools for a slim "
+              "model")
+SLICE = refuse("sliced inference (ppdet's slice_infer) is not implemented; use whole images")
+NOT_VDL_IMAGES = refuse("drawn images go to --output_dir as PNGs, not to VisualDL")
 
 
 @dataclass(frozen=True)
@@ -100,8 +98,8 @@ FLAGS: tuple[Flag, ...] = (
          "print the AP of every category after the COCO summary (-o classwise)"),
     Flag(("--json_eval",), ANY, {"eval": refuse("re-scoring an existing bbox.json is not implemented; evaluate "
                                                 "the weights again")}, "refused: re-scoring bbox.json"),
-    Flag(("--bias",), ANY, {"eval": refuse("ppdet's +1 pixel width/height convention (VOC, keypoints); ppmulti "
-                                           "scores COCO boxes with pycocotools as they are")}, "refused"),
+    Flag(("--bias",), ANY, {"eval": refuse("ppdet's +1 pixel box convention; boxes are scored as "
+                                           "they are")}, "refused"),
     Flag(("--amp",), ANY, {"eval": refuse("evaluation runs in float32 (mixed precision is a training option, "
                                           "tools/train.py --amp)")}, "refused: evaluation runs in float32"),
     Flag(("--slice_infer",), ANY, {"eval": SLICE, "infer": SLICE}, "refused: sliced inference"),

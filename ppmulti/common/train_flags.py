@@ -69,9 +69,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="mixed precision: float16 on GPUs, bfloat16 convolutions on CPUs with AVX512-BF16/AMX; "
                         "default: the config's amp key (-o amp=true), on for --cfg/--data/--hyp runs on GPUs")
     p.add_argument("--callback", dest="callback", action="append", default=None, metavar="EVENT=MODULE:FUNCTION",
-                   help="call FUNCTION (importable from MODULE in every rank) at ultralytics' training event EVENT, "
-                        "e.g. --callback on_fit_epoch_end=my_callbacks:log_metrics; it gets the run's view "
-                        "(epoch, epochs, metrics, loss_items, rank, save_dir; set .stop to end the run); repeatable")
+                   help="FUNCTION(run) called in every rank at EVENT (ultralytics' names), e.g. "
+                        "on_fit_epoch_end=my_callbacks:log; repeatable")
     p.add_argument("--logger", dest="logger", action="extend", nargs="+", default=None,
                    metavar="NAME", help="where rank 0 logs the run: visualdl (default), tensorboard (tb), mlflow, "
                                         "comma-separated or several, e.g. --logger visualdl,tensorboard,mlflow; "

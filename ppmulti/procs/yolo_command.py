@@ -19,12 +19,9 @@ TOOL_SCRIPTS = {"eval": "eval.py", "detect": "detect.py", "export": "export.py"}
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("yolo", help="ultralytics' command line: ppmulti yolo detect train model=yolo11n.yaml "
                                     "data=coco8.yaml epochs=100 imgsz=640 device=0,1",
-                       description=f"{HELP}. Every key of ultralytics' cfg/default.yaml is taken: honoured as "
-                                   f"the matching ppmulti flag, or refused by name. batch is the global batch; "
-                                   f"device=0,1,2,3 starts one rank per GPU through ppmulti launch. cfg=FILE "
-                                   f"reads keys from a yaml; the line's own keys win.")
-    p.add_argument("words", nargs=argparse.REMAINDER, metavar="[TASK] MODE key=value",
-                   help="e.g. detect train model=yolo11n.yaml data=data.yaml epochs=3 imgsz=320 batch=16")
+                       description=f"ultralytics' command line: {HELP}; cfg=FILE reads keys from a yaml.")
+    p.add_argument("words", nargs="*", metavar="[TASK] MODE key=value",
+                   help="e.g. train model=yolo11n.yaml data=data.yaml")
     p.set_defaults(func=run)
 
 

@@ -227,7 +227,10 @@ def draw_boxes(img, detections: list[dict], catid2name: dict) -> None:
     draw = ImageDraw.Draw(img)
     for det in detections:
         x, y, w, h = det["bbox"]
-        x, y, w, h = min(x, x + w), min(y, y + h), abs(w), abs(h)   # a box the model turned inside out
+        # a box the model turned inside out, or far outside the image (an untrained head): drawn within the image
+        x1, x2 = sorted((min(max(x, 0), img.width), min(max(x + w, 0), img.width)))
+        y1, y2 = sorted((min(max(y, 0), img.height), min(max(y + h, 0), img.height)))
+        x, y, w, h = x1, y1, x2 - x1, y2 - y1
         color = PALETTE[int(det["category_id"]) % len(PALETTE)]
         draw.rectangle([x, y, x + w, y + h], outline=color, width=2)
         label = f"{catid2name.get(det['category_id'], det['category_id'])} {det['score']:.2f}"

@@ -83,7 +83,11 @@ def draw_mosaic(batch: Batch, names: list[str], path: str | os.PathLike, conf_th
             if not np.isnan(conf) and conf <= conf_thres:
                 continue
             c = int(cls)
-            x1, x2, y1, y2 = min(x1, x2), max(x1, x2), min(y1, y2), max(y1, y2)   # a box the model turned inside out
+            # a box the model turned inside out, or far outside the image (an untrained head): drawn within its tile
+            x1, x2 = np.clip(sorted((x1, x2)), 0, w)
+            y1, y2 = np.clip(sorted((y1, y2)), 0, h)
+            if not np.isfinite([x1, x2, y1, y2]).all():
+                continue
             box = [x0 + x1 * scale, y0 + y1 * scale, x0 + x2 * scale, y0 + y2 * scale]
             draw.rectangle(box, outline=color(c), width=line)
             text = names[c] if 0 <= c < len(names) else str(c)
