@@ -167,8 +167,9 @@ def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
     assert (run / "weights" / "best.pdparams").is_file() and (run / "results.csv").is_file()
     assert json.loads(proc.stdout.strip().splitlines()[-1])["run_dir"] == "runs/detect/train"
-    assert "--hyp <dfl=2, lr0=0.02>" in proc.stderr and "YOLO26n summary" in proc.stderr
-    assert "close_mosaic: mosaic and mixup off for the last 1 epochs" in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "--hyp <dfl=2, lr0=0.02>" in out and "YOLO26n summary" in out
+    assert "close_mosaic: mosaic and mixup off for the last 1 epochs" in out
     best = "runs/detect/train/weights/best.pdparams"
     proc = _ppmulti_yolo("val", f"model={best}", "data=data/data.yaml", "imgsz=64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
