@@ -48,6 +48,13 @@ def test_a_callback_the_ranks_cannot_import_is_refused_in_one_line(func, message
     assert "\n" not in str(exc.value)
 
 
+def test_predict_names_a_source_that_is_not_there(tmp_path):
+    from ppmulti import YOLO
+
+    with pytest.raises(UserError, match="no such image or folder"):
+        YOLO("best.pdparams").predict(tmp_path / "nothing.jpg")
+
+
 @pytest.mark.parametrize("text,message", [
     ("on_fit_epoch_end=no_such_module_x:f", "cannot import no_such_module_x"),
     ("on_fit_epoch_end=yolo_callbacks:nothing", "yolo_callbacks has no nothing"),

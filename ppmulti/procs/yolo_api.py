@@ -148,6 +148,9 @@ class YOLO:
     def predict(self, source: str | os.PathLike, **kwargs: Any) -> list[Results]:
         """ultralytics' ``predict(source, conf=..., iou=...)``: one Results per image (boxes xyxy in pixels, conf,
         cls). Pictures and labels are kept in runs/detect/predict only with ``save=True``."""
+        if not Path(source).exists():
+            raise UserError(f"predict({str(source)!r}): no such image or folder (videos, streams and globs: "
+                            f"ppmulti yolo predict source=...)")
         save = bool(kwargs.pop("save", False))
         with tempfile.TemporaryDirectory(prefix="ppmulti-predict-") as tmp:
             if not save:
