@@ -291,7 +291,8 @@ def test_zero_dim_fixes_are_due_from_paddle_2_5(unfixed, unfixed_0d, monkeypatch
     assert compat.apply_ppdet_fixes() == ["TaskAlignedAssigner.forward", "ATSSAssigner.forward", "ops.multiclass_nms",
                                           "RPNHead._gen_proposal", "SSDLoss._mine_hard_example",
                                           "gfocal_loss.quality_focal_loss", "MSDeformableAttention.forward",
-                                          "get_contrastive_denoising_training_group"]
+                                          "get_contrastive_denoising_training_group", "ops.prior_box",
+                                          "ops.matrix_nms"]
     assert RPNHead._gen_proposal.__wrapped__ is unfixed_0d
 
 

@@ -51,6 +51,7 @@ import shutil
 import signal
 import socket
 import sys
+import re
 import tempfile
 import time
 from dataclasses import replace
@@ -393,6 +394,11 @@ def _report_interrupt(plan: LaunchPlan, launch_dir: str, signum: int, command: l
 MEMORY_ERRORS = ("memoryerror", "out of memory", "resourceexhausted", "cannot allocate memory")
 
 
+def _without_rank(cause: str | None) -> str | None:
+    """A failure's text without the rank numbers it names: the same error on every rank reads the same."""
+    return None if cause is None else re.sub(r"\brank \d+", "rank", cause)
+
+
 def restart_could_help(watch: "_RankWatch", launch_dir: str) -> bool:
     """Whether starting the ranks again could get past this failure: a rank killed by a signal (the out-of-memory
     killer), one that died of a fatal signal, lost a peer (gloo/NCCL connection errors) or ran out of memory, or a
@@ -504,12 +510,13 @@ def _run_claimed(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, 
                 return UserError.exit_code
             cause = dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause()
             helps = restart_could_help(watch, launch_dir)
-            if attempt < restarts and not (cause == last_cause and not helps):
+            same = _without_rank(cause) == _without_rank(last_cause)   # every rank fails alike; which is first varies
+            if attempt < restarts and not (same and not helps):
                 _log(f"{cause}; restarting every rank ({attempt + 1} of {restarts} restarts), "
                      f"training resumes from its last checkpoint", out)
                 last_cause = cause
                 continue
-            if cause == last_cause and not helps:
+            if same and not helps:
                 _log(f"giving up after {attempt} restart(s): {cause}; the same error as the last attempt, before any "
                      f"training step ended (a restart cannot fix it)", out)
             elif restarts:

@@ -260,15 +260,19 @@ def export_model(cfg, model, output_dir: str) -> Path:
     write it (``write_legacy_program``), so that PaddleDetection release/2.6's deploy/python/infer.py finds it."""
     import copy
 
-    from ppmulti.rank.compat import exported_program_name, paddle3
+    from ppmulti.rank.compat import LEGACY_PROGRAM_ARCHITECTURES, exported_program_name, paddle3
 
-    legacy = copy.deepcopy(model) if paddle3() else None   # to_static converts the layer it is given in place
+    tried = paddle3() and cfg.get("architecture") in LEGACY_PROGRAM_ARCHITECTURES
+    legacy = copy.deepcopy(model) if tried else None   # to_static converts the layer it is given in place
     dst = _ppdet_export(cfg, model, output_dir)
     for name in (exported_program_name(), "model.pdiparams"):
         if not (dst / name).is_file():
             raise RuntimeError(f"export finished but {dst / name} is missing")
     if legacy is not None:
         write_legacy_program(cfg, legacy, dst)
+    elif paddle3():
+        log.info("model.pdmodel not written: Paddle %s writes %s only as model.json, which serves Paddle Inference 3 "
+                 "and PaddleDetection develop's deploy, not release/2.6's", _paddle_version(), cfg.get("architecture"))
     return dst
 
 
