@@ -60,10 +60,6 @@ def test_config_builds_and_runs(path):
     size = 128
     cfg = config_mod.load(path, [f"eval_height={size}", f"eval_width={size}", "pretrain_weights=''"])
     assert cfg["filename"] == path.stem
-    loss = dict(cfg.get(cfg.architecture) or {}).get("loss")
-    if cfg.architecture == "UltraYOLO" and isinstance(loss, str) and loss not in cfg:
-        # UltraYOLO's losses (UltraDetectionLoss, UltraE2ELoss) come with the ultra-loss branch
-        pytest.skip(f"{loss} is not registered on this branch")
     paddle.set_device("cpu")
     paddle.seed(0)
     model = create(cfg.architecture)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-paddle = pytest.importorskip("paddle")
+import paddle  # noqa: E402 (installed with ppmulti)
 
 from ppmulti.rank.models.ultra_assign import (TaskAlignedAssigner, bbox2dist, bbox_ciou_xyxy,  # noqa: E402
                                               dist2bbox, make_anchors)
@@ -22,7 +22,7 @@ sys.path.insert(0, str(FIXTURES))
 from ultra_loss_cases import STRIDES, case, e2e_case  # noqa: E402
 
 # Measured with ultralytics 8.4.190 and torch 2.14.1 on CPU:
-#   /work/venvs/ultra-ref-loss/bin/python tests/fixtures/ultra_loss_reference.py > tests/fixtures/ultra_loss_golden.json
+#   python tests/fixtures/ultra_loss_reference.py > tests/fixtures/ultra_loss_golden.json (torch + ultralytics venv)
 GOLDEN = json.loads((FIXTURES / "ultra_loss_golden.json").read_text())
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-paddle = pytest.importorskip("paddle")
+import paddle  # noqa: E402 (installed with ppmulti)
 
 from ppmulti.common.errors import UserError  # noqa: E402
 from ppmulti.common.paths import CONFIGS  # noqa: E402
@@ -411,8 +411,7 @@ def test_val_reads_an_ultralytics_pt(tmp_path):
 def test_onnx_export_runs_in_onnxruntime_as_in_paddle(tmp_path):
     """tools/export.py --format onnx's path on YOLO11n (NMS in the graph; and left out with a dynamic batch) and
     YOLO26n (its top-k in the graph): onnxruntime gives Paddle's predictor's outputs."""
-    pytest.importorskip("paddle2onnx")
-    onnxruntime = pytest.importorskip("onnxruntime")
+    import onnxruntime   # the export extra, in the default install (setup.py) where paddle2onnx has a release
     from paddle import inference
 
     from ppmulti.rank import compat

@@ -141,7 +141,7 @@ def pt_model(args: argparse.Namespace, path: Path) -> EvalModel:
     and caches the conversion beside it (ppmulti/rank/models/convert.py)."""
     from ppmulti.rank.engine.pretrained import _own_anchors
     from ppmulti.rank.models.convert import read_pt
-    from ppmulti.rank.yolo_config import model_names, resolve_cfg
+    from ppmulti.rank.yolo_config import model_names
 
     from ppmulti.common import torchpt
     from ppmulti.rank.models import ultra_convert
@@ -155,11 +155,9 @@ def pt_model(args: argparse.Namespace, path: Path) -> EvalModel:
     if nc is None and head is not None:
         nc = int(head.shape[0]) // YOLOV5_ANCHORS_PER_LEVEL - 5
     names = read.names if read.names and len(read.names) == nc else None
-    if args.config:
-        return EvalModel(args.config, str(path), nc, from_pt=True)
-    if args.cfg:
-        choice = resolve_cfg(args.cfg)
-        return EvalModel(choice.config, str(path), nc, dict(choice.overrides), names=names, from_pt=True)
+    given = _given_model(args, path, nc, names)
+    if given is not None:
+        return given
     if read.cfg is None:
         raise UserError(f"--weights {args.weights}: its model is not a YOLOv5 v6/v7 n/s/m/l/x (the checkpoint "
                         f"holds no model yaml of those sizes); pass --cfg MODEL.yaml")
@@ -172,18 +170,28 @@ def pt_model(args: argparse.Namespace, path: Path) -> EvalModel:
                           f"{', its own anchors' if anchors is not None else ''})")
 
 
-def _ultra_pt_model(args: argparse.Namespace, path: Path, read) -> EvalModel:
-    """An ultralytics .pt (YOLOv8/11/26; its ema first, as ultralytics' val loads it): -c or --cfg when given,
-    else the shipped config of its family with the model description, classes and names it holds."""
-    from ppmulti.rank.yolo_config import model_names, resolve_cfg
+def _given_model(args: argparse.Namespace, path: Path, nc, names) -> EvalModel | None:
+    """A .pt's model as -c or --cfg names it, when one of them is given."""
+    from ppmulti.rank.yolo_config import resolve_cfg
 
-    nc = read.num_classes
-    names = read.names if read.names and len(read.names) == nc else None
     if args.config:
         return EvalModel(args.config, str(path), nc, from_pt=True)
     if args.cfg:
         choice = resolve_cfg(args.cfg)
         return EvalModel(choice.config, str(path), nc, dict(choice.overrides), names=names, from_pt=True)
+    return None
+
+
+def _ultra_pt_model(args: argparse.Namespace, path: Path, read) -> EvalModel:
+    """An ultralytics .pt (YOLOv8/11/26; its ema first, as ultralytics' val loads it): -c or --cfg when given,
+    else the shipped config of its family with the model description, classes and names it holds."""
+    from ppmulti.rank.yolo_config import model_names
+
+    nc = read.num_classes
+    names = read.names if read.names and len(read.names) == nc else None
+    given = _given_model(args, path, nc, names)
+    if given is not None:
+        return given
     family = "yolo26" if read.yaml.get("end2end") else "yolo11"
     config = model_names()[read.cfg] if read.cfg else model_names()[f"{family}n"]
     # the checkpoint's own description (a custom layout builds as saved); its scale is in its yaml or file name

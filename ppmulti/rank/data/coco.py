@@ -305,23 +305,33 @@ def json_cache_path(anno: str) -> Path:
     return shm.user_cache_dir() / "scan" / f"{p.stem}-{digest}{SUFFIX}"
 
 
-_REGISTERED = None
+_REGISTERED: dict[str, type] = {}
+
+
+def register_dataset(name: str, make) -> type:
+    """Register the dataset class ``make()`` builds with ppdet (workspace and ``ppdet.data.source``) as ``name``,
+    once per process."""
+    if name not in _REGISTERED:
+        import ppdet.data.source as source
+
+        _REGISTERED[name] = make()
+        setattr(source, name, _REGISTERED[name])
+    return _REGISTERED[name]
+
+
+def swap_dataset(cfg, ppdet_name: str, name: str) -> None:
+    """A config's ``ppdet_name`` train and eval sections read through ``name`` (the same arguments)."""
+    for section in ("TrainDataset", "EvalDataset"):
+        node = cfg.get(section)
+        if node is not None and dict(node).get("name") == ppdet_name:
+            node["name"] = name
 
 
 def register_source():
-    """Register ``CachedCOCODataSet`` with ppdet (workspace and ``ppdet.data.source``), once per process."""
-    global _REGISTERED
-    if _REGISTERED is None:
-        import ppdet.data.source as source
-
-        _REGISTERED = _dataset_class()
-        setattr(source, NAME, _REGISTERED)
-    return _REGISTERED
+    """Register ``CachedCOCODataSet`` with ppdet, once per process."""
+    return register_dataset(NAME, _dataset_class)
 
 
 def swap_in(cfg) -> None:
-    """A config's COCODataSet train and eval sections read through the cache (the same arguments)."""
-    for section in ("TrainDataset", "EvalDataset"):
-        node = cfg.get(section)
-        if node is not None and dict(node).get("name") == "COCODataSet":
-            node["name"] = NAME
+    """A config's COCODataSet train and eval sections read through the cache."""
+    swap_dataset(cfg, "COCODataSet", NAME)

@@ -9,7 +9,7 @@ import os
 import xml.etree.ElementTree as ET
 
 from ppmulti.common.errors import UserError
-from ppmulti.rank.data.coco import ScanNotes, check_records, report
+from ppmulti.rank.data.coco import ScanNotes, check_records, register_dataset, report, swap_dataset
 
 log = logging.getLogger("ppmulti")
 
@@ -95,23 +95,11 @@ def _dataset_class():
     return CheckedVOCDataSet
 
 
-_REGISTERED = None
-
-
 def register_source():
-    """Register ``CheckedVOCDataSet`` with ppdet (workspace and ``ppdet.data.source``), once per process."""
-    global _REGISTERED
-    if _REGISTERED is None:
-        import ppdet.data.source as source
-
-        _REGISTERED = _dataset_class()
-        setattr(source, NAME, _REGISTERED)
-    return _REGISTERED
+    """Register ``CheckedVOCDataSet`` with ppdet, once per process."""
+    return register_dataset(NAME, _dataset_class)
 
 
 def swap_in(cfg) -> None:
-    """A config's VOCDataSet train and eval sections read through the checks (the same arguments)."""
-    for section in ("TrainDataset", "EvalDataset"):
-        node = cfg.get(section)
-        if node is not None and dict(node).get("name") == "VOCDataSet":
-            node["name"] = NAME
+    """A config's VOCDataSet train and eval sections read through the checks."""
+    swap_dataset(cfg, "VOCDataSet", NAME)
