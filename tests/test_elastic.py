@@ -200,7 +200,7 @@ def test_run_elastic_repeats_rounds_and_gives_up_after_max_restarts(etcd):
                    "--rdzv-id", "retry", "--max_restarts", "2", "--host", "127.0.0.2")
     attempts = []
 
-    def fail(one, environ, out, launch_dir, k, interrupted, abort):
+    def fail(one, environ, out, launch_dir, k, launch, rdzv):
         attempts.append((k, one.nnodes, one.node_rank, one.master_addr))
         return 1
 

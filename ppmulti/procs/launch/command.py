@@ -182,7 +182,7 @@ def _launch(argv: list[str]) -> int:
                       resolve=resolve)
     if plan.node_rank == 0 and not ns.dry_run:   # node 0's rank 0 makes the run directory
         check_run_place(ns.script, ns.script_args)
-    return run(plan, dry_run=ns.dry_run, command=user_command(argv, sys.argv, os.environ))
+    return run(plan, dry_run=ns.dry_run, command=user_command(argv, sys.argv, os.environ)).exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ How. Every node talks to etcd's v3 JSON gateway over HTTP (``/v3/lease/grant``, 
 * ``run_dir``: the run directory a restart continues, for nodes that join later.
 * ``done``: the run finished; a later launch with the same job id is refused.
 
-Each round is an ordinary master-mode launch (``runner._run_once``: ppmulti's rendezvous, Paddle's launcher,
+Each round is an ordinary master-mode launch (``runner._attempt``: ppmulti's rendezvous, Paddle's launcher,
 the watchdog) with ``PPMULTI_RESTART=k``, so a training started by ppmulti resumes from its last checkpoint
 with the same effective batch on the new world size (``hooks/resume.py``). While a round runs, each node checks
 etcd every second and ends its launch when a member's lease is gone or a member is already waiting for the
@@ -50,9 +50,10 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 from ppmulti.common.errors import UserError
+from ppmulti.procs.launch.result import Launch, LaunchState
 
 LEASE_TTL = 10            # seconds a dead node stays a member; the time a survivor may wait for it to vanish
 DEFAULT_LAST_CALL = 30.0  # Paddle's --elastic_timeout default: how long the first round waits for more than MIN
@@ -374,66 +375,106 @@ def own_host(plan_host: str | None, etcd_host: str) -> str:
     return route.source if route is not None else "127.0.0.1"
 
 
-def run_elastic(plan, environ: dict[str, str], out: TextIO | None,
-                run_once: Callable[..., int]) -> int:
-    """Rounds of master-mode launches agreed through etcd until one ends well, the job is done elsewhere,
-    an interrupt, or ``--max_restarts`` rounds after the first have failed."""
-    from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT
+class EtcdRendezvous:
+    """The etcd rendezvous behind ``rendezvous.Rendezvous``: rounds agreed by leased membership, each round's nodes
+    then meeting as a fixed set (``rendezvous.NodeRendezvous``)."""
 
-    spec: Elastic = plan.elastic
-    etcd = Etcd(spec.etcd_host, spec.etcd_port, spec.endpoint_flag)
-    version = etcd.check()
-    host = own_host(plan.host, spec.etcd_host)
-    member = Membership(etcd, spec, host, plan.nproc_per_node)
+    def __init__(self, plan, environ: Mapping[str, str], out: TextIO | None, launch_dir: str):
+        from ppmulti.procs.launch.rendezvous import NodeRendezvous
+
+        spec: Elastic = plan.elastic
+        etcd = Etcd(spec.etcd_host, spec.etcd_port, spec.endpoint_flag)
+        version = etcd.check()
+        self.host = own_host(plan.host, spec.etcd_host)
+        self.member = Membership(etcd, spec, self.host, plan.nproc_per_node)
+        self.nodes = NodeRendezvous(environ)
+        self.launch_dir = launch_dir
+        self.next_number = self.member.latest_round() + 1
+        self.agreed: Round | None = None
+        self.rank: int | None = None
+        self.last_check = 0.0
+        _log(f"elastic: etcd {version} at {spec.endpoint}, job {spec.job!r}, {spec.min_nodes} to {spec.max_nodes} "
+             f"node(s); this node is {self.host}", out)
+
+    def next_round(self, plan, out: TextIO | None):
+        """The next agreed round this node is in, as its master-mode plan; None when the job finished elsewhere."""
+        from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT
+        from ppmulti.procs.launch.rendezvous import Agreed
+
+        agreed = self.member.agree(self.next_number, plan.rdzv_timeout, out)
+        if agreed is None:
+            _log("the job finished on the other nodes", out)
+            return None
+        self.agreed, self.next_number, self.last_check = agreed, agreed.number + 1, 0.0
+        self.member.share_run_dir(self.launch_dir)
+        self.rank = agreed.rank_of(self.member.node)
+        assert self.rank is not None
+        _log(f"elastic round {agreed.number}: node {self.rank} of {len(agreed.members)} "
+             f"({', '.join(agreed.hosts)}), {len(agreed.members) * plan.nproc_per_node} ranks", out)
+        one = replace(plan, elastic=None, nnodes=len(agreed.members), node_rank=self.rank,
+                      master_addr=agreed.hosts[0], master_port=plan.master_port or DEFAULT_MASTER_PORT,
+                      host=self.host, max_restarts=0)
+        return Agreed(agreed.number, one)
+
+    def meet(self, plan, listener, out: TextIO | None):
+        return self.nodes.meet(plan, listener, out)
+
+    def lost(self) -> str | None:
+        """Checked once a second: a member gone or waiting for the next round ends this one."""
+        if self.agreed is None or time.monotonic() - self.last_check < 1.0:
+            return None
+        self.last_check = time.monotonic()
+        try:
+            return self.member.lost(self.agreed)
+        except UserError:
+            return None   # etcd briefly unreachable: the training goes on; a lost node still fails it
+
+    def round_ended(self, ok: bool) -> None:
+        self.member.share_run_dir(self.launch_dir)
+        if ok and self.agreed is not None:
+            self.member.etcd.put(f"{self.member.root}finished/{self.agreed.number}/{self.member.node}", "1")
+            if self.rank == 0:
+                self.member.mark_done()
+
+    def close(self) -> None:
+        self.member.close()
+
+
+def run_elastic(plan, environ: dict[str, str], out: TextIO | None, run_once: Callable[..., int],
+                launch: Launch | None = None, launch_dir: str | None = None) -> int:
+    """Rounds of master-mode launches agreed through etcd until one ends well, the job is done elsewhere,
+    an interrupt, or ``--max_restarts`` rounds after the first have failed. ``run_once(plan, environ, out,
+    launch_dir, number, launch, rendezvous)`` runs one round."""
+    launch = launch or Launch()
+    own_dir = launch_dir is None
+    launch_dir = launch_dir or tempfile.mkdtemp(prefix="ppmulti-launch-")
     restarts = DEFAULT_ELASTIC_RESTARTS if plan.max_restarts is None else plan.max_restarts
-    _log(f"elastic: etcd {version} at {spec.endpoint}, job {spec.job!r}, {spec.min_nodes} to {spec.max_nodes} "
-         f"node(s); this node is {host}", out)
-    launch_dir = tempfile.mkdtemp(prefix="ppmulti-launch-")
-    interrupted: list[int] = []
-    k, failures = member.latest_round() + 1, 0
+    try:
+        rdzv = EtcdRendezvous(plan, environ, out, launch_dir)
+    except BaseException:
+        if own_dir:
+            shutil.rmtree(launch_dir, ignore_errors=True)
+        raise
     try:
         while True:
-            agreed = member.agree(k, plan.rdzv_timeout, out)
+            launch.to(LaunchState.RENDEZVOUS)
+            agreed = rdzv.next_round(plan, out)
             if agreed is None:
-                _log("the job finished on the other nodes", out)
                 return 0
-            k = agreed.number
-            member.share_run_dir(launch_dir)
-            rank = agreed.rank_of(member.node)
-            assert rank is not None
-            _log(f"elastic round {k}: node {rank} of {len(agreed.members)} "
-                 f"({', '.join(agreed.hosts)}), {len(agreed.members) * plan.nproc_per_node} ranks", out)
-            one = replace(plan, elastic=None, nnodes=len(agreed.members), node_rank=rank,
-                          master_addr=agreed.hosts[0], master_port=plan.master_port or DEFAULT_MASTER_PORT,
-                          host=host, max_restarts=0)
-            last_check = [0.0]
-
-            def abort(agreed: Round = agreed) -> str | None:
-                if time.monotonic() - last_check[0] < 1.0:
-                    return None
-                last_check[0] = time.monotonic()
-                try:
-                    return member.lost(agreed)
-                except UserError:
-                    return None   # etcd briefly unreachable: the training goes on; a lost node still fails it
-
-            rc = run_once(one, environ, out, launch_dir, k, interrupted, abort)
-            member.share_run_dir(launch_dir)
+            rc = run_once(agreed.plan, environ, out, launch_dir, agreed.number, launch, rdzv)
+            rdzv.round_ended(rc == 0)
             if rc == 0:
-                member.etcd.put(f"{member.root}finished/{k}/{member.node}", "1")
-                if rank == 0:
-                    member.mark_done()
-                _log(f"elastic round {k} finished", out)
+                _log(f"elastic round {agreed.number} finished", out)
                 return 0
-            if interrupted:
+            if launch.interrupted:
                 return rc
-            failures += 1
-            if failures > restarts:
+            if launch.restarts >= restarts:
                 _log(f"giving up after {restarts} restart(s) (--max_restarts)", out)
                 return rc
-            _log(f"elastic round {k} ended (exit code {rc}); the next round takes the nodes alive now, "
-                 f"training resumes from its last checkpoint ({failures} of {restarts} restarts)", out)
-            k += 1
+            launch.restart()
+            _log(f"elastic round {agreed.number} ended (exit code {rc}); the next round takes the nodes alive now, "
+                 f"training resumes from its last checkpoint ({launch.restarts} of {restarts} restarts)", out)
     finally:
-        member.close()
-        shutil.rmtree(launch_dir, ignore_errors=True)
+        rdzv.close()
+        if own_dir:
+            shutil.rmtree(launch_dir, ignore_errors=True)

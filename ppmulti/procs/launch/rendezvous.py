@@ -18,6 +18,12 @@ client's nonce, so that a node knows the answer came from node 0 of its run; eac
 connection first (no TIME_WAIT is left on node 0's port for a quick rerun). At the deadline node 0 names the
 node ranks (and under ``--ips`` their addresses) that never joined. Between the last join and the "go", node 0
 times each node's link (netcheck.py) unless the plan's ``network_check_mb`` is 0.
+
+One interface. ``Rendezvous`` is what the runner asks of a rendezvous, whichever it is: the world of the next
+start (``next_round``), the nodes' meeting before Paddle's launcher starts (``meet``), whether the running start
+must end because a node left (``lost``), and the end of a start (``round_ended``). ``NodeRendezvous`` here is the
+fixed set of nodes (``--nnodes N``); ``elastic.EtcdRendezvous`` agrees each round through etcd (``--nnodes
+MIN:MAX``) and then meets the round's nodes the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Mapping, TextIO
+from typing import Mapping, Protocol, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common.errors import UserError
@@ -405,3 +411,62 @@ def join_rendezvous(plan: LaunchPlan, out: TextIO | None = None, environ: Mappin
     if not reply.get("go"):
         raise RendezvousError(f"node 0 stopped the rendezvous: {reply.get('error', 'no reason given')}")
     _log(f"node {plan.node_rank}: all {plan.nnodes} nodes joined", out)
+
+
+# --- the one interface the runner talks to -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Agreed:
+    """One start of the ranks: its number (``PPMULTI_RESTART``) and this node's plan for it."""
+
+    number: int
+    plan: LaunchPlan
+
+
+class Rendezvous(Protocol):
+    """What the runner asks of a rendezvous (``NodeRendezvous``, ``elastic.EtcdRendezvous``)."""
+
+    def next_round(self, plan: LaunchPlan, out: TextIO | None) -> Agreed | None:
+        """The next start's world; None when the job finished elsewhere (nothing left to run)."""
+
+    def meet(self, plan: LaunchPlan, listener: socket.socket | None, out: TextIO | None) -> list[netcheck.Link]:
+        """The start's nodes meet before Paddle's launcher starts; the links the network check timed."""
+
+    def lost(self) -> str | None:
+        """Why the running start must end now (a node left), or None; polled while the ranks run."""
+
+    def round_ended(self, ok: bool) -> None:
+        """This node's ranks ended the start (``ok``: well)."""
+
+    def close(self) -> None:
+        """Leave the rendezvous."""
+
+
+class NodeRendezvous:
+    """The fixed set of nodes (``--nnodes N``): the same world every start, met by ``serve_rendezvous`` on node 0
+    and ``join_rendezvous`` on the others (nothing to meet on one node)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        self.environ = environ
+        self.number = 0
+
+    def next_round(self, plan: LaunchPlan, out: TextIO | None) -> Agreed:
+        agreed = Agreed(self.number, plan)
+        self.number += 1
+        return agreed
+
+    def meet(self, plan: LaunchPlan, listener: socket.socket | None, out: TextIO | None) -> list[netcheck.Link]:
+        if plan.rdzv_endpoint is None:
+            return []
+        if plan.node_rank == 0:
+            return serve_rendezvous(plan, listener, out, self.environ)  # type: ignore[arg-type]
+        join_rendezvous(plan, out, self.environ)
+        return []
+
+    def lost(self) -> str | None:
+        return None   # a fixed world: a node that dies takes the ranks' collectives down, the ranks then fail
+
+    def round_ended(self, ok: bool) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

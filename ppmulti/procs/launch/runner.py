@@ -56,7 +56,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Callable, Mapping, TextIO
+from typing import IO, Mapping, TextIO
 
 from ppmulti.common import envvars as E
 from ppmulti.common import heartbeat as heartbeat_record
@@ -72,7 +72,9 @@ from ppmulti.procs.launch.flags import describe, launch_env, to_paddle
 from ppmulti.procs.launch import netcheck
 from ppmulti.procs.launch.netcheck import ifname_env, route_interface
 from ppmulti.procs.launch.plan import LaunchPlan
-from ppmulti.procs.launch.rendezvous import RendezvousError, join_rendezvous, serve_rendezvous  # noqa: F401
+from ppmulti.procs.launch.rendezvous import NodeRendezvous, Rendezvous, RendezvousError  # noqa: F401
+from ppmulti.procs.launch.result import (RESULT_FILE, Launch, LaunchState, RankExit, RunResult, final_state,
+                                        signal_name)
 from ppmulti.procs.launch.watchdog import Watchdog, lost_a_peer
 
 def _log(msg: str, out: TextIO | None = None) -> None:
@@ -209,6 +211,7 @@ class _RankWatch:
     def __init__(self, directory: str):
         self.directory = directory
         self.first_gone: int | None = None
+        self.statuses: dict[int, RankExit] = {}   # what Linux said of a rank seen as a zombie, before Paddle reaped it
 
     def _marks(self) -> list[str]:
         """The marks in the launch directory; none if it is gone (removed from outside while the ranks run:
@@ -229,12 +232,22 @@ class _RankWatch:
         return ranks
 
     def poll(self) -> None:
+        """Note each rank's exit status while Linux still holds it, and the first rank gone."""
+        started = self.started()
+        for rank, pid in started.items():
+            if rank not in self.statuses:
+                status = zombie_status(pid)
+                if status is not None:
+                    self.statuses[rank] = status
+        self._first_gone(started)
+
+    def _first_gone(self, started: dict[int, int]) -> None:
         """Note the first rank gone. Several can vanish between two polls (a rank killed by a signal takes its
         peers' collectives down within milliseconds): one that lost a peer (its Python error says so, or it
         aborted in gloo) is a victim, so any other rank gone with it is named first."""
         if self.first_gone is None:
             mark = os.path.join(self.directory, "rank{}.{}")
-            gone = [r for r, pid in self.started().items()
+            gone = [r for r, pid in started.items()
                     if not alive(pid) and not os.path.exists(mark.format(r, "done"))
                     and not os.path.exists(mark.format(r, "stopped"))]
             if gone:
@@ -253,6 +266,31 @@ class _RankWatch:
                     continue
         return failed
 
+    def exits(self) -> dict[int, RankExit]:
+        """Each started rank's exit code or signal name: what Linux said, else what the rank's marks say (a rank
+        gone with no mark and no fatal-signal report was killed by SIGKILL, the one signal that leaves neither)."""
+        exits: dict[int, RankExit] = {}
+        for rank, pid in self.started().items():
+            if rank in self.statuses:
+                exits[rank] = self.statuses[rank]
+            elif not alive(pid):
+                exits[rank] = self._exit_from_marks(rank)
+        return exits
+
+    def _exit_from_marks(self, rank: int) -> RankExit:
+        mark = os.path.join(self.directory, f"rank{rank}.{{}}")
+        if os.path.exists(mark.format("done")):
+            return 0
+        if os.path.exists(mark.format("stopped")):
+            return "SIGTERM"
+        text = self.failed().get(rank)
+        if text is not None:
+            code = text[len("exited with code "):] if text.startswith("exited with code ") else ""
+            return int(code) if code.lstrip("-").isdigit() else 1   # a Python error (or exit("text")) exits 1
+        fatal = heartbeat_record.fatal(self.directory, rank) or ""
+        named = re.search(r"\b(SIG[A-Z]+)\b", fatal) or re.search(r"\b(Aborted|Segmentation fault)", fatal)
+        return {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV"}.get(named[1], named[1]) if named else "SIGKILL"
+
     def cause(self) -> str:
         failed = self.failed()
         rank = self.first_gone
@@ -269,6 +307,7 @@ class _RankWatch:
         return "the launcher failed before any rank started"
 
     def reset(self) -> None:
+        self.statuses = {}
         for name in self._marks():
             if name.startswith("rank"):
                 try:
@@ -276,6 +315,21 @@ class _RankWatch:
                 except OSError:
                     pass
         self.first_gone = None
+
+
+def zombie_status(pid: int) -> RankExit | None:
+    """A dead, not yet reaped process's exit code, or the name of the signal that killed it (``/proc/PID/stat``
+    field 52, Linux 3.5+); None while it runs or once gone. The ranks are Paddle's launcher's children, which
+    reaps them within a second: polled every 0.1 s, the runner sees most of them."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])
+    return signal_name(status & 0x7F) if status & 0x7F else status >> 8
 
 
 # --- where Paddle's logs go ------------------------------------------------------------------------------
@@ -452,8 +506,9 @@ def _shown(path: str | None) -> str | None:
 
 
 def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | None = None,
-        out: TextIO | None = None, command: list[str] | None = None) -> int:
-    """Execute a plan on this node; return the launch's exit code (``--dry-run``: print it, run nothing).
+        out: TextIO | None = None, command: list[str] | None = None) -> RunResult:
+    """Execute a plan on this node; return how it ended, also written to ``LOG_DIR/result.json`` (``--dry-run``:
+    print the plan, run nothing, write nothing).
 
     Restarts (``--max_restarts N``): Paddle 2.6 restarts workers only under an etcd master, so ppmulti does
     it here. When the launch fails (a rank raised, was killed, ran out of memory), every rank is stopped
@@ -468,7 +523,7 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
         plan = replace(plan, log_dir=log_dir)
     if dry_run:
         (out or sys.stdout).write(describe(plan, environ))
-        return 0
+        return RunResult(LaunchState.SUCCEEDED, 0)
     claimed, lock, note = claim_log_dir(plan.log_dir or launcher_spec().default_log_dir)
     if note:
         _log(note, out)
@@ -480,81 +535,124 @@ def run(plan: LaunchPlan, dry_run: bool = False, environ: Mapping[str, str] | No
             lock.close()
 
 
-def _run_claimed(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, command: list[str] | None) -> int:
-    """``run`` once the log directory is this launch's own."""
-    if plan.elastic is not None:   # --nnodes MIN:MAX on etcd: rounds agreed there, each one attempt (elastic.py)
-        from ppmulti.procs.launch.elastic import run_elastic
-
-        return run_elastic(plan, environ, out, attempt_once)
+def _run_claimed(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None,
+                 command: list[str] | None) -> RunResult:
+    """``run`` once the log directory is this launch's own: the starts of the ranks, then the result, kept
+    beside the logs however the launch ended."""
+    launch = Launch()
+    log_dir = plan.log_dir or launcher_spec().default_log_dir
     launch_dir = tempfile.mkdtemp(prefix="ppmulti-launch-")
-    watch = _RankWatch(launch_dir)
-    interrupted: list[int] = []
-    restarts = plan.max_restarts or 0
-    last_cause: str | None = None
     try:
-        for attempt in range(restarts + 1):
-            watch.reset()
-            dog = Watchdog(launch_dir, plan.hang_timeout, plan.node_rank, plan.nnodes, local_world=plan.nnodes == 1,
-                           log_dir=plan.log_dir)
-            try:
-                rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog)
-            finally:
-                _sweep_ranks(launch_dir, dog, out)
-            if interrupted:
-                return _report_interrupt(plan, launch_dir, interrupted[0], command, out)
-            if rc == 0:
-                return rc
-            if refused_at_start(watch.failed()):   # each rank said why in one line: nothing to add or restart
-                if plan.node_rank == 0:
-                    _drop_unstarted_run(launch_dir)
-                return UserError.exit_code
-            cause = dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause()
-            helps = restart_could_help(watch, launch_dir)
-            same = _without_rank(cause) == _without_rank(last_cause)   # every rank fails alike; which is first varies
-            if attempt < restarts and not (same and not helps):
-                _log(f"{cause}; restarting every rank ({attempt + 1} of {restarts} restarts), "
-                     f"training resumes from its last checkpoint", out)
-                last_cause = cause
-                continue
-            if same and not helps:
-                _log(f"giving up after {attempt} restart(s): {cause}; the same error as the last attempt, before any "
-                     f"training step ended (a restart cannot fix it)", out)
-            elif restarts:
-                _log(f"giving up after {restarts} restart(s): {cause}", out)
-            elif helps:
-                _log(f"{cause} (exit code {rc}); pass --max_restarts N to restart automatically", out)
-            else:
-                _log(f"{cause} (exit code {rc})", out)
-            return rc
-        return 1  # not reached: the loop returns
+        code = _starts(plan, environ, out, command, launch, launch_dir)
+    except UserError as exc:   # a port taken, a node missing: the command prints the line, the result keeps it
+        state = LaunchState.REFUSED if exc.exit_code == UserError.exit_code else LaunchState.FAILED
+        _keep(launch.end(state, exc.exit_code, str(exc)), log_dir, out)
+        raise
     finally:
         shutil.rmtree(launch_dir, ignore_errors=True)
+    result = launch.end(final_state(code, launch), code)
+    _keep(result, log_dir, out)
+    return result
 
 
-def attempt_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
-                 interrupted: list[int], abort: Callable[[], str | None] | None = None) -> int:
-    """One launch attempt of an elastic round: ``abort`` (polled while it runs) ends it early with its reason;
-    an interrupt says what was saved and returns 128 + the signal."""
+def _keep(result: RunResult, log_dir: str, out: TextIO | None) -> None:
+    try:
+        result.write(log_dir)
+    except OSError as exc:
+        _log(f"could not write {os.path.join(log_dir, RESULT_FILE)}: {exc.strerror or exc}", out)
+
+
+def _starts(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, command: list[str] | None,
+            launch: Launch, launch_dir: str) -> int:
+    """Start the ranks until they end well, an interrupt, or ``--max_restarts`` is used up; the exit code."""
+    if plan.elastic is not None:   # --nnodes MIN:MAX on etcd: rounds agreed there, each one start (elastic.py)
+        from ppmulti.procs.launch.elastic import run_elastic
+
+        return run_elastic(plan, environ, out, attempt_once, launch, launch_dir)
+    rdzv = NodeRendezvous(environ)
     watch = _RankWatch(launch_dir)
+    restarts = plan.max_restarts or 0
+    last_cause: str | None = None
+    while True:
+        launch.to(LaunchState.RENDEZVOUS if plan.rdzv_endpoint is not None else LaunchState.RUNNING)
+        agreed = rdzv.next_round(plan, out)
+        rc = _attempt(agreed.plan, environ, out, launch_dir, agreed.number, watch, launch, rdzv)
+        if launch.interrupted:
+            return _report_interrupt(plan, launch_dir, launch.signum or 0, command, out)
+        if rc == 0:
+            return rc
+        if refused_at_start(watch.failed()):   # each rank said why in one line: nothing to add or restart
+            launch.refused = True
+            if plan.node_rank == 0:
+                _drop_unstarted_run(launch_dir)
+                launch.run_dir = None
+            return UserError.exit_code
+        cause = launch.cause or ""
+        helps = restart_could_help(watch, launch_dir)
+        same = _without_rank(cause) == _without_rank(last_cause)   # every rank fails alike; which is first varies
+        if launch.restarts < restarts and not (same and not helps):
+            _log(f"{cause}; restarting every rank ({launch.restarts + 1} of {restarts} restarts), "
+                 f"training resumes from its last checkpoint", out)
+            last_cause = cause
+            launch.restart()
+            continue
+        _give_up(cause, rc, launch.restarts, restarts, same and not helps, helps, out)
+        return rc
+
+
+def _give_up(cause: str, rc: int, used: int, restarts: int, hopeless: bool, helps: bool, out: TextIO | None) -> None:
+    """The last line of a failed launch: why, and whether --max_restarts could help."""
+    if hopeless:
+        _log(f"giving up after {used} restart(s): {cause}; the same error as the last attempt, before any "
+             f"training step ended (a restart cannot fix it)", out)
+    elif restarts:
+        _log(f"giving up after {restarts} restart(s): {cause}", out)
+    elif helps:
+        _log(f"{cause} (exit code {rc}); pass --max_restarts N to restart automatically", out)
+    else:
+        _log(f"{cause} (exit code {rc})", out)
+
+
+def _attempt(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, number: int,
+             watch: "_RankWatch", launch: Launch, rdzv: Rendezvous) -> int:
+    """One start of this node's ranks; afterwards ``launch`` holds their exits, the run directory and, when it
+    failed, its cause."""
     watch.reset()
     dog = Watchdog(launch_dir, plan.hang_timeout, plan.node_rank, plan.nnodes, local_world=plan.nnodes == 1,
                    log_dir=plan.log_dir)
-    fired: list[str] = []
-
-    def stop_reason() -> str | None:
-        reason = abort() if abort is not None else None
-        if reason:
-            fired.append(reason)
-        return reason
-
     try:
-        rc = _run_once(plan, environ, out, launch_dir, attempt, watch, interrupted, dog, stop_reason)
+        rc = _run_once(plan, environ, out, launch_dir, number, watch, launch, dog, rdzv)
     finally:
         _sweep_ranks(launch_dir, dog, out)
-    if interrupted:   # an elastic job is started again by the same command on every node: no resume line
-        return _report_interrupt(plan, launch_dir, interrupted[0], None, out)
-    if rc != 0 and not fired:   # an abort has said why already
-        _log(dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause(), out)
+    launch.ranks = watch.exits()
+    launch.run_dir = _run_dir_of(launch_dir) or launch.run_dir
+    launch.hung = dog.fired is not None
+    if rc != 0:   # as the console says it; the result prefers the rendezvous's reason (Launch.end)
+        launch.cause = dog.explain_exit(watch.first_gone, watch.failed()) or watch.cause()
+    if launch.interrupted:
+        launch.cause = f"the launcher received {signal_name(launch.signum or 0)} and stopped the ranks"
+    return rc
+
+
+def _run_dir_of(launch_dir: str) -> str | None:
+    """The run directory the ranks noted in the launch directory (rundir.RUN_DIR_MARKER), absolute."""
+    try:
+        run_dir = open(os.path.join(launch_dir, RUN_DIR_MARKER)).read().strip()
+    except OSError:
+        return None
+    return os.path.abspath(run_dir) if run_dir else None
+
+
+def attempt_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
+                 launch: Launch, rdzv: Rendezvous) -> int:
+    """One start of an elastic round: ``rdzv.lost()`` (polled while it runs) ends it early with its reason;
+    an interrupt says what was saved and returns 128 + the signal."""
+    watch = _RankWatch(launch_dir)
+    rc = _attempt(plan, environ, out, launch_dir, attempt, watch, launch, rdzv)
+    if launch.interrupted:   # an elastic job is started again by the same command on every node: no resume line
+        return _report_interrupt(plan, launch_dir, launch.signum or 0, None, out)
+    if rc != 0 and not launch.abort_reason:   # an abort has said why already
+        _log(launch.cause or "", out)
     return rc
 
 
@@ -613,15 +711,10 @@ def _report_allreduce(plan: LaunchPlan, directory: str, links: list, rc: int, ou
 
 
 def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, launch_dir: str, attempt: int,
-              watch: _RankWatch, interrupted: list[int], dog: Watchdog,
-              abort: Callable[[], str | None] | None = None) -> int:
+              watch: _RankWatch, launch: Launch, dog: Watchdog, rdzv: Rendezvous) -> int:
     plan, listener = preflight(plan, out, restart=attempt > 0)
-    links: list = []
-    if plan.rdzv_endpoint is not None:
-        if plan.node_rank == 0:
-            links = serve_rendezvous(plan, listener, out, environ)  # type: ignore[arg-type]
-        else:
-            join_rendezvous(plan, out, environ)
+    links = rdzv.meet(plan, listener, out)
+    launch.to(LaunchState.RUNNING)
     if plan.check_network:   # the ranks all-reduce instead of training, then node 0 reports (netcheck.py)
         plan = netcheck.allreduce_plan(plan, os.path.join(launch_dir, "netcheck"))
         _log(f"node {plan.node_rank}: network check: every rank all-reduces {plan.network_check_mb:g} MB "
@@ -646,13 +739,12 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
     output.follow(child.stdout, child.stderr)
 
     def forward(signum: int) -> None:
-        if not interrupted:   # the ranks name this signal, not the SIGTERM Paddle's launcher stops them with
+        if launch.interrupt(signum):   # the ranks name this signal, not the SIGTERM Paddle's launcher stops them with
             try:
                 with open(os.path.join(launch_dir, SIGNALLED), "w") as f:
                     f.write(signal.Signals(signum).name + "\n")
             except (OSError, ValueError):
                 pass
-        interrupted.append(signum)
         child.signal(signum)
 
     try:
@@ -665,8 +757,9 @@ def _run_once(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, lau
                         _report_allreduce(plan, os.path.join(launch_dir, "netcheck"), links, exit_code(code), out)
                     return exit_code(code)
                 watch.poll()
-                reason = abort() if abort is not None else None
+                reason = rdzv.lost()
                 if reason:
+                    launch.abort_reason = reason
                     _log(f"{reason}; stopping this node's ranks", out)
                     supervisor.sweep(E.PPMULTI_LAUNCH_DIR, launch_dir)
                     child.stop()

@@ -1,0 +1,184 @@
+"""The launcher's states and its result (issue 47, item 4): the state object's moves, and ``LOG_DIR/result.json``
+after real two-rank CPU launches of tiny scripts that succeed, exit 3, are SIGKILLed, or whose launcher is
+SIGTERMed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ppmulti.procs.launch.rendezvous import Agreed, NodeRendezvous, Rendezvous
+from ppmulti.procs.launch.result import FINAL, MOVES, Launch, LaunchState, RunResult, final_state
+
+S = LaunchState
+
+
+# --- the state object ----------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_launch_that_restarts_once_then_succeeds():
+    clock = Clock()
+    launch = Launch(clock)
+    assert launch.state is S.INIT and not launch.interrupted
+    launch.to(S.RUNNING)
+    launch.cause = "rank 1 died without a Python error"
+    launch.hung = True
+    launch.restart()
+    assert (launch.state, launch.restarts, launch.hung) == (S.RESTARTING, 1, False)
+    launch.to(S.RUNNING)
+    launch.ranks = {0: 0, 1: 0}
+    clock.now = 112.5
+    result = launch.end(final_state(0, launch), 0)
+    assert result == RunResult(S.SUCCEEDED, 0, {0: 0, 1: 0}, 1, 12.5, None, None, None)
+    assert not result.failed
+
+
+def test_final_states_follow_what_the_launch_saw():
+    launch = Launch()
+    assert final_state(1, launch) is S.FAILED
+    launch.hung = True
+    assert final_state(1, launch) is S.HUNG
+    launch.refused = True
+    assert final_state(2, launch) is S.REFUSED
+    assert launch.interrupt(signal.SIGTERM) and not launch.interrupt(signal.SIGINT)   # the first one counts
+    assert final_state(143, launch) is S.INTERRUPTED
+    assert final_state(0, launch) is S.SUCCEEDED   # rank 0 had finished when the signal came
+    result = launch.end(S.INTERRUPTED, 143)
+    assert result.signal == "SIGTERM" and result.failed
+
+
+def test_moves_are_checked_and_final_states_are_final():
+    launch = Launch()
+    with pytest.raises(RuntimeError, match="INIT cannot move to RESTARTING"):
+        launch.to(S.RESTARTING)
+    with pytest.raises(RuntimeError, match="RUNNING is not a final state"):
+        launch.end(S.RUNNING, 0)
+    launch.end(S.FAILED, 1, "rank 0 failed: exited with code 3")
+    for state in LaunchState:
+        if state is not S.FAILED:
+            with pytest.raises(RuntimeError):
+                launch.to(state)
+    assert all(not MOVES[s] for s in FINAL) and {s for s in LaunchState if s.final} == FINAL
+
+
+def test_the_rendezvous_reason_is_the_cause_unless_the_end_gives_one():
+    launch = Launch()
+    launch.to(S.RENDEZVOUS)
+    launch.cause, launch.abort_reason = "rank 2 failed: exited with code 1", "node 1 (10.0.0.2) left"
+    assert launch.end(S.FAILED, 1).cause == "node 1 (10.0.0.2) left"
+    other = Launch()
+    other.abort_reason = "node 1 left"
+    assert other.end(S.FAILED, 1, "rendezvous timed out").cause == "rendezvous timed out"
+
+
+def test_result_json_is_plain_and_written_atomically(tmp_path):
+    result = RunResult(S.FAILED, 1, {1: "SIGKILL", 0: "SIGTERM"}, 2, 3.14159, "rank 1 died", "/runs/exp", None)
+    path = result.write(str(tmp_path / "log"))
+    assert Path(path) == tmp_path / "log" / "result.json"
+    assert json.loads(Path(path).read_text()) == {
+        "state": "FAILED", "exit_code": 1, "ranks": {"0": "SIGTERM", "1": "SIGKILL"}, "restarts": 2,
+        "duration": 3.142, "cause": "rank 1 died", "run_dir": "/runs/exp", "signal": None}
+    assert [p.name for p in (tmp_path / "log").iterdir()] == ["result.json"]   # no temporary file left
+
+
+def test_the_fixed_rendezvous_is_a_rendezvous():
+    from ppmulti.procs.launch.elastic import EtcdRendezvous
+    from ppmulti.procs.launch.plan import LaunchPlan
+
+    plan = LaunchPlan(script="train.py", nproc_per_node=2)
+    nodes: Rendezvous = NodeRendezvous({})
+    assert nodes.next_round(plan, None) == Agreed(0, plan) and nodes.next_round(plan, None).number == 1
+    assert nodes.meet(plan, None, None) == [] and nodes.lost() is None   # one node: nothing to meet
+    names = {"next_round", "meet", "lost", "round_ended", "close"}
+    assert names <= set(dir(NodeRendezvous)) and names <= set(dir(EtcdRendezvous))
+
+
+# --- real launches ---------------------------------------------------------------------------------------------
+SCRIPT = """\
+import os, signal, sys, time
+rank, mode = int(os.environ["RANK"]), sys.argv[1]
+if mode == "exit3" and rank == 1:
+    sys.exit(3)
+if mode == "kill" and rank == 1:
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode in ("exit3", "kill", "sleep"):
+    open(os.path.join(sys.argv[2], f"up{rank}"), "w").close()
+    time.sleep(60)
+"""
+
+
+def _launch(launches, tmp_path: Path, mode: str, *flags: str, env=None):
+    from launching import launch_env
+
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT)
+    return launches.start("--nproc_per_node", "2", "--device", "cpu", "--log_dir", str(tmp_path / "log"), *flags,
+                          str(script), mode, str(tmp_path), env=launch_env(**(env or {})))
+
+
+def _result(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "log" / "result.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_result_of_a_launch_that_succeeds(launches, tmp_path):
+    proc = _launch(launches, tmp_path, "ok")
+    assert launches.wait(proc, 60) == 0, launches.output(proc)[-2000:]
+    result = _result(tmp_path)
+    assert (result["state"], result["exit_code"], result["ranks"], result["restarts"]) == \
+        ("SUCCEEDED", 0, {"0": 0, "1": 0}, 0)
+    assert result["cause"] is None and result["signal"] is None and 0 < result["duration"] < 60
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_result_of_a_rank_that_exits_3(launches, tmp_path):
+    secret = "s3cr3t-value-of-the-environment"
+    proc = _launch(launches, tmp_path, "exit3", env={"PPMULTI_RDZV_TOKEN": secret})
+    code = launches.wait(proc, 60)
+    result = _result(tmp_path)
+    assert code != 0 and result["exit_code"] == code, launches.output(proc)[-2000:]
+    assert result["state"] == "FAILED" and result["ranks"]["1"] == 3 and result["restarts"] == 0
+    assert result["ranks"]["0"] in ("SIGTERM", -15), result   # Paddle stops the other rank
+    assert result["cause"] == "rank 1 failed: exited with code 3"
+    assert secret not in (tmp_path / "log" / "result.json").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_result_of_a_rank_sigkilled_on_every_start_counts_the_restarts(launches, tmp_path):
+    proc = _launch(launches, tmp_path, "kill", "--max_restarts", "1")
+    code = launches.wait(proc, 90)
+    text = launches.output(proc)
+    assert code != 0 and "1 of 1 restarts" in text, text[-2000:]
+    result = _result(tmp_path)
+    assert (result["state"], result["exit_code"], result["restarts"]) == ("FAILED", code, 1), result
+    assert result["ranks"]["1"] == "SIGKILL", result
+    assert result["cause"].startswith("rank 1 died"), result
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_result_of_a_launcher_sigtermed(launches, tmp_path):
+    proc = _launch(launches, tmp_path, "sleep")
+    deadline = time.time() + 45
+    while not all((tmp_path / f"up{r}").exists() for r in (0, 1)) and time.time() < deadline:
+        assert proc.poll() is None, launches.output(proc)[-2000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)   # to ppmulti only, as a scheduler would
+    assert launches.wait(proc, 45) == 128 + signal.SIGTERM
+    result = _result(tmp_path)
+    assert (result["state"], result["exit_code"], result["signal"]) == ("INTERRUPTED", 143, "SIGTERM"), result
+    assert set(result["ranks"]) == {"0", "1"} and "SIGTERM" in result["cause"]
