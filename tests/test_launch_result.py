@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -103,10 +104,42 @@ def test_the_fixed_rendezvous_is_a_rendezvous():
     assert names <= set(dir(NodeRendezvous)) and names <= set(dir(EtcdRendezvous))
 
 
+def test_a_launch_refused_before_any_rank_starts_keeps_its_line(tmp_path):
+    """In-process, nothing started: a named port that is taken is the command's one line, and the result's cause."""
+    from ppmulti.common.errors import UserError
+    from ppmulti.procs.launch.plan import LaunchPlan
+    from ppmulti.procs.launch.runner import run
+
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        plan = LaunchPlan(script="train.py", master_port=port, master_port_flag="--master_port",
+                          log_dir=str(tmp_path / "log"))
+        with pytest.raises(UserError) as refused:
+            run(plan, environ={})
+    result = _result(tmp_path)
+    assert (result["state"], result["exit_code"], result["cause"]) == ("REFUSED", 2, str(refused.value))
+    assert f"port {port}" in result["cause"] and result["ranks"] == {} and result["restarts"] == 0
+
+
+def test_a_dry_run_writes_no_result(tmp_path, capsys):
+    from ppmulti.procs.launch.plan import LaunchPlan
+    from ppmulti.procs.launch.runner import run
+
+    result = run(LaunchPlan(script="train.py", log_dir=str(tmp_path / "log")), dry_run=True, environ={})
+    assert (result.state, result.exit_code) == (S.SUCCEEDED, 0) and capsys.readouterr().out
+    assert not (tmp_path / "log" / "result.json").exists()
+
+
 # --- real launches ---------------------------------------------------------------------------------------------
 SCRIPT = """\
 import os, signal, sys, time
 rank, mode = int(os.environ["RANK"]), sys.argv[1]
+if mode == "ok" and rank == 0:   # as a ppmulti training notes its run directory for the launcher
+    from ppmulti.common.rundir import RUN_DIR_MARKER
+    with open(os.path.join(os.environ["PPMULTI_LAUNCH_DIR"], RUN_DIR_MARKER), "w") as f:
+        f.write("runs/train/exp")
 if mode == "exit3" and rank == 1:
     sys.exit(3)
 if mode == "kill" and rank == 1:
@@ -140,6 +173,7 @@ def test_result_of_a_launch_that_succeeds(launches, tmp_path):
     assert (result["state"], result["exit_code"], result["ranks"], result["restarts"]) == \
         ("SUCCEEDED", 0, {"0": 0, "1": 0}, 0)
     assert result["cause"] is None and result["signal"] is None and 0 < result["duration"] < 60
+    assert result["run_dir"] == str(tmp_path / "runs" / "train" / "exp")   # absolute: the ranks' cwd is the launch's
 
 
 @pytest.mark.slow
