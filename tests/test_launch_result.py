@@ -145,7 +145,9 @@ if mode == "exit3" and rank == 1:
 if mode == "kill" and rank == 1:
     time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGKILL)
-if mode in ("exit3", "kill", "sleep"):
+if mode == "stop" and rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+if mode in ("exit3", "kill", "sleep", "stop"):
     open(os.path.join(sys.argv[2], f"up{rank}"), "w").close()
     time.sleep(60)
 """
@@ -216,3 +218,13 @@ def test_result_of_a_launcher_sigtermed(launches, tmp_path):
     result = _result(tmp_path)
     assert (result["state"], result["exit_code"], result["signal"]) == ("INTERRUPTED", 143, "SIGTERM"), result
     assert set(result["ranks"]) == {"0", "1"} and "SIGTERM" in result["cause"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_result_of_a_launch_the_hang_watchdog_stopped(launches, tmp_path):
+    proc = _launch(launches, tmp_path, "stop", "--hang-timeout", "2")
+    code = launches.wait(proc, 60)
+    result = _result(tmp_path)
+    assert (result["state"], result["exit_code"]) == ("HUNG", code) and code != 0, launches.output(proc)[-2000:]
+    assert result["cause"].startswith("hang: rank 1 on node 0 made no progress for 2s"), result
