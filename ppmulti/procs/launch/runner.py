@@ -36,6 +36,13 @@ Restarts and the hint. After a failure the launcher suggests ``--max_restarts N`
 past it (``restart_could_help``): not after a Python error that came before the first training step ended, which a
 restart meets again; with ``--max_restarts`` such an error seen twice in a row ends the restarts.
 
+States and result. A ``result.Launch`` holds where the launch is (``LaunchState``: INIT, RENDEZVOUS, RUNNING,
+RESTARTING, then SUCCEEDED, FAILED, HUNG, REFUSED or INTERRUPTED), the signal forwarded and the last start's rank
+exits; ``run`` returns the frozen ``RunResult`` and writes it to ``LOG_DIR/result.json`` however the launch ends
+(a UserError too; not ``--dry-run``), for schedulers and CI. The exit code is the one the launch always had. The
+nodes meet through one ``rendezvous.Rendezvous``: ``NodeRendezvous`` for a fixed ``--nnodes``, etcd's for
+``--nnodes MIN:MAX`` (elastic.py).
+
 Output. The launcher's stdout and stderr come through ``console.LauncherOutput``: Paddle's chatter is kept in
 ``LOG_DIR/launcher.log`` and off the console (``--verbose`` shows it), environment values are hidden, and the
 environment dumps Paddle leaves in LOG_DIR are scrubbed after every attempt.
@@ -548,6 +555,11 @@ def _run_claimed(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None,
         state = LaunchState.REFUSED if exc.exit_code == UserError.exit_code else LaunchState.FAILED
         _keep(launch.end(state, exc.exit_code, str(exc)), log_dir, out)
         raise
+    except KeyboardInterrupt:   # Ctrl-C before Paddle's launcher started (signals are forwarded only after)
+        launch.interrupt(signal.SIGINT)
+        _keep(launch.end(LaunchState.INTERRUPTED, 128 + signal.SIGINT, "SIGINT before any rank started"), log_dir,
+              out)
+        raise
     finally:
         shutil.rmtree(launch_dir, ignore_errors=True)
     result = launch.end(final_state(code, launch), code)
@@ -570,6 +582,15 @@ def _starts(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, comma
 
         return run_elastic(plan, environ, out, attempt_once, launch, launch_dir)
     rdzv = NodeRendezvous(environ)
+    try:
+        return _fixed_starts(plan, rdzv, environ, out, command, launch, launch_dir)
+    finally:
+        rdzv.close()
+
+
+def _fixed_starts(plan: LaunchPlan, rdzv: Rendezvous, environ: dict[str, str], out: TextIO | None,
+                  command: list[str] | None, launch: Launch, launch_dir: str) -> int:
+    """The same world on every start, restarted whole under ``--max_restarts`` where a restart could help."""
     watch = _RankWatch(launch_dir)
     restarts = plan.max_restarts or 0
     last_cause: str | None = None
@@ -577,6 +598,7 @@ def _starts(plan: LaunchPlan, environ: dict[str, str], out: TextIO | None, comma
         launch.to(LaunchState.RENDEZVOUS if plan.rdzv_endpoint is not None else LaunchState.RUNNING)
         agreed = rdzv.next_round(plan, out)
         rc = _attempt(agreed.plan, environ, out, launch_dir, agreed.number, watch, launch, rdzv)
+        rdzv.round_ended(rc == 0)
         if launch.interrupted:
             return _report_interrupt(plan, launch_dir, launch.signum or 0, command, out)
         if rc == 0:
