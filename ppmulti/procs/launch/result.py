@@ -19,8 +19,9 @@ import json
 import os
 import signal
 import time
+from types import MappingProxyType
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ppmulti.common.atomic import atomic_write_text
 
@@ -99,14 +100,13 @@ class RunResult:
 
 class Launch:
     """The launch's state while it runs: what the runner's mutable cells held (the signal forwarded, the abort
-    reason, the attempt), each move checked against ``MOVES``."""
+    reason), the restarts used and the last start's rank exits, each move of ``state`` checked against ``MOVES``."""
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self.started = clock()
         self.state = LaunchState.INIT
-        self.attempt = 0               # 0 for the first start, k for the k-th restart (PPMULTI_RESTART)
-        self.signum: int | None = None  # the first signal the launcher received and forwarded
+        self.signum: int | None = None         # the first signal the launcher received and forwarded
         self.abort_reason: str | None = None   # why the rendezvous ended the running attempt (a node left)
         self.hung = False                      # the hang watchdog stopped this attempt's ranks
         self.refused = False                   # every rank refused its input before training started
@@ -146,8 +146,8 @@ class Launch:
         if cause is not None:
             self.cause, self.abort_reason = cause, None
         cause = None if state is LaunchState.SUCCEEDED else (self.abort_reason or self.cause)
-        return RunResult(state, exit_code, dict(self.ranks), self.restarts, self._clock() - self.started, cause,
-                         self.run_dir,
+        return RunResult(state, exit_code, MappingProxyType(dict(self.ranks)), self.restarts,
+                         self._clock() - self.started, cause, self.run_dir,
                          signal_name(self.signum) if self.signum is not None else None)
 
 
