@@ -140,10 +140,14 @@ if mode == "ok" and rank == 0:   # as a ppmulti training notes its run directory
     from ppmulti.common.rundir import RUN_DIR_MARKER
     with open(os.path.join(os.environ["PPMULTI_LAUNCH_DIR"], RUN_DIR_MARKER), "w") as f:
         f.write("runs/train/exp")
-if mode == "exit3" and rank == 1:
-    sys.exit(3)
-if mode == "kill" and rank == 1:
-    time.sleep(0.5)
+up0 = os.path.join(sys.argv[2], "up0")
+if mode in ("exit3", "kill") and rank == 1:   # once rank 0 runs, so that Paddle stops it, not its start
+    for _ in range(300):
+        if os.path.exists(up0):
+            break
+        time.sleep(0.1)
+    if mode == "exit3":
+        sys.exit(3)
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "stop" and rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP)
@@ -187,7 +191,7 @@ def test_result_of_a_rank_that_exits_3(launches, tmp_path):
     result = _result(tmp_path)
     assert code != 0 and result["exit_code"] == code, launches.output(proc)[-2000:]
     assert result["state"] == "FAILED" and result["ranks"]["1"] == 3 and result["restarts"] == 0
-    assert result["ranks"]["0"] in ("SIGTERM", -15), result   # Paddle stops the other rank
+    assert result["ranks"]["0"] == "SIGTERM", result   # Paddle stops the other rank
     assert result["cause"] == "rank 1 failed: exited with code 3"
     assert secret not in (tmp_path / "log" / "result.json").read_text()
 
