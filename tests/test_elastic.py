@@ -21,6 +21,7 @@ from conftest import require_system
 from launching import Launches, free_ports, launch_env
 from ppmulti.common.errors import UserError
 from ppmulti.procs.launch.elastic import Elastic, Etcd, Membership, run_elastic
+from ppmulti.procs.launch.result import Launch, LaunchState
 from ppmulti.procs.launch.flags import build_plan, parse_launch_args
 
 
@@ -204,8 +205,10 @@ def test_run_elastic_repeats_rounds_and_gives_up_after_max_restarts(etcd):
         attempts.append((k, one.nnodes, one.node_rank, one.master_addr))
         return 1
 
-    assert run_elastic(plan, {}, None, fail) == 1
+    launch = Launch()
+    assert run_elastic(plan, {}, None, fail, launch) == 1
     assert attempts == [(0, 1, 0, "127.0.0.2"), (1, 1, 0, "127.0.0.2"), (2, 1, 0, "127.0.0.2")]
+    assert (launch.restarts, launch.state) == (2, LaunchState.RENDEZVOUS)   # the runner then ends it FAILED
 
 
 # --- two loopback nodes, one SIGKILLed mid-run ------------------------------------------------------------------
