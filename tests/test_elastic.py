@@ -284,6 +284,9 @@ def test_node_lost_mid_run_the_other_finishes_from_the_last_checkpoint(etcd, sma
     assert code == 0, text[-4000:]
     assert "elastic round 0: node 0 of 2 (127.0.0.2, 127.0.0.3), 2 ranks" in text
     assert "elastic round 1: node 0 of 1 (127.0.0.2), 1 ranks" in text, text[-4000:]
+    result = json.loads((tmp_path / "log0" / "result.json").read_text())   # the survivor's (runner.run)
+    assert (result["state"], result["restarts"], result["ranks"], result["run_dir"]) == \
+        ("SUCCEEDED", 1, {"0": 0}, str(out)), result
     train_log = log.read_text()
     assert "launch restart 1: resuming" in train_log
     assert "resuming a run of 2 ranks on 1 ranks: the effective batch stays 8" in train_log, train_log[-3000:]
