@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+import yaml
 
 from ppmulti.common.errors import UserError
 
@@ -211,3 +214,27 @@ def names(dest: str) -> tuple[str, ...]:
 def overrides(args: argparse.Namespace) -> list[str]:
     """The -o values, flattened (each -o may carry several key=value items)."""
     return [item for group in (getattr(args, "opt", None) or []) for item in group]
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["a.b=1", "c=[1, 2]"]`` into a nested dict; values are parsed as YAML."""
+    result: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UserError(f"-o {item!r}: expected key=value, e.g. -o epoch=10 or -o TrainReader.batch_size=4")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise UserError(f"-o {item!r}: empty key; expected key=value, e.g. -o LearningRate.base_lr=0.01")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"-o {item!r}: {part} is given both as a value and as a section")
+        node[parts[-1]] = value
+    return result
