@@ -106,7 +106,7 @@ class Flag:
             return False
         return action not in _BARE_ACTIONS and self.value.get("nargs") != 0
 
-    def told(self, help: str | None = None, **value) -> "Flag":
+    def told(self, help: str | None = None, **value) -> Flag:
         """The same flag with a tool's own help text or value keywords (metavar, default) where its meaning differs."""
         return replace(self, help=self.help if help is None else help, value={**self.value, **value})
 
@@ -222,16 +222,16 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     for item in items or []:
         if "=" not in item:
             raise UserError(f"-o {item!r}: expected key=value, e.g. -o epoch=10 or -o TrainReader.batch_size=4")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if not key or any(not part for part in key.split(".")):
+        dotted, raw = item.split("=", 1)
+        dotted = dotted.strip()
+        if not dotted or any(not part for part in dotted.split(".")):
             raise UserError(f"-o {item!r}: empty key; expected key=value, e.g. -o LearningRate.base_lr=0.01")
         try:
             value = yaml.safe_load(raw) if raw.strip() != "" else ""
         except yaml.YAMLError:
             value = raw
         node = result
-        parts = key.split(".")
+        parts = dotted.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
