@@ -194,8 +194,8 @@ def test_no_file_defines_a_table_flag_itself():
 
 def test_the_three_tables_are_rows_of_one_flag_class():
     """The shared table, PaddleDetection's and launch's (its refusals too) are made of the one Flag
-    (common/flags.py): each row says its spellings, dest, help, value and use once, launch's spellings follow the same dialect rule (twins, plus
-    Paddle's exact old names), and each table builds its parser from its rows alone."""
+    (common/flags.py): each row says its spellings, dest, help, value and use once, launch's spellings follow the
+    same dialect rule (twins, plus Paddle's exact old names), and each table builds its parser from its rows."""
     from ppmulti.procs.launch import flags as launch
 
     for table in (flags.FLAGS, ppdet_flags.FLAGS, launch.FLAGS, launch.REFUSED):
