@@ -241,7 +241,7 @@ def _convert_compare(argv: list[str]) -> None:
     import numpy as np
     import paddle
 
-    from ppmulti.rank.models.convert import convert_file
+    from ppmulti.rank.engine.pretrained import convert_file
 
     ref = np.load(out / "ref.npz")
     report = {}

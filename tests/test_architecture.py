@@ -137,6 +137,70 @@ def test_the_rules_catch_a_violation(rule, monkeypatch, tmp_path):
         check()
 
 
+# --- the rank side's floors: a room (a module or package right under ppmulti/rank/) imports only lower floors ------
+# Lowest first. A new room goes on the floor of what it needs; an import that would run back up means the function
+# it wants belongs lower (pure helpers of the config and the -o items live in common/, below every floor).
+RANK_FLOORS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("the version seam and small leaves", frozenset({"compat", "heartbeat", "newer", "ranklog", "zoo", "tool_args"})),
+    ("what registers into ppdet, and the rank's world", frozenset({"ops", "data", "models", "dist", "worker"})),
+    ("the door into ppdet (registration, device)", frozenset({"ppdet_bridge"})),
+    ("configs loaded", frozenset({"config"})),
+    ("configs edited from flags", frozenset({"yolo_config", "ref_batch"})),
+    ("the engine: trainer, hooks, plans, evaluation, export", frozenset({"engine"})),
+    ("entry points", frozenset({"entry", "eval_setup"})),
+    ("probes over the entry", frozenset({"bench_probe"})),
+)
+
+
+def _rank_room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["ppmulti", "rank"] else None
+
+
+def _rank_floor(room: str) -> int | None:
+    return next((i for i, (_, rooms) in enumerate(RANK_FLOORS) if room in rooms), None)
+
+
+def _rank_upward() -> list[str]:
+    """Imports (inside functions too) from one rank room to another on the same floor or higher."""
+    bad = []
+    for n in MODULES:
+        room = _rank_room(n)
+        if room is None:
+            continue
+        for t, _ in _imports(n):
+            target = _rank_room(t) if t in MODULES else None
+            if target is None or target == room:
+                continue
+            if _rank_floor(target) >= _rank_floor(room):
+                bad.append(f"{n} -> {t} ({RANK_FLOORS[_rank_floor(room)][0]} -> "
+                           f"{RANK_FLOORS[_rank_floor(target)][0]})")
+    return bad
+
+
+def test_every_rank_room_stands_on_a_floor():
+    rooms = {r for n in MODULES for r in [_rank_room(n)] if r}
+    unplaced = sorted(r for r in rooms if _rank_floor(r) is None)
+    assert not unplaced, f"ppmulti/rank rooms on no floor (add them to RANK_FLOORS by what they import): {unplaced}"
+
+
+def test_rank_side_imports_run_down_its_floors():
+    bad = _rank_upward()
+    assert not bad, f"rank-side imports that run back up (move the function to the floor it belongs to): {bad}"
+
+
+def test_the_floors_rule_catches_an_import_back_up(monkeypatch, tmp_path):
+    """A data module reaching up into the engine (inside a function), and one room importing another on its own
+    floor, are both found."""
+    fake = tmp_path / "bad.py"
+    fake.write_text('"""Planted."""\n\n\ndef f():\n    from ppmulti.rank.engine import trainer  # noqa\n'
+                    '    from ppmulti.rank import models  # noqa\n')
+    monkeypatch.setitem(MODULES, "ppmulti.rank.data.planted", fake)
+    with pytest.raises(AssertionError, match="planted") as err:
+        test_rank_side_imports_run_down_its_floors()
+    assert "ppmulti.rank.engine.trainer" in str(err.value) and "-> ppmulti.rank.models (" in str(err.value)
+
+
 # --- one supervisor: every process start and every signal to another process goes through it ------------
 SUPERVISOR = "ppmulti.procs.supervisor"
 STARTS_OR_SIGNALS = {

@@ -105,22 +105,22 @@ PPDET_TOOLS = {"train": "train", "eval": "eval", "infer": "infer", "export": "ex
 def test_paddledetections_own_flags_read_alike_in_every_tool_that_takes_them():
     """ppdet_flags' table (what each PaddleDetection flag does per tool) under the same dialect rule: one dest and
     shape in every tool, its spelling and the dash twin."""
-    values = {ppdet_flags.BOOL: (["false"], False), ppdet_flags.STR: (["x"], "x"), ppdet_flags.ANY: (["1", "2"],
-                                                                                                  ["1", "2"])}
+    values = ((ppdet_flags.BOOL, (["false"], False)), (ppdet_flags.STR, (["x"], "x")),
+              (ppdet_flags.ANY, (["1", "2"], ["1", "2"])))
     for flag in ppdet_flags.FLAGS:
-        assert flag.names == flags.twins(flag.spellings) and not set(flag.names) & set(flags.BY_NAME)
+        assert flag.spellings == flags.twins(flag.names) and not set(flag.spellings) & set(flags.BY_NAME)
+        tail, want = next(v for shape, v in values if flag.value is shape)
         shapes = set()
         for tool in flag.uses:
             for prog, parser in parsers()[PPDET_TOOLS[tool]]:
-                action = next(a for a in parser._actions if flag.spellings[0] in a.option_strings)
-                assert (tuple(action.option_strings), action.dest) == (flag.names, flag.dest), prog
+                action = next(a for a in parser._actions if flag.names[0] in a.option_strings)
+                assert (tuple(action.option_strings), action.dest) == (flag.spellings, flag.dest), prog
                 shapes.add(_shape(action))
-                for spelling in flag.names:
-                    tail, want = values[flag.value]
+                for spelling in flag.spellings:
                     got = getattr(parser.parse_args(REQUIRED.get(PPDET_TOOLS[tool], []) + [spelling, *tail]),
                                   flag.dest)
                     assert got == want, f"{prog} {spelling} {' '.join(tail)}: {got!r}"
-        assert len(shapes) == 1, flag.spellings[0]
+        assert len(shapes) == 1, flag.names[0]
 
 
 def test_dialects_come_in_pairs_and_spellings_are_unique():
@@ -134,7 +134,7 @@ def test_dialects_come_in_pairs_and_spellings_are_unique():
 
 
 def test_a_spelling_several_tools_take_is_in_a_table_or_a_named_homonym():
-    ppdet = {name for flag in ppdet_flags.FLAGS for name in flag.names}
+    ppdet = {name for flag in ppdet_flags.FLAGS for name in flag.spellings}
     tools_of: dict[str, set[str]] = {}
     for tool, found in parsers().items():
         for _, parser in found:
@@ -162,9 +162,12 @@ def _literal_names(node: ast.AST) -> list[str]:
     return out
 
 
+# the helpers that make a table's rows (ppdet_flags' _p, launch's _l): a row spelling a shared flag is a copy too
+ROW_MAKERS = ("_p", "_l")
+
 # PaddleDetection flags some tool honours (a refusal-only one, eval's --amp, may be another tool's own flag)
 PPDET_NAMES = {name for flag in ppdet_flags.FLAGS if any(u.kind != "refuse" for u in flag.uses.values())
-               for name in flag.names}
+               for name in flag.spellings}
 
 
 def test_no_file_defines_a_table_flag_itself():
@@ -181,9 +184,30 @@ def test_no_file_defines_a_table_flag_itself():
                 continue
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name not in ("add_argument", "Flag"):
+            if name not in ("add_argument", "Flag", *ROW_MAKERS):
                 continue
             table = set(flags.BY_NAME) | (set() if path.name == "ppdet_flags.py" else PPDET_NAMES)
             copies += [f"{path.relative_to(REPO)}:{node.lineno} {item}" for item in _literal_names(node)
                        if item in table]
     assert not copies, "table flags defined outside ppmulti/common/flags.py: " + ", ".join(copies)
+
+
+def test_the_three_tables_are_rows_of_one_flag_class():
+    """The shared table, PaddleDetection's and launch's (its refusals too) are made of the one Flag
+    (common/flags.py): each row says its spellings, dest, help, value and use once, launch's spellings follow the
+    same dialect rule (twins, plus Paddle's exact old names), and each table builds its parser from its rows."""
+    from ppmulti.procs.launch import flags as launch
+
+    for table in (flags.FLAGS, ppdet_flags.FLAGS, launch.FLAGS, launch.REFUSED):
+        assert all(type(flag) is flags.Flag for flag in table)
+    assert all(flag.uses["launch"].kind == "refuse" for flag in launch.REFUSED)   # refused by name, with why
+    parser = launch.build_parser()
+    for flag in launch.FLAGS:
+        assert flag.spellings == flags.twins(flag.names) + flag.exact and "launch" in flag.tools
+        action = next(a for a in parser._actions if a.dest == flag.dest)
+        assert tuple(action.option_strings) == flag.spellings and action.help == flag.help
+        assert flag.takes_value == (action.nargs != 0), flag.dest
+    # the shared flags launch takes are the shared table's rows, with launch's own help text
+    for dest in ("device", "devices", "host", "verbose"):
+        row = next(f for f in launch.FLAGS if f.dest == dest)
+        assert row.spellings == flags.BY_DEST[dest].spellings and row.help != flags.BY_DEST[dest].help

@@ -51,8 +51,8 @@ def test_ppdet_flags_map_onto_config_keys(tool, argv, expected):
 
 
 def _refused() -> list[tuple[str, str, list[str]]]:
-    values = {ppdet_flags.BOOL: ["true"], ppdet_flags.STR: ["x"], ppdet_flags.ANY: ["640", "640"]}
-    return [(tool, flag.spellings[0], values[flag.value])
+    values = ((ppdet_flags.BOOL, ["true"]), (ppdet_flags.STR, ["x"]), (ppdet_flags.ANY, ["640", "640"]))
+    return [(tool, flag.names[0], next(v for shape, v in values if flag.value is shape))
             for flag in ppdet_flags.FLAGS for tool, use in flag.uses.items() if use.kind == "refuse"]
 
 

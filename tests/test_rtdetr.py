@@ -284,12 +284,11 @@ def test_overrides_are_where_ppdet_looks_names_up():
     import ppdet.data.transform as transform
     from ppdet.core.workspace import global_config
 
-    from ppmulti.rank import compat
-    from ppmulti.rank.models.rtdetr import release27
+    from ppmulti.rank.models.rtdetr import release27, release27_overrides
     from ppmulti.rank.ppdet_bridge import register_extensions
 
     register_extensions()
-    assert compat.release27_overrides() == []          # idempotent
+    assert release27_overrides() == []          # idempotent
     for cls in release27.OVERRIDES:
         assert global_config[cls.__name__].pymodule is release27
     for cls in release27.TRANSFORM_OVERRIDES:

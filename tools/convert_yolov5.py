@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> int:
     check_stack()   # one line about a broken install, before ppdet is imported
-    from ppmulti.rank.models.convert import convert_file
+    from ppmulti.rank.engine.pretrained import convert_file
 
     print(json.dumps(convert_file(args.weights, args.out, args.cfg)))
     return 0

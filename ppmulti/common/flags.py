@@ -1,9 +1,12 @@
-"""The one table of flags that several tools take (spellings in every dialect, dest, value, help); pure argparse."""
+"""The one Flag class of every flag table, the table of flags several tools share (each dialect's spellings), -o."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+import yaml
 
 from ppmulti.common.errors import UserError
 
@@ -53,17 +56,66 @@ class SquareSize(argparse.Action):
 
 
 @dataclass(frozen=True)
+class Use:
+    """What a flag does in one tool: ``key`` sets that config key as ``-o key=value`` would (PaddleDetection's
+    merge_args puts its flags into the config the same way); ``tool`` is read by the tool itself (its dest);
+    ``noop`` changes nothing, for the reason given; ``refuse`` stops with the reason given."""
+
+    kind: str            # key | tool | noop | refuse
+    text: str = ""       # the config key (key), or the reason (noop, refuse)
+
+
+def key(name: str) -> Use:
+    return Use("key", name)
+
+
+def refuse(why: str) -> Use:
+    return Use("refuse", why)
+
+
+TOOL = Use("tool")
+
+# argparse actions that take no value after the flag (a launch flag before the script is split on this)
+_BARE_ACTIONS = ("store_true", "store_false", "store_const", "append_const", "count", "help", "version")
+
+
+@dataclass(frozen=True)
 class Flag:
+    """One flag, described once, whichever table holds it (this module's shared one, ppdet_flags', launch's): its
+    spellings, dest, help, how argparse reads its value, the tools that take it and what it does in each."""
+
     names: tuple[str, ...]          # as each dialect spells it, the first shown first; twins() adds the rest
     dest: str
     help: str
-    tools: tuple[str, ...]
+    tools: tuple[str, ...] = ()
     value: dict = field(default_factory=dict)   # type / action / nargs / const / choices / default / metavar
     ppdet: tuple[str, ...] = ()     # the names that are PaddleDetection's own spelling
+    exact: tuple[str, ...] = ()     # names taken as their tool spells them, with no twin (Paddle's --max_restart)
+    uses: dict = field(default_factory=dict)    # tool -> Use, where the flag means more than its dest
 
     @property
     def spellings(self) -> tuple[str, ...]:
-        return twins(self.names)
+        """Every spelling argparse takes: the names with their twins, then the exact ones."""
+        return twins(self.names) + tuple(n for n in self.exact if n not in twins(self.names))
+
+    @property
+    def takes_value(self) -> bool:
+        """Whether a value follows the flag on the command line."""
+        action = self.value.get("action")
+        if isinstance(action, type) and issubclass(action, argparse.BooleanOptionalAction):
+            return False
+        return action not in _BARE_ACTIONS and self.value.get("nargs") != 0
+
+    def told(self, help: str | None = None, **value) -> Flag:
+        """The same flag with a tool's own help text or value keywords (metavar, default) where its meaning differs."""
+        return replace(self, help=self.help if help is None else help, value={**self.value, **value})
+
+    def add_to(self, p, help: str | None = None, **value) -> argparse.Action:
+        """Add the flag to parser or group ``p`` in every spelling (``help`` / ``value``: a tool's own)."""
+        kw = {**self.value, **value}
+        if isinstance(kw.get("default"), list):
+            kw["default"] = list(kw["default"])   # argparse appends to the default it is given: one list a parser
+        return p.add_argument(*self.spellings, dest=self.dest, help=self.help if help is None else help, **kw)
 
 
 def _f(names, dest, help, tools, ppdet=(), **value) -> Flag:
@@ -146,17 +198,12 @@ def add(p, dest: str, help: str | None = None, default=_UNSET, metavar: str | No
         required: bool | None = None) -> argparse.Action:
     """Add table flag ``dest`` to parser or group ``p``, with the tool's own help text or default where its meaning
     differs (the spellings, dest and type are the table's)."""
-    flag = BY_DEST[dest]
-    kw = dict(flag.value)
-    if isinstance(kw.get("default"), list):
-        kw["default"] = list(kw["default"])
-    if default is not _UNSET:
-        kw["default"] = default
+    value: dict = {} if default is _UNSET else {"default": default}
     if metavar is not None:
-        kw["metavar"] = metavar
+        value["metavar"] = metavar
     if required is not None:
-        kw["required"] = required
-    return p.add_argument(*flag.spellings, dest=flag.dest, help=flag.help if help is None else help, **kw)
+        value["required"] = required
+    return BY_DEST[dest].add_to(p, help, **value)
 
 
 def names(dest: str) -> tuple[str, ...]:
@@ -167,3 +214,27 @@ def names(dest: str) -> tuple[str, ...]:
 def overrides(args: argparse.Namespace) -> list[str]:
     """The -o values, flattened (each -o may carry several key=value items)."""
     return [item for group in (getattr(args, "opt", None) or []) for item in group]
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["a.b=1", "c=[1, 2]"]`` into a nested dict; values are parsed as YAML."""
+    result: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UserError(f"-o {item!r}: expected key=value, e.g. -o epoch=10 or -o TrainReader.batch_size=4")
+        dotted, raw = item.split("=", 1)
+        dotted = dotted.strip()
+        if not dotted or any(not part for part in dotted.split(".")):
+            raise UserError(f"-o {item!r}: empty key; expected key=value, e.g. -o LearningRate.base_lr=0.01")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = result
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"-o {item!r}: {part} is given both as a value and as a section")
+        node[parts[-1]] = value
+    return result

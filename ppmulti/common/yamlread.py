@@ -55,3 +55,16 @@ def load_config_chain(path: str | os.PathLike) -> tuple[dict, list[Path]]:
         return _merge(merged, data)
 
     return load(Path(path), 0), files
+
+
+def reader_ops(cfg, name: str, reader: str = "TrainReader") -> list[dict]:
+    """The bodies of every ``name`` op in a reader's sample and batch transforms (a bare ``- Op:`` gets an
+    empty body, so the caller can edit it in place)."""
+    ops = []
+    for kind in ("sample_transforms", "batch_transforms"):
+        for op in ((cfg or {}).get(reader) or {}).get(kind) or []:
+            if isinstance(op, dict) and name in op:
+                if op[name] is None:
+                    op[name] = {}
+                ops.append(op[name])
+    return ops

@@ -1147,15 +1147,6 @@ def override_transform(cls: type) -> bool:
     return True
 
 
-def release27_overrides() -> list[str]:
-    """Put release/2.7's versions of the modules and reader ops ppdet 2.6.0 already names in its workspace and
-    reader (R27). Idempotent; returns the names replaced now."""
-    from ppmulti.rank.models.rtdetr import release27
-
-    done = [cls.__name__ for cls in release27.OVERRIDES if override_registered_module(cls)]
-    return done + [cls.__name__ for cls in release27.TRANSFORM_OVERRIDES if override_transform(cls)]
-
-
 def model_ema(model: Any, decay: float = 0.9998, ema_decay_type: str = "threshold", cycle_epoch: int = -1,
               ema_black_list: Any = None, ema_filter_no_grad: bool = False) -> Any:
     """ppdet's ModelEMA. F14: ppdet 2.6.0's ``ema_filter_no_grad`` (ppdet/optimizer/ema.py:71-74) appends each

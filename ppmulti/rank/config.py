@@ -10,8 +10,10 @@ from typing import Any, Iterable
 import yaml
 
 from ppmulti.common.errors import UserError, first_line
+from ppmulti.common.flags import parse_overrides  # noqa: F401  (re-exported)
 from ppmulti.common.numbers import NUMERIC_KEYS, check_numbers  # noqa: F401  (re-exported)
 from ppmulti.common.paths import IMAGE_SUFFIXES
+from ppmulti.common.yamlread import reader_ops  # noqa: F401  (re-exported)
 from ppmulti.rank import zoo
 
 # Top-level keys a config file may not set that -o accepts, each with where it takes effect (tests/
@@ -84,30 +86,6 @@ def reset_workspace() -> None:
             value.clear()
         else:
             del ws.global_config[key]
-
-
-def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """Turn ``["a.b=1", "c=[1, 2]"]`` into a nested dict; values are parsed as YAML."""
-    result: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise UserError(f"-o {item!r}: expected key=value, e.g. -o epoch=10 or -o TrainReader.batch_size=4")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if not key or any(not part for part in key.split(".")):
-            raise UserError(f"-o {item!r}: empty key; expected key=value, e.g. -o LearningRate.base_lr=0.01")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() != "" else ""
-        except yaml.YAMLError:
-            value = raw
-        node = result
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise UserError(f"-o {item!r}: {part} is given both as a value and as a section")
-        node[parts[-1]] = value
-    return result
 
 
 def _check_override_keys(cfg, overrides: dict[str, Any], prefix: str = "") -> None:
@@ -237,19 +215,6 @@ def _dataset_paths(section) -> tuple[Path, Path | None, Path | None]:
     image_dir = section.get("image_dir")
     anno = section.get("anno_path")
     return root, (root / image_dir if image_dir else None), (root / anno if anno else None)
-
-
-def reader_ops(cfg, name: str, reader: str = "TrainReader") -> list[dict]:
-    """The bodies of every ``name`` op in a reader's sample and batch transforms (a bare ``- Op:`` gets an
-    empty body, so the caller can edit it in place)."""
-    ops = []
-    for kind in ("sample_transforms", "batch_transforms"):
-        for op in ((cfg or {}).get(reader) or {}).get(kind) or []:
-            if isinstance(op, dict) and name in op:
-                if op[name] is None:
-                    op[name] = {}
-                ops.append(op[name])
-    return ops
 
 
 def check_dataset(cfg, section_name: str) -> None:

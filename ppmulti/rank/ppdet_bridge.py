@@ -14,13 +14,13 @@ def register_extensions() -> None:
     from ppmulti.rank.data import coco, voc
     from ppmulti.rank.data.pipeline import register_ops
     from ppmulti.rank.data.yolo import register_source
-    from ppmulti.rank.engine.lr import LinearDecay
+    from ppmulti.rank.models.rtdetr import release27_overrides
 
     register_source()
     coco.register_source()
     voc.register_source()
     register_ops()
-    compat.release27_overrides()   # release/2.7's DETR, ResNet, DINOLoss, RandomDistort and RandomCrop
+    release27_overrides()   # release/2.7's DETR, ResNet, DINOLoss, RandomDistort and RandomCrop
     compat.register_lr_scheduler(LinearDecay)
 
 
@@ -36,3 +36,34 @@ def select_device(cfg) -> str:
     device = "gpu" if want_gpu else "cpu"
     compat.set_device(device)
     return device
+
+
+class LinearDecay:
+    """YOLOv5's default schedule for ppdet's ``LearningRate``: after the warmup the lr falls linearly from
+    base_lr to base_lr x min_lr_ratio (YOLOv5's lrf) at the last step. ppdet 2.6 ships only cosine,
+    piecewise and exponential decays; ``register_extensions`` makes this one available by name."""
+
+    def __init__(self, max_epochs: int = 300, min_lr_ratio: float = 0.01, use_warmup: bool = True):
+        self.max_epochs = max_epochs
+        self.min_lr_ratio = min_lr_ratio
+        self.use_warmup = use_warmup
+
+    def lr_at(self, base_lr: float, step: int, start: int, total: int) -> float:
+        """The lr of ``step``: base_lr at ``start`` (the end of the warmup), base_lr x min_lr_ratio at the last step."""
+        floor = base_lr * self.min_lr_ratio
+        return base_lr - (base_lr - floor) * (step - start) / max(1, total - 1 - start)
+
+    def __call__(self, base_lr=None, boundary=None, value=None, step_per_epoch=None):
+        from paddle.optimizer.lr import PiecewiseDecay
+
+        total = int(self.max_epochs) * int(step_per_epoch)
+        if boundary and value and self.use_warmup:
+            # LinearWarmup's lists: values for steps 0..W, boundaries 1..W; the decay starts at W
+            start = int(boundary[-1])
+            boundary, value = list(boundary), list(value)
+        else:
+            start, boundary, value = 0, [], [self.lr_at(base_lr, 0, 0, total)]
+        for step in range(start + 1, total):
+            boundary.append(step)
+            value.append(self.lr_at(base_lr, step, start, total))
+        return PiecewiseDecay(boundary, value)

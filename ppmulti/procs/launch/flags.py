@@ -12,7 +12,7 @@ from typing import Mapping
 from ppmulti.common import envvars as E
 from ppmulti.common.compat import LauncherSpec, launcher_spec
 from ppmulti.common.errors import UserError
-from ppmulti.common.flags import names
+from ppmulti.common.flags import BY_DEST, Flag, refuse
 from ppmulti.common.paths import WORKER_SCRIPT
 from ppmulti.procs.launch.cluster_env import Resolve, with_cluster
 from ppmulti.procs.launch.plan import (DEFAULT_HANG_TIMEOUT, DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT,
@@ -26,170 +26,190 @@ from ppmulti.procs.launch.plan import (DEFAULT_HANG_TIMEOUT, DEFAULT_MASTER_PORT
 WORKER_PATH = str(WORKER_SCRIPT)
 
 
-@dataclass(frozen=True)
-class Flag:
-    names: tuple[str, ...]
-    dest: str
-    help: str
-    takes_value: bool = True
-    metavar: str | None = None
-    repeat: bool = False      # may be given several times; the values are kept in order
+def _l(names: tuple[str, ...], dest: str, help: str, metavar: str | None = None, bare: bool = False,
+       repeat: bool = False, exact: tuple[str, ...] = ()) -> Flag:
+    """A launch flag: a value after it (shown as ``metavar``), none (``bare``), or repeatable (``repeat``: the
+    values kept in order); the dash/underscore twin of each name comes along, ``exact`` names do not."""
+    value = {"action": "store_true"} if bare else {"action": "append", "metavar": metavar} if repeat else \
+        {"metavar": metavar}
+    return Flag(names, dest, help, ("launch",), value, exact=exact)
+
+
+def _shared(dest: str, help: str, **value) -> Flag:
+    """A flag of the shared table (common/flags.py) with launch's own help text and metavar."""
+    return BY_DEST[dest].told(help, **value)
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag(("--nproc_per_node", "--nproc-per-node"), "nproc_per_node",
-         "processes (ranks) on this node, e.g. 2; 'gpu' or 'auto' = one per visible GPU. On a machine without "
-         "GPUs (or with --device cpu) the ranks run on the CPU with gloo", metavar="N"),
-    Flag(("--nnodes",), "nnodes", "number of nodes (machines), e.g. 2 (default 1); MIN:MAX, e.g. 1:4, with an etcd "
-         "master (--rdzv-backend etcd or --master etcd://): the run goes on with the nodes alive, at least MIN",
-         metavar="N"),
-    Flag(("--node_rank", "--node-rank", "--rank"), "node_rank",
-         "this node's rank, 0 .. nnodes-1, e.g. 1; node 0 runs at --master_addr (--rank is Paddle's spelling)",
-         metavar="R"),
-    Flag(("--master_addr", "--master-addr"), "master_addr",
-         "address of node 0, e.g. 10.0.0.1 (needed with --nnodes > 1)", metavar="ADDR"),
-    Flag(("--master_port", "--master-port"), "master_port",
-         f"port on node 0, e.g. 29500 (default {DEFAULT_MASTER_PORT} for several nodes, a free one for one node); "
-         f"ppmulti's rendezvous and rank 0's store use it, Paddle's HTTP rendezvous the next one", metavar="PORT"),
-    Flag(("--master",), "master", "Paddle's spelling of --master_addr/--master_port, e.g. 10.0.0.1:29500; "
-         "etcd://HOST:PORT names an etcd server for --nnodes MIN:MAX (the same as --rdzv-backend etcd "
-         "--rdzv-endpoint HOST:PORT)", metavar="ADDR:PORT"),
-    Flag(("--rdzv-backend", "--rdzv_backend"), "rdzv_backend",
-         "etcd: the nodes meet in etcd (--rdzv-endpoint) and --nnodes may be MIN:MAX; nothing else is taken "
-         "(without it ppmulti's own rendezvous runs on --master_addr:--master_port)", metavar="etcd"),
-    Flag(("--rdzv-endpoint", "--rdzv_endpoint"), "rdzv_endpoint",
-         "with --rdzv-backend etcd: etcd's client address, e.g. 10.0.0.1:2379", metavar="HOST:PORT"),
-    Flag(("--rdzv-id", "--rdzv_id"), "rdzv_id",
-         "with an etcd master: the run's name in etcd, the same on every node, e.g. yolo_run1 (default: --job_id, "
-         "else 'default')", metavar="NAME"),
-    Flag(("--elastic_level", "--elastic-level"), "elastic_level",
-         "Paddle's elastic level, with an etcd master: 1 (the node count may change within --nnodes MIN:MAX) or 0 "
-         "(a fixed --nnodes N, restarted when a node fails), e.g. 1", metavar="LEVEL"),
-    Flag(("--elastic_timeout", "--elastic-timeout"), "elastic_timeout",
-         f"with an etcd master: seconds the first round waits for more than MIN nodes, e.g. 10 "
-         f"(default {30:g}, Paddle's)", metavar="SECONDS"),
-    Flag(("--standalone",), "standalone", "one node on its own (the same as --nnodes 1)", takes_value=False),
-    Flag(("--max_restarts", "--max-restarts", "--max_restart"), "max_restarts",
-         "restart every rank up to N times when one fails, e.g. 3 (default 0); ppmulti restarts the launch "
-         "itself (Paddle restarts only under etcd) and ppmulti's training resumes from its last checkpoint; "
-         "--max_restart is Paddle's spelling (its default 3 applies under etcd only: here the default is 0)",
-         metavar="N"),
-    Flag(("--gpus",), "gpus", "GPU ids, one rank each, e.g. 0,1,2,3 (fleetrun)", metavar="IDS"),
-    Flag(("--selected_gpus", "--selected-gpus", "--selected_gpu"), "selected_gpus",
-         "the legacy fleetrun spelling of --gpus, e.g. 0,1; runs on Paddle's new launcher", metavar="IDS"),
-    Flag(names("devices"), "devices", "Paddle's spelling of --gpus, e.g. 0,1", metavar="IDS"),
-    Flag(names("device"), "device", "cpu or gpu (default: gpu when GPUs are visible, else cpu)", metavar="KIND"),
-    Flag(("--ips",), "ips", "every node's address, fleetrun style, e.g. 10.0.0.1,10.0.0.2; node rank = position",
-         metavar="IP,IP"),
-    Flag(names("host"), "host", "this node's address in --ips (or for Paddle's endpoints), e.g. 10.0.0.2",
-         metavar="IP"),
-    Flag(("--log_dir", "--log-dir"), "log_dir", "directory for Paddle's workerlog.N files, e.g. log (default ./log)",
-         metavar="DIR"),
-    Flag(("--start_port", "--start-port"), "start_port",
-         f"first worker port under --ips, e.g. 17000 (default: FLAGS_START_PORT, else {DEFAULT_START_PORT}); "
-         f"ppmulti's rendezvous uses the port just below", metavar="PORT"),
-    Flag(("--job_id", "--job-id"), "job_id", "job name (Paddle's log file names), e.g. yolo_run1", metavar="NAME"),
-    Flag(("--rdzv-timeout", "--rdzv_timeout"), "rdzv_timeout",
-         f"seconds to wait for missing nodes before giving up, e.g. 60 (default {DEFAULT_RDZV_TIMEOUT:g})",
-         metavar="SECONDS"),
-    Flag(("--rdzv-token-file", "--rdzv_token_file"), "rdzv_token_file",
-         f"file whose first line is the secret every node of the run proves it knows in the rendezvous (an HMAC, "
-         f"never the secret itself, goes over the network), e.g. /run/secrets/rdzv; default: "
-         f"{E.PPMULTI_RDZV_TOKEN} from the environment, else a key derived from the job id", metavar="FILE"),
-    Flag(("--run_mode", "--run-mode"), "run_mode",
-         "Paddle's run mode; only collective (data parallel, the default) is supported, e.g. collective",
-         metavar="MODE"),
-    Flag(("--log_level", "--log-level"), "log_level",
-         "passed to Paddle's launcher: its own log level, e.g. DEBUG (default INFO)", metavar="LEVEL"),
-    Flag(("--log_overwrite", "--log-overwrite"), "log_overwrite",
-         "passed to Paddle's launcher: overwrite LOG_DIR/workerlog.N instead of appending, e.g. true", metavar="BOOL"),
-    Flag(("--enable_gpu_log", "--enable-gpu-log"), "enable_gpu_log",
-         "passed to Paddle's launcher: whether it logs GPU usage, e.g. false (default true)", metavar="BOOL"),
-    Flag(("--check-network", "--check_network"), "check_network",
-         "meet the other nodes, report the interface each one reaches node 0 over and its link speed (a gradient "
-         "all-reduce's worth of data from node 0, see --network-check-mb), all-reduce that much float32 on every "
-         "rank (gloo on CPU, NCCL on GPUs) and report its bus bandwidth, name the slowest node, and stop: "
-         "no training", takes_value=False),
-    Flag(("--no-network-check", "--no_network_check"), "no_network_check",
-         "skip the quick network check (4 MB per node) a multi-node launch makes before training",
-         takes_value=False),
-    Flag(("--network-check-mb", "--network_check_mb"), "network_check_mb",
-         "MB node 0 sends each node to time its link, and --check-network's all-reduce size: your model's "
-         "gradients, 4 bytes a parameter, e.g. 64 (default 32 with --check-network, about YOLOv5s's; else 4)",
-         metavar="MB"),
-    Flag(names("verbose"), "verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
-         "(they always go to LOG_DIR)", takes_value=False),
-    Flag(("--hang-timeout", "--hang_timeout"), "hang_timeout",
-         f"seconds a rank may make no progress (no step, no CPU) before it is named as hung, its stack and every "
-         f"rank's written to LOG_DIR/stacks.rankN.txt and all ranks stopped or restarted, e.g. 120 "
-         f"(default {DEFAULT_HANG_TIMEOUT:g}; 0 turns the watchdog off)", metavar="SECONDS"),
-    Flag(("--dry-run", "--dry_run"), "dry_run", "print the Paddle command and environment changes; run nothing",
-         takes_value=False),
+    _l(("--nproc_per_node",), "nproc_per_node",
+       "processes (ranks) on this node, e.g. 2; 'gpu' or 'auto' = one per visible GPU. On a machine without "
+       "GPUs (or with --device cpu) the ranks run on the CPU with gloo", metavar="N"),
+    _l(("--nnodes",), "nnodes", "number of nodes (machines), e.g. 2 (default 1); MIN:MAX, e.g. 1:4, with an etcd "
+       "master (--rdzv-backend etcd or --master etcd://): the run goes on with the nodes alive, at least MIN",
+       metavar="N"),
+    _l(("--node_rank", "--rank"), "node_rank",
+       "this node's rank, 0 .. nnodes-1, e.g. 1; node 0 runs at --master_addr (--rank is Paddle's spelling)",
+       metavar="R"),
+    _l(("--master_addr",), "master_addr",
+       "address of node 0, e.g. 10.0.0.1 (needed with --nnodes > 1)", metavar="ADDR"),
+    _l(("--master_port",), "master_port",
+       f"port on node 0, e.g. 29500 (default {DEFAULT_MASTER_PORT} for several nodes, a free one for one node); "
+       f"ppmulti's rendezvous and rank 0's store use it, Paddle's HTTP rendezvous the next one", metavar="PORT"),
+    _l(("--master",), "master", "Paddle's spelling of --master_addr/--master_port, e.g. 10.0.0.1:29500; "
+       "etcd://HOST:PORT names an etcd server for --nnodes MIN:MAX (the same as --rdzv-backend etcd "
+       "--rdzv-endpoint HOST:PORT)", metavar="ADDR:PORT"),
+    _l(("--rdzv-backend",), "rdzv_backend",
+       "etcd: the nodes meet in etcd (--rdzv-endpoint) and --nnodes may be MIN:MAX; nothing else is taken "
+       "(without it ppmulti's own rendezvous runs on --master_addr:--master_port)", metavar="etcd"),
+    _l(("--rdzv-endpoint",), "rdzv_endpoint",
+       "with --rdzv-backend etcd: etcd's client address, e.g. 10.0.0.1:2379", metavar="HOST:PORT"),
+    _l(("--rdzv-id",), "rdzv_id",
+       "with an etcd master: the run's name in etcd, the same on every node, e.g. yolo_run1 (default: --job_id, "
+       "else 'default')", metavar="NAME"),
+    _l(("--elastic_level",), "elastic_level",
+       "Paddle's elastic level, with an etcd master: 1 (the node count may change within --nnodes MIN:MAX) or 0 "
+       "(a fixed --nnodes N, restarted when a node fails), e.g. 1", metavar="LEVEL"),
+    _l(("--elastic_timeout",), "elastic_timeout",
+       f"with an etcd master: seconds the first round waits for more than MIN nodes, e.g. 10 "
+       f"(default {30:g}, Paddle's)", metavar="SECONDS"),
+    _l(("--standalone",), "standalone", "one node on its own (the same as --nnodes 1)", bare=True),
+    _l(("--max_restarts",), "max_restarts",
+       "restart every rank up to N times when one fails, e.g. 3 (default 0); ppmulti restarts the launch "
+       "itself (Paddle restarts only under etcd) and ppmulti's training resumes from its last checkpoint; "
+       "--max_restart is Paddle's spelling (its default 3 applies under etcd only: here the default is 0)",
+       metavar="N", exact=("--max_restart",)),
+    _l(("--gpus",), "gpus", "GPU ids, one rank each, e.g. 0,1,2,3 (fleetrun)", metavar="IDS"),
+    _l(("--selected_gpus",), "selected_gpus",
+       "the legacy fleetrun spelling of --gpus, e.g. 0,1; runs on Paddle's new launcher", metavar="IDS",
+       exact=("--selected_gpu",)),
+    _shared("devices", "Paddle's spelling of --gpus, e.g. 0,1", metavar="IDS"),
+    _shared("device", "cpu or gpu (default: gpu when GPUs are visible, else cpu)", metavar="KIND"),
+    _l(("--ips",), "ips", "every node's address, fleetrun style, e.g. 10.0.0.1,10.0.0.2; node rank = position",
+       metavar="IP,IP"),
+    _shared("host", "this node's address in --ips (or for Paddle's endpoints), e.g. 10.0.0.2",
+            metavar="IP"),
+    _l(("--log_dir",), "log_dir", "directory for Paddle's workerlog.N files, e.g. log (default ./log)",
+       metavar="DIR"),
+    _l(("--start_port",), "start_port",
+       f"first worker port under --ips, e.g. 17000 (default: FLAGS_START_PORT, else {DEFAULT_START_PORT}); "
+       f"ppmulti's rendezvous uses the port just below", metavar="PORT"),
+    _l(("--job_id",), "job_id", "job name (Paddle's log file names), e.g. yolo_run1", metavar="NAME"),
+    _l(("--rdzv-timeout",), "rdzv_timeout",
+       f"seconds to wait for missing nodes before giving up, e.g. 60 (default {DEFAULT_RDZV_TIMEOUT:g})",
+       metavar="SECONDS"),
+    _l(("--rdzv-token-file",), "rdzv_token_file",
+       f"file whose first line is the secret every node of the run proves it knows in the rendezvous (an HMAC, "
+       f"never the secret itself, goes over the network), e.g. /run/secrets/rdzv; default: "
+       f"{E.PPMULTI_RDZV_TOKEN} from the environment, else a key derived from the job id", metavar="FILE"),
+    _l(("--run_mode",), "run_mode",
+       "Paddle's run mode; only collective (data parallel, the default) is supported, e.g. collective",
+       metavar="MODE"),
+    _l(("--log_level",), "log_level",
+       "passed to Paddle's launcher: its own log level, e.g. DEBUG (default INFO)", metavar="LEVEL"),
+    _l(("--log_overwrite",), "log_overwrite",
+       "passed to Paddle's launcher: overwrite LOG_DIR/workerlog.N instead of appending, e.g. true", metavar="BOOL"),
+    _l(("--enable_gpu_log",), "enable_gpu_log",
+       "passed to Paddle's launcher: whether it logs GPU usage, e.g. false (default true)", metavar="BOOL"),
+    _l(("--check-network",), "check_network",
+       "meet the other nodes, report the interface each one reaches node 0 over and its link speed (a gradient "
+       "all-reduce's worth of data from node 0, see --network-check-mb), all-reduce that much float32 on every "
+       "rank (gloo on CPU, NCCL on GPUs) and report its bus bandwidth, name the slowest node, and stop: "
+       "no training", bare=True),
+    _l(("--no-network-check",), "no_network_check",
+       "skip the quick network check (4 MB per node) a multi-node launch makes before training",
+       bare=True),
+    _l(("--network-check-mb",), "network_check_mb",
+       "MB node 0 sends each node to time its link, and --check-network's all-reduce size: your model's "
+       "gradients, 4 bytes a parameter, e.g. 64 (default 32 with --check-network, about YOLOv5s's; else 4)",
+       metavar="MB"),
+    _shared("verbose", "show Paddle's launcher configuration, glog and topology lines on the console "
+            "(they always go to LOG_DIR)"),
+    _l(("--hang-timeout",), "hang_timeout",
+       f"seconds a rank may make no progress (no step, no CPU) before it is named as hung, its stack and every "
+       f"rank's written to LOG_DIR/stacks.rankN.txt and all ranks stopped or restarted, e.g. 120 "
+       f"(default {DEFAULT_HANG_TIMEOUT:g}; 0 turns the watchdog off)", metavar="SECONDS"),
+    _l(("--dry-run",), "dry_run", "print the Paddle command and environment changes; run nothing",
+       bare=True),
     # --- ssh fan-out (ppmulti/procs/launch/nodes.py): one command starts the launch on every node ---
-    Flag(("--nodes",), "nodes",
-         "start this launch on every node over ssh (BatchMode, your ssh config and keys), node rank = position, "
-         "e.g. 10.0.0.1,10.0.0.2; the first is the master. Replaces --nnodes/--node_rank/--master_addr/--ips/--host",
-         metavar="HOST,HOST"),
-    Flag(("--ssh-port", "--ssh_port"), "ssh_port", "with --nodes: ssh port, e.g. 2222 (default: your ssh config's)",
-         metavar="PORT"),
-    Flag(("--ssh-identity", "--ssh_identity"), "ssh_identity", "with --nodes: ssh key file, e.g. ~/.ssh/id_ed25519",
-         metavar="KEY"),
-    Flag(("--ssh-config", "--ssh_config"), "ssh_config", "with --nodes: ssh config file (ssh -F), e.g. ~/.ssh/cluster",
-         metavar="FILE"),
-    Flag(("--ssh-option", "--ssh_option"), "ssh_option",
-         "with --nodes: an ssh -o option, repeatable, e.g. StrictHostKeyChecking=accept-new", metavar="KEY=VALUE",
-         repeat=True),
-    Flag(("--ssh-timeout", "--ssh_timeout"), "ssh_timeout",
-         "with --nodes: seconds to wait for each node's ssh connection, e.g. 10 (default 10)", metavar="SECONDS"),
-    Flag(("--remote-cwd", "--remote_cwd"), "remote_cwd",
-         "with --nodes: working directory on every node, e.g. /data/ppmulti (default: this directory)", metavar="DIR"),
-    Flag(("--remote-python", "--remote_python"), "remote_python",
-         "with --nodes: Python on every node, e.g. /opt/venv/bin/python (default: this one)", metavar="PATH"),
+    _l(("--nodes",), "nodes",
+       "start this launch on every node over ssh (BatchMode, your ssh config and keys), node rank = position, "
+       "e.g. 10.0.0.1,10.0.0.2; the first is the master. Replaces --nnodes/--node_rank/--master_addr/--ips/--host",
+       metavar="HOST,HOST"),
+    _l(("--ssh-port",), "ssh_port", "with --nodes: ssh port, e.g. 2222 (default: your ssh config's)",
+       metavar="PORT"),
+    _l(("--ssh-identity",), "ssh_identity", "with --nodes: ssh key file, e.g. ~/.ssh/id_ed25519",
+       metavar="KEY"),
+    _l(("--ssh-config",), "ssh_config", "with --nodes: ssh config file (ssh -F), e.g. ~/.ssh/cluster",
+       metavar="FILE"),
+    _l(("--ssh-option",), "ssh_option",
+       "with --nodes: an ssh -o option, repeatable, e.g. StrictHostKeyChecking=accept-new", metavar="KEY=VALUE",
+       repeat=True),
+    _l(("--ssh-timeout",), "ssh_timeout",
+       "with --nodes: seconds to wait for each node's ssh connection, e.g. 10 (default 10)", metavar="SECONDS"),
+    _l(("--remote-cwd",), "remote_cwd",
+       "with --nodes: working directory on every node, e.g. /data/ppmulti (default: this directory)", metavar="DIR"),
+    _l(("--remote-python",), "remote_python",
+       "with --nodes: Python on every node, e.g. /opt/venv/bin/python (default: this one)", metavar="PATH"),
 )
 
+def _refused(names: tuple[str, ...], takes_value: bool, why: str) -> Flag:
+    """A torchrun or Paddle launcher flag ppmulti cannot honour: refused by name before the script, with the way
+    out; spelled exactly as those launchers spell it (no twins added), a value after it or none."""
+    return Flag((), names[0].lstrip("-").replace("-", "_"), why, ("launch",),
+                {} if takes_value else {"action": "store_true"}, exact=names, uses={"launch": refuse(why)})
+
+
 # torchrun/Paddle flags that ppmulti cannot honour: refused by name, each with the way out.
-UNSUPPORTED: tuple[tuple[tuple[str, ...], bool, str], ...] = (
-    (("--rdzv_conf", "--rdzv-conf"), True, "use --rdzv-timeout SECONDS for the join timeout; drop the rest"),
-    (("--monitor_interval", "--monitor-interval"), True, "Paddle's launcher polls its workers itself; drop it"),
-    (("--role",), True, "drop it"),
-    (("--tee", "-t"), True, "Paddle's launcher echoes rank 0 and writes every rank to LOG_DIR/workerlog.N; drop it"),
-    (("--redirects", "-r"), True, "every rank's output goes to LOG_DIR/workerlog.N (see --log_dir); drop it"),
-    (("--local_addr", "--local-addr"), True, "use --host instead"),
-    (("--logs_specs", "--logs-specs"), True, "use --log_dir instead"),
-    (("--local_ranks_filter", "--local-ranks-filter"), True, "read LOG_DIR/workerlog.N instead"),
-    (("--start_method", "--start-method"), True, "Paddle's launcher always starts fresh processes; drop it"),
-    (("--no_python", "--no-python"), False, "ppmulti launch runs Python scripts only"),
-    (("--module", "-m"), False, "pass the script's file path (Paddle's launcher runs .py files only)"),
-    (("--run_path", "--run-path"), False, "drop it: the script is always run by its path"),
-    (("--legacy",), True, "ppmulti always uses Paddle's new launcher"),
+REFUSED: tuple[Flag, ...] = (
+    _refused(("--rdzv_conf", "--rdzv-conf"), True, "use --rdzv-timeout SECONDS for the join timeout; drop the rest"),
+    _refused(("--monitor_interval", "--monitor-interval"), True, "Paddle's launcher polls its workers itself; drop it"),
+    _refused(("--role",), True, "drop it"),
+    _refused(("--tee", "-t"), True,
+             "Paddle's launcher echoes rank 0 and writes every rank to LOG_DIR/workerlog.N; drop it"),
+    _refused(("--redirects", "-r"), True, "every rank's output goes to LOG_DIR/workerlog.N (see --log_dir); drop it"),
+    _refused(("--local_addr", "--local-addr"), True, "use --host instead"),
+    _refused(("--logs_specs", "--logs-specs"), True, "use --log_dir instead"),
+    _refused(("--local_ranks_filter", "--local-ranks-filter"), True, "read LOG_DIR/workerlog.N instead"),
+    _refused(("--start_method", "--start-method"), True, "Paddle's launcher always starts fresh processes; drop it"),
+    _refused(("--no_python", "--no-python"), False, "ppmulti launch runs Python scripts only"),
+    _refused(("--module", "-m"), False, "pass the script's file path (Paddle's launcher runs .py files only)"),
+    _refused(("--run_path", "--run-path"), False, "drop it: the script is always run by its path"),
+    _refused(("--legacy",), True, "ppmulti always uses Paddle's new launcher"),
     # the rest of Paddle's launchers' flags (paddle.distributed.launch and the legacy fleet/launch.py)
-    (("--sort_ip",), True, "node ranks are ppmulti's: --node_rank, or the order of --ips / --nodes; drop it"),
-    (("--npus", "--xpus", "--selected_xpus"), True,
-     "ppmulti runs on the CPU (gloo) and on NVIDIA GPUs (--devices); Ascend NPUs and Kunlun XPUs are not supported"),
-    (("--backend",), True, "ppmulti picks the backend from the device: gloo on the CPU, NCCL on GPUs (--device)"),
-    (("--auto_parallel_config", "--auto_cluster_config", "--auto_tuner_json", "--cluster_topo_path",
-      "--rank_mapping_path", "--enable_auto_mapping"), True,
-     "it configures Paddle's auto-parallel or auto-tuner; ppmulti trains data-parallel, every rank a whole model"),
-    (("--servers", "--trainers", "--trainer_num", "--server_num", "--workers", "--worker_num", "--coordinators",
-      "--coordinator_num", "--heter_workers", "--heter_worker_num", "--heter_devices", "--gloo_port", "--with_gloo",
-      "--http_port"), True,
-     "it belongs to Paddle's parameter-server mode; ppmulti trains collectively (all-reduce), drop it"),
-    (("--elastic_server", "--elastic_pre_hook", "--np", "--scale", "--force"), True,
-     "the legacy launcher's elastic mode needs an etcd server, which ppmulti launch does not run; "
-     "for restarts use --max_restarts"),
+    _refused(("--sort_ip",), True, "node ranks are ppmulti's: --node_rank, or the order of --ips / --nodes; drop it"),
+    _refused(("--npus", "--xpus", "--selected_xpus"), True,
+             "ppmulti runs on the CPU (gloo) and on NVIDIA GPUs (--devices); Ascend NPUs and Kunlun XPUs are not "
+             "supported"),
+    _refused(("--backend",), True,
+             "ppmulti picks the backend from the device: gloo on the CPU, NCCL on GPUs (--device)"),
+    _refused(("--auto_parallel_config", "--auto_cluster_config", "--auto_tuner_json", "--cluster_topo_path",
+              "--rank_mapping_path", "--enable_auto_mapping"), True,
+             "it configures Paddle's auto-parallel or auto-tuner; ppmulti trains data-parallel, every rank a whole "
+             "model"),
+    _refused(("--servers", "--trainers", "--trainer_num", "--server_num", "--workers", "--worker_num",
+              "--coordinators", "--coordinator_num", "--heter_workers", "--heter_worker_num", "--heter_devices",
+              "--gloo_port", "--with_gloo", "--http_port"), True,
+             "it belongs to Paddle's parameter-server mode; ppmulti trains collectively (all-reduce), drop it"),
+    _refused(("--elastic_server", "--elastic_pre_hook", "--np", "--scale", "--force"), True,
+             "the legacy launcher's elastic mode needs an etcd server, which ppmulti launch does not run; "
+             "for restarts use --max_restarts"),
 )
+# (spellings, takes a value, why) of each refused flag
+UNSUPPORTED: tuple[tuple[tuple[str, ...], bool, str], ...] = tuple(
+    (flag.spellings, flag.takes_value, flag.uses["launch"].text) for flag in REFUSED)
 
 _BY_NAME: dict[str, tuple[bool, str | None]] = {}
 for _flag in FLAGS:
-    for _name in _flag.names:
+    for _name in _flag.spellings:
         _BY_NAME[_name] = (_flag.takes_value, None)
-for _names, _takes, _why in UNSUPPORTED:
-    for _name in _names:
-        _BY_NAME[_name] = (_takes, f"{_name} is a launcher flag ppmulti launch cannot honour: {_why}")
-del _flag, _name, _names, _takes, _why
+for _flag in REFUSED:
+    for _name in _flag.spellings:
+        _BY_NAME[_name] = (_flag.takes_value, f"{_name} is a launcher flag ppmulti launch cannot honour: "
+                                              f"{_flag.uses['launch'].text}")
+del _flag, _name
 
 
-_CANON = {name: flag.names[0] for flag in FLAGS for name in flag.names}
+_CANON = {name: flag.spellings[0] for flag in FLAGS for name in flag.spellings}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -211,12 +231,7 @@ def build_parser(prog: str = "ppmulti launch") -> argparse.ArgumentParser:
                f"  {prog} --nodes 10.0.0.1,10.0.0.2 --nproc_per_node 2 tools/train.py -c configs/yolo.yml\n"
                "workers also get torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT")
     for flag in FLAGS:
-        if flag.repeat:
-            parser.add_argument(*flag.names, dest=flag.dest, help=flag.help, metavar=flag.metavar, action="append")
-        elif flag.takes_value:
-            parser.add_argument(*flag.names, dest=flag.dest, help=flag.help, metavar=flag.metavar)
-        else:
-            parser.add_argument(*flag.names, dest=flag.dest, help=flag.help, action="store_true")
+        flag.add_to(parser)
     return parser
 
 
@@ -252,7 +267,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
 
 def _example(name: str) -> str:
     for flag in FLAGS:
-        if name in flag.names and flag.help and "e.g. " in flag.help:
+        if name in flag.spellings and flag.help and "e.g. " in flag.help:
             return flag.help.split("e.g. ", 1)[1].split()[0].rstrip(";,)")
     return "VALUE"
 

@@ -79,7 +79,7 @@ REFUSED = (("node_rank", "--node_rank", "node ranks follow the order of --nodes"
            ("standalone", "--standalone", "--nodes runs several nodes"))
 # flags consumed here and rewritten per node (everything else reaches every node unchanged)
 CONSUMED = frozenset({"nodes", "nnodes", "master_port", "log_dir", "dry_run", *NODES_ONLY})
-_FLAG_BY_NAME = {name: flag for flag in FLAGS for name in flag.names}
+_FLAG_BY_NAME = {name: flag for flag in FLAGS for name in flag.spellings}
 
 
 # --- the plan (pure) -----------------------------------------------------------------------------------

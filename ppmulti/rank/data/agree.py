@@ -208,7 +208,7 @@ def _setter(path: Path, key: str, depth: int = 0) -> Path | None:
 def _override_keys(overrides: Iterable[str] | dict | None) -> dict:
     if isinstance(overrides, dict):
         return overrides
-    from ppmulti.rank.config import parse_overrides
+    from ppmulti.common.flags import parse_overrides
 
     return parse_overrides(list(overrides or []))
 

@@ -3,7 +3,7 @@ YOLOv5's HSV gains when the reader leaves them to the device)."""
 
 from __future__ import annotations
 
-from ppmulti.rank.config import reader_ops
+from ppmulti.common.yamlread import reader_ops
 
 
 def input_norm(cfg) -> tuple[list[float], list[float], bool] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppmulti.common.errors import UserError
+from ppmulti.rank.ppdet_bridge import LinearDecay  # noqa: F401  (re-exported: the decay registered into ppdet)
 
 NOMINAL_BATCH = 64   # YOLOv5's nbs: its runs accumulate gradients up to this many images per optimizer step
 
@@ -248,34 +249,3 @@ def linear_warmup(schedulers: list) -> dict | None:
                              "epochs": sched.epochs}
             return schedulers[i]
     return None
-
-
-class LinearDecay:
-    """YOLOv5's default schedule for ppdet's ``LearningRate``: after the warmup the lr falls linearly from
-    base_lr to base_lr x min_lr_ratio (YOLOv5's lrf) at the last step. ppdet 2.6 ships only cosine,
-    piecewise and exponential decays; ``register_extensions`` makes this one available by name."""
-
-    def __init__(self, max_epochs: int = 300, min_lr_ratio: float = 0.01, use_warmup: bool = True):
-        self.max_epochs = max_epochs
-        self.min_lr_ratio = min_lr_ratio
-        self.use_warmup = use_warmup
-
-    def lr_at(self, base_lr: float, step: int, start: int, total: int) -> float:
-        """The lr of ``step``: base_lr at ``start`` (the end of the warmup), base_lr x min_lr_ratio at the last step."""
-        floor = base_lr * self.min_lr_ratio
-        return base_lr - (base_lr - floor) * (step - start) / max(1, total - 1 - start)
-
-    def __call__(self, base_lr=None, boundary=None, value=None, step_per_epoch=None):
-        from paddle.optimizer.lr import PiecewiseDecay
-
-        total = int(self.max_epochs) * int(step_per_epoch)
-        if boundary and value and self.use_warmup:
-            # LinearWarmup's lists: values for steps 0..W, boundaries 1..W; the decay starts at W
-            start = int(boundary[-1])
-            boundary, value = list(boundary), list(value)
-        else:
-            start, boundary, value = 0, [], [self.lr_at(base_lr, 0, 0, total)]
-        for step in range(start + 1, total):
-            boundary.append(step)
-            value.append(self.lr_at(base_lr, step, start, total))
-        return PiecewiseDecay(boundary, value)

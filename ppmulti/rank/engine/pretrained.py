@@ -214,3 +214,44 @@ def _yolov5_size(cfg: str | None) -> str | None:
     if len(stem) == 7 and stem.startswith("yolov5") and stem[-1] in YOLOV5_SIZES:
         return stem[-1]
     return None
+
+
+def convert_file(weights: str, out: str, cfg: str = "yolov5s") -> dict[str, Any]:
+    """Read a YOLOv5 .pt, rename it, check it against ppmulti's model for ``cfg``, write ``out`` (.pdparams)."""
+    import numpy as np
+
+    from ppmulti.rank.models.convert import convert_state_dict, read_torch_state
+
+    conv = convert_state_dict(read_torch_state(weights))
+    import paddle
+    from ppdet.core.workspace import create
+
+    from ppmulti.rank import config as config_mod
+    from ppmulti.common.rundir import WEIGHTS
+    from ppmulti.common.atomic import atomic_save
+    from ppmulti.rank.yolo_config import resolve_cfg
+
+    if not out.endswith(WEIGHTS):
+        raise UserError(f"output {out}: give a {WEIGHTS} path (what --weights loads)")
+    choice = resolve_cfg(cfg)
+    over = dict(choice.overrides)
+    if conv.num_classes is not None:
+        over["num_classes"] = conv.num_classes
+    if conv.anchors is not None:
+        over["YOLOv5Head"] = {**over.get("YOLOv5Head", {}), "anchors": conv.anchors}
+    model_cfg = config_mod.load(choice.config, over)
+    model = create(model_cfg.architecture)
+    own = model.state_dict()
+    for key, value in conv.params.items():
+        if key in own and list(own[key].shape) != list(np.shape(value)):
+            raise UserError(f"{weights}: {key} has shape {list(np.shape(value))}, ppmulti's --cfg {cfg} expects "
+                            f"{list(own[key].shape)} (is it a different size? pass --cfg yolov5n/s/m/l/x)")
+    missing = [k for k in own if k not in conv.params]
+    unexpected = [k for k in conv.params if k not in own]
+    if missing or unexpected:
+        raise UserError(f"{weights} does not fit --cfg {cfg}: missing {missing[:3]}, unexpected {unexpected[:3]} "
+                        f"(is it a different size? pass --cfg yolov5n/s/m/l/x)")
+    tensors = {k: paddle.to_tensor(v) for k, v in conv.params.items()}
+    atomic_save(out, lambda tmp: paddle.save(tensors, tmp))
+    return {"weights": weights, "out": out, "cfg": cfg, "parameters": len(tensors),
+            "num_classes": conv.num_classes, "anchors": conv.anchors, "dropped": len(conv.dropped)}

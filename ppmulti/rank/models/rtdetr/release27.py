@@ -2,7 +2,7 @@
 subclasses that keep 2.6.0's behaviour for every 2.6 config and add 2.7's keys: ``DETR`` with a ``neck`` and
 release/2.7's 4-argument post-process, ``ResNet(freeze_stem_only=...)``, ``DINOLoss(use_vfl=...)``,
 ``RandomDistort(prob=...)`` and ``RandomCrop(prob=...)``; and ``DETRPostProcess``, 2.7's new name for DETR's
-box decoding. ``compat.release27_overrides`` puts them into ppdet's workspace under the names the configs use."""
+box decoding. ``rtdetr.release27_overrides`` puts them into ppdet's workspace under the names the configs use."""
 
 from __future__ import annotations
 
