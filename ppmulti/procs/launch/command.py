@@ -114,23 +114,6 @@ def run_place(script: str | None, script_args: list[str]) -> RunPlace | None:
     return RunPlace(Path(save_dir), Path(args.config).stem, bool(args.exist_ok), "-o save_dir=DIR (or --output DIR)")
 
 
-def check_train_numbers(script: str | None, script_args: list[str]) -> None:
-    """Before any rank starts: a -o number of ppmulti's train script that is not one (``-o
-    TrainReader.batch_size=abc``) is one line here, not one per rank."""
-    if not _is_train_script(script):
-        return
-    from ppmulti.common import train_flags
-    from ppmulti.common.errors import UserError
-    from ppmulti.common.numbers import check_number_items
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):   # argparse's complaint: the ranks print it
-            args = train_flags.parse(list(script_args))
-    except (SystemExit, UserError):
-        return
-    check_number_items(x for group in (args.opt or []) for x in group)
-
-
 def check_run_place(script: str | None, script_args: list[str]) -> None:
     """Before any rank starts: a file where the run directory goes (``runs``, ``output``) is one line naming it."""
     from ppmulti.common.rundir import check_run_place as check
@@ -140,7 +123,7 @@ def check_run_place(script: str | None, script_args: list[str]) -> None:
         check(place.base, place.name, place.exist_ok, place.where)
 
 
-def _launch(argv: list[str]) -> int:
+def _launch(argv: list[str], run_plan: Any = None) -> int:
     from ppmulti.procs.launch.cluster_env import resolve
     from ppmulti.procs.launch.flags import build_parser, build_plan, parse_launch_args, split_argv
     from ppmulti.procs.launch.runner import local_addresses, run, visible_gpu_count
@@ -175,19 +158,31 @@ def _launch(argv: list[str]) -> int:
             argv = ["--log_dir", str(log_dir), *argv]
         return launch_nodes(argv)   # ssh fan-out: the same launch on every node (nodes.py)
     check_nodes_only_flags(ns)
-    check_train_numbers(ns.script, ns.script_args)
+    environ: dict[str, str] = dict(os.environ)
+    if _is_train_script(ns.script):
+        # the train script's flags resolved once, here, before any rank starts: a bad value is one line now,
+        # and every rank trains this plan instead of parsing its argv again (the train command's own relaunch
+        # hands over the plan it resolved)
+        from ppmulti.common import envvars as E
+        from ppmulti.rank.entry import plan_message, resolve_script_args
+
+        if run_plan is None:
+            run_plan = resolve_script_args(ns.script_args)
+        if run_plan is not None:
+            environ[E.PPMULTI_RUN_PLAN] = plan_message(run_plan, ns.script_args)
     # address discovery can wait on DNS; only multi-node launches need it
     need_addrs = bool(ns.ips or ns.master_addr or ns.master)
-    plan = build_plan(ns, os.environ, local_addresses() if need_addrs else set(), visible_gpu_count(os.environ),
+    plan = build_plan(ns, environ, local_addresses() if need_addrs else set(), visible_gpu_count(environ),
                       resolve=resolve)
     if plan.node_rank == 0 and not ns.dry_run:   # node 0's rank 0 makes the run directory
         check_run_place(ns.script, ns.script_args)
-    return run(plan, dry_run=ns.dry_run, command=user_command(argv, sys.argv, os.environ))
+    return run(plan, dry_run=ns.dry_run, environ=environ, command=user_command(argv, sys.argv, os.environ))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``ppmulti launch ARGV``; returns the exit code (bad flags: one line on stderr and 2)."""
-    return exit_on_user_error(_launch, list(sys.argv[1:] if argv is None else argv))
+def main(argv: list[str] | None = None, run_plan: Any = None) -> int:
+    """``ppmulti launch ARGV``; returns the exit code (bad flags: one line on stderr and 2). ``run_plan``: the
+    RunPlan the train command resolved from its own flags, for the ranks of its relaunch."""
+    return exit_on_user_error(_launch, list(sys.argv[1:] if argv is None else argv), run_plan)
 
 
 if __name__ == "__main__":
