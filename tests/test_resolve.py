@@ -190,7 +190,6 @@ def test_two_ranks_train_the_launchers_plan(small_demo, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved = RunPlan.from_json((out / "run_plan.json").read_text())
     assert (saved.epochs, saved.batch, saved.edit.imgsz, saved.output) == (1, 8, 128, str(out))
-    assert "use_gpu=false" in saved.overrides
     texts = [proc.stdout, proc.stderr] + [p.read_text(errors="replace") for p in (tmp_path / "log").rglob("*")
                                           if p.is_file()]
     warnings = sum(text.count("WARNING: --imgsz 100") for text in texts)
