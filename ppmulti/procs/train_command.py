@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         from ppmulti.common.paths import TRAIN_SCRIPT
         from ppmulti.procs.launch.command import check_run_place
 
-        check_run_place(str(TRAIN_SCRIPT), argv)   # a file in the way, a place not writable: before Paddle starts
+        check_run_place(str(TRAIN_SCRIPT), argv, plan)   # a file in the way, a place not writable: before Paddle starts
     return entry.train(plan)
 
 

@@ -94,13 +94,25 @@ def run_place(script: str | None, script_args: list[str]) -> RunPlace | None:
     yolo = train_flags.yolo_style(args)
     output = args.output or train_flags.run_output(getattr(args, "project", None), getattr(args, "name", None),
                                                    yolo=yolo)
+    return _place(output, yolo, bool(args.exist_ok), args.config, [x for group in (args.opt or []) for x in group])
+
+
+def plan_place(run_plan: Any) -> RunPlace | None:
+    """The run directory a resolved RunPlan (ppmulti.rank.entry) will make; None for a resume."""
+    if run_plan.resume:
+        return None
+    return _place(run_plan.output, run_plan.record is not None, bool(run_plan.exist_ok), run_plan.config,
+                  list(run_plan.overrides))
+
+
+def _place(output: str | None, yolo: bool, exist_ok: bool, config: str | None, overrides: list[str]) -> RunPlace | None:
     if output:
         where = "--project DIR (or --output DIR)" if yolo else "--output DIR"
-        return RunPlace(Path(output).parent, Path(output).name, bool(args.exist_ok), where)
-    if not args.config:
+        return RunPlace(Path(output).parent, Path(output).name, exist_ok, where)
+    if not config:
         return None
     save_dir = None
-    for item in (x for group in (args.opt or []) for x in group):
+    for item in overrides:
         key, sep, value = item.partition("=")
         if sep and key.strip() == "save_dir":
             save_dir = value.strip()
@@ -108,17 +120,18 @@ def run_place(script: str | None, script_args: list[str]) -> RunPlace | None:
         from ppmulti.common.yamlread import load_config_chain
 
         try:
-            save_dir = str(load_config_chain(args.config)[0].get("save_dir") or "output")
+            save_dir = str(load_config_chain(config)[0].get("save_dir") or "output")
         except Exception:   # a config the ranks cannot read either: they say why
             return None
-    return RunPlace(Path(save_dir), Path(args.config).stem, bool(args.exist_ok), "-o save_dir=DIR (or --output DIR)")
+    return RunPlace(Path(save_dir), Path(config).stem, exist_ok, "-o save_dir=DIR (or --output DIR)")
 
 
-def check_run_place(script: str | None, script_args: list[str]) -> None:
-    """Before any rank starts: a file where the run directory goes (``runs``, ``output``) is one line naming it."""
+def check_run_place(script: str | None, script_args: list[str], run_plan: Any = None) -> None:
+    """Before any rank starts: a file where the run directory goes (``runs``, ``output``) is one line naming it;
+    read from the train script's resolved plan when there is one."""
     from ppmulti.common.rundir import check_run_place as check
 
-    place = run_place(script, script_args)
+    place = plan_place(run_plan) if run_plan is not None else run_place(script, script_args)
     if place is not None:
         check(place.base, place.name, place.exist_ok, place.where)
 
@@ -175,7 +188,7 @@ def _launch(argv: list[str], run_plan: Any = None) -> int:
     plan = build_plan(ns, environ, local_addresses() if need_addrs else set(), visible_gpu_count(environ),
                       resolve=resolve)
     if plan.node_rank == 0 and not ns.dry_run:   # node 0's rank 0 makes the run directory
-        check_run_place(ns.script, ns.script_args)
+        check_run_place(ns.script, ns.script_args, run_plan)
     return run(plan, dry_run=ns.dry_run, environ=environ, command=user_command(argv, sys.argv, os.environ))
 
 
