@@ -147,8 +147,13 @@ def _launch(argv: list[str], run_plan: Any = None) -> int:
 
     detach, argv = pop_detach(list(argv))
     if detach:
-        if parse_launch_args(argv).script is None:   # bad flags fail here, not in a log nobody reads
+        detached = parse_launch_args(argv)
+        if detached.script is None:   # bad flags fail here, not in a log nobody reads
             raise UserError("--detach needs a script to launch, e.g. ppmulti launch --detach tools/train.py -c CFG")
+        if _is_train_script(detached.script):   # so do bad train values (the detached launch resolves them again)
+            from ppmulti.rank.entry import resolve_script_args
+
+            resolve_script_args(detached.script_args)
         return start("launch", argv)
     # --- end --detach ---
     flags, _, _ = split_argv(list(argv))
