@@ -67,9 +67,7 @@ def _plain(value):
 
 @pytest.fixture
 def neutral_env(monkeypatch):
-    """An environment whose own choices (a user's FLAGS_cudnn_*) do not steer the plan."""
-    for key in USER_CHOICE:
-        monkeypatch.delenv(key, raising=False)
+    """Paths relative to the repository, as the golden file writes them."""
     monkeypatch.chdir(REPO)
 
 
@@ -79,10 +77,15 @@ def _all_cases() -> list[tuple[str, list[str]]]:
 
 
 def _resolved(argv: list[str]) -> dict:
-    plan = resolve_script_args(argv)
+    plan = resolve_script_args(argv, environ={})   # no FLAGS_cudnn_* of the user's to leave alone
     assert plan is not None
     assert RunPlan.from_json(plan.to_json()) == plan   # JSON round trip: what a rank reads is what was resolved
     return _plain(json.loads(plan.to_json()))
+
+
+def test_a_users_own_cudnn_choice_is_left_alone(neutral_env):
+    plan = resolve_script_args(["--cfg", "yolov5n", "--weights", ""], environ={USER_CHOICE[0]: "0"})
+    assert plan.switches.mode == "default" and not plan.switches.flags
 
 
 def test_golden_plans(neutral_env, capsys):

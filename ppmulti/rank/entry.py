@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+from typing import Mapping
 
 from ppmulti.common import gpu_switches, ppdet_flags, trackers, train_flags
 from ppmulti.common.callbacks import parse_spec
@@ -16,10 +17,11 @@ from ppmulti.rank.engine.lr import NOMINAL_BATCH
 from ppmulti.rank.engine.plan import RunPlan
 
 
-def resolve(args: argparse.Namespace) -> RunPlan:
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RunPlan:
     """Parsed train flags as the plan of one run, made once in the launching process; every flag is checked here,
     before any process starts. Its I/O: a bare --resume's newest run and its opt.yaml, --weights' download, the
-    --cfg model yaml and --hyp file read once (the rank reads them again when it applies the edit)."""
+    --cfg model yaml and --hyp file read once (the rank reads them again when it applies the edit); ``environ``
+    (default os.environ): the user's own FLAGS_cudnn_* choices, which --deterministic leaves alone."""
     from ppmulti.rank import yolo_config
 
     args = checked_values(args)
@@ -84,7 +86,7 @@ def resolve(args: argparse.Namespace) -> RunPlan:
                    image_weights=getattr(args, "image_weights", False),
                    switches=gpu_switches.resolve(getattr(args, "deterministic", None),
                                                  bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
-                                                 os.environ),
+                                                 os.environ if environ is None else environ),
                    record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
                    callbacks=tuple(parse_spec(c) for c in getattr(args, "callback", None) or ()))
 
@@ -224,14 +226,14 @@ def with_device(args: argparse.Namespace) -> tuple[str, list[int], int]:
     return kind, ids, nranks
 
 
-def resolve_script_args(script_args: list[str]) -> RunPlan | None:
+def resolve_script_args(script_args: list[str], environ: Mapping[str, str] | None = None) -> RunPlan | None:
     """``ppmulti launch ... tools/train.py ARGS``: ARGS resolved into the RunPlan every rank will train, before any
     rank starts (a bad value is one line here); None for --evolve, which resolves each candidate itself."""
     args = train_flags.parse(list(script_args))
     if getattr(args, "evolve", None) is not None:
         return None
     with_device(args)
-    return resolve(args)
+    return resolve(args, environ)
 
 
 def plan_message(plan: RunPlan, script_args: list[str]) -> str:
