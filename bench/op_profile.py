@@ -62,7 +62,7 @@ def main() -> None:
     d = args.data
     overrides = [f"{s}.dataset_dir={d}" for s in ("TrainDataset", "EvalDataset", "TestDataset")]
     opts = RunPlan(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
-                        exist_ok=True, overrides=[*overrides, "snapshot_epoch=100000"])
+                   exist_ok=True, overrides=[*overrides, "snapshot_epoch=100000"])
     trainer = build_trainer(opts)
     trainer.register(Profile())
     try:
