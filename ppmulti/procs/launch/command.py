@@ -177,10 +177,10 @@ def _launch(argv: list[str], run_plan: Any = None) -> int:
         return launch_nodes(argv)   # ssh fan-out: the same launch on every node (nodes.py)
     check_nodes_only_flags(ns)
     environ: dict[str, str] = dict(os.environ)
-    if _is_train_script(ns.script):
+    if _is_train_script(ns.script) and not ns.dry_run:
         # the train script's flags resolved once, here, before any rank starts: a bad value is one line now,
         # and every rank trains this plan instead of parsing its argv again (the train command's own relaunch
-        # hands over the plan it resolved)
+        # hands over the plan it resolved). A dry run shows the launch only: no download, no plan.
         from ppmulti.common import envvars as E
         from ppmulti.rank.entry import plan_message, resolve_script_args
 
