@@ -38,7 +38,7 @@ def main() -> None:
 
     from ppmulti.rank.engine.hooks import Hook
     from ppmulti.rank.engine.builder import build_trainer
-    from ppmulti.rank.engine.trainer import TrainOptions
+    from ppmulti.rank.engine.trainer import RunPlan
 
     # no trace export: Paddle's default would write ./profiler_log into the working directory
     prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], timer_only=False, on_trace_ready=lambda p: None)
@@ -61,8 +61,8 @@ def main() -> None:
 
     d = args.data
     overrides = [f"{s}.dataset_dir={d}" for s in ("TrainDataset", "EvalDataset", "TestDataset")]
-    opts = TrainOptions(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
-                        exist_ok=True, overrides=[*overrides, "snapshot_epoch=100000"])
+    opts = RunPlan(config=args.config, batch=args.batch, epochs=1000, output="/tmp/ppmulti_op_profile",
+                   exist_ok=True, overrides=[*overrides, "snapshot_epoch=100000"])
     trainer = build_trainer(opts)
     trainer.register(Profile())
     try:

@@ -137,7 +137,7 @@ def worker(out: Path, train_argv: list[str], aug_seed_offset: int, parts: int = 
 
     args = parse(train_argv)
     args.opt = list(args.opt or []) + [["use_gpu=false"]]
-    options = entry.options_from_args(args)
+    options = entry.resolve(args)
     trainer = builder.build_trainer(options, trainer_class=Recording)
     trainer._add(GradProbe())
     trainer.train()

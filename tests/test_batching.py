@@ -13,7 +13,7 @@ from ppmulti.rank.engine import multiscale
 from ppmulti.rank.engine.hooks import EMAHook, Hook
 from ppmulti.rank.engine.lr import (BatchPlan, Trained, nominal_accumulate, optimizer_steps, plan_batch, scale_lr,
                                     split_batch, yolov5_weight_decay)
-from ppmulti.rank.engine.trainer import Trainer, TrainOptions
+from ppmulti.rank.engine.trainer import Trainer, RunPlan
 from toys import ToyModel, toy_batches
 
 # ----------------------------------------------------------------------------- pure rules
@@ -136,7 +136,7 @@ def _trainer(batches, accumulate, epochs=1, hooks=(), cfg=None, lr=0.1, schedule
                                parameters=model.parameters())
     per_rank = int(batches[0]["x"].shape[0])
     return Trainer(model, batches, opt, lr=schedule, epochs=epochs, hooks=hooks, cfg={"log_iter": 100, **(cfg or {})},
-                   opts=TrainOptions(config="toy.yml"), world=1, rank=0,
+                   opts=RunPlan(config="toy.yml"), world=1, rank=0,
                    batch=BatchPlan(per_rank, per_rank, 1, accumulate))
 
 
@@ -304,7 +304,7 @@ def test_every_epoch_draws_by_its_own_epoch(workers):
     paddle.seed(0)
     model = _Seen()
     trainer = Trainer(model, reader, paddle.optimizer.SGD(0.01, parameters=model.parameters()), epochs=3,
-                      cfg={"log_iter": 100}, opts=TrainOptions(config="toy.yml"), world=1, rank=0)
+                      cfg={"log_iter": 100}, opts=RunPlan(config="toy.yml"), world=1, rank=0)
     trainer.train()
     # each epoch's first samples of its 4 batches: epoch e's order starts at e
     assert model.seen == [0, 2, 4, 6, 1, 3, 5, 7, 2, 4, 6, 0], model.seen

@@ -11,7 +11,7 @@ import pytest
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
                                        EvaluationHook, Hook, Interrupted, PlotsHook, ResultsHook, ResumeHook,
                                        StopOnSignalHook, VisualDLHook)
-from ppmulti.rank.engine.trainer import TrainOptions
+from ppmulti.rank.engine.trainer import RunPlan
 from toys import Recorder, ScriptedEvaluation, toy_trainer
 
 
@@ -144,7 +144,7 @@ def test_built_in_hooks_run_in_the_documented_order():
     user = Hook()
     trainer = toy_trainer(hooks=[StopOnSignalHook(), user, VisualDLHook(), PlotsHook(), ResultsHook(),
                                  CheckpointHook(), ConsoleLogHook(), EarlyStopHook(), EvaluationHook(),
-                                 ResumeHook(TrainOptions(config="toy.yml")), EMAHook()])
+                                 ResumeHook(RunPlan(config="toy.yml")), EMAHook()])
     order = [type(h).__name__ for h in trainer.hooks]
     assert order == ["EMAHook", "ResumeHook", "EvaluationHook", "EarlyStopHook", "ConsoleLogHook", "CheckpointHook",
                      "ResultsHook", "PlotsHook", "VisualDLHook", "Hook", "StopOnSignalHook"]
@@ -295,7 +295,7 @@ def test_a_resumed_toy_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_pat
     whole.train()
     first = toy_trainer(epochs=2, steps=3, run_dir=tmp_path, hooks=[CheckpointHook()])
     first.train()
-    resume = ResumeHook(TrainOptions(config="toy.yml", resume=str(tmp_path)))
+    resume = ResumeHook(RunPlan(config="toy.yml", resume=str(tmp_path)))
     spy = Recorder()
     again = toy_trainer(epochs=3, steps=3, run_dir=tmp_path, hooks=[resume, CheckpointHook(), spy], seed=1)
     again.train()
@@ -322,7 +322,7 @@ def test_a_signal_mid_epoch_saves_and_the_resume_skips_the_steps_done(tmp_path):
     assert (train["epoch"], train["step_in_epoch"], train["global_step"]) == (1, 2, 6)
     spy = Recorder()
     again = toy_trainer(epochs=3, steps=4, run_dir=tmp_path, hooks=[
-        ResumeHook(TrainOptions(config="toy.yml", resume=str(tmp_path))), spy])
+        ResumeHook(RunPlan(config="toy.yml", resume=str(tmp_path))), spy])
     again.train()
     assert [(c[1], c[2]) for c in spy.calls if c[0] == "after_step"][:3] == [(1, 2), (1, 3), (2, 0)]
     assert again.state.global_step == 12

@@ -44,6 +44,7 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
     from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.yolo_config import apply_edit
 
     args = build_parser().parse_args(["--cfg", "yolov5n", "--data", str(data_yaml), "--img", str(img),
                                       "--hyp", str(REPO / "configs/hyps/hyp.scratch-low.yaml"), "--batch", "16",
@@ -53,7 +54,7 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
     if old:
         for key, value in OLD_READER.items():
             cfg["TrainReader"][key] = value
-    opts.config_edit(cfg)   # data, image size and the hyp values, mapped onto whichever ops are there
+    apply_edit(cfg, opts.edit)   # data, image size and the hyp values, mapped onto whichever ops are there
     place_hsv(cfg, device)
     cfg["TrainReader"]["batch_size"] = 16
     cfg["TrainReader"]["use_shared_memory"] = False
@@ -195,12 +196,13 @@ def _rect_loader(data_yaml, batch: int, extra=()):
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
     from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.yolo_config import apply_edit
 
     args = build_parser().parse_args(["--cfg", "yolov5n", "--data", str(data_yaml), "--img", "128", "--rect",
                                       "--batch", str(batch), "--workers", "0", *extra])
     opts = options_from_args(args)
     cfg = config_mod.load(opts.config, opts.overrides)
-    opts.config_edit(cfg)
+    apply_edit(cfg, opts.edit)
     cfg["TrainReader"]["batch_size"] = batch
     cfg["TrainReader"]["use_shared_memory"] = False
     dataset = create("TrainDataset")()

@@ -87,7 +87,7 @@ def test_train_options_from_ppdet_flags():
 
     opts = entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "--use_vdl", "false", "--fleet",
                                                       "--enable_ce", "True", "-o", "epoch=3"]))
-    assert opts.overrides == ["epoch=3", "use_vdl=false"] and opts.seed == 0
+    assert opts.overrides == ("epoch=3", "use_vdl=false") and opts.seed == 0
     with pytest.raises(UserError, match="--enable_ce.*--seed 3"):
         entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "--enable_ce", "--seed", "3"]))
     with pytest.raises(UserError, match="--save_prediction_only.*tools/eval.py"):
@@ -282,7 +282,7 @@ def test_a_launch_restart_before_the_first_checkpoint_begins_from_the_ppdet_chec
     from ppmulti.common.envvars import PPMULTI_LAUNCH_DIR, PPMULTI_RESTART
     from ppmulti.common.rundir import RUN_DIR_MARKER
     from ppmulti.rank.engine.hooks.resume import continue_after_restart
-    from ppmulti.rank.engine.trainer import TrainOptions
+    from ppmulti.rank.engine.trainer import RunPlan
 
     root = _ppdet_kind(tmp_path, "output/cfg/0.pdparams", "output/cfg/0.pdopt")
     (tmp_path / "launch").mkdir()
@@ -290,8 +290,8 @@ def test_a_launch_restart_before_the_first_checkpoint_begins_from_the_ppdet_chec
     monkeypatch.setenv(PPMULTI_LAUNCH_DIR, str(tmp_path / "launch"))
     monkeypatch.setenv(PPMULTI_RESTART, "1")
     for resume, kept in ((str(root / "output/cfg/0"), str(root / "output/cfg/0")), (None, None)):
-        opts = TrainOptions(config="c.yml", resume=resume)
-        note = continue_after_restart(opts)
+        opts = RunPlan(config="c.yml", resume=resume)
+        opts, note = continue_after_restart(opts)
         assert (opts.resume, opts.output, opts.exist_ok) == (kept, str(tmp_path / "run"), True)
         assert note.endswith(f"starting it again from {kept}" if kept else "starting it again")
 
@@ -327,7 +327,7 @@ def test_restore_a_checkpoint_written_by_ppdets_save_model(tmp_path, use_ema, ca
     from ppdet.utils.checkpoint import save_model
 
     from ppmulti.rank.engine.hooks.resume import PpdetCheckpoint, restore_ppdet
-    from ppmulti.rank.engine.trainer import Trainer, TrainOptions
+    from ppmulti.rank.engine.trainer import Trainer, RunPlan
 
     model, lr, opt = _toy_parts(1)
     ema = ModelEMA(model) if use_ema else None
@@ -353,7 +353,7 @@ def test_restore_a_checkpoint_written_by_ppdets_save_model(tmp_path, use_ema, ca
     new_names = {k: v.name for k, v in model2.state_dict().items()}
     assert new_names != old_names
     trainer = Trainer(model2, [{"x": 0}] * 3, opt2, lr=lr2, epochs=5, run_dir=tmp_path / "run",
-                      cfg={"log_iter": 1, "epoch": 5}, opts=TrainOptions(config="toy.yml"), world=1, rank=0)
+                      cfg={"log_iter": 1, "epoch": 5}, opts=RunPlan(config="toy.yml"), world=1, rank=0)
     trainer.ema = ModelEMA(model2) if use_ema else None
     restore_ppdet(trainer, PpdetCheckpoint(str(tmp_path / "1")))
     for k, v in model2.state_dict().items():

@@ -30,9 +30,9 @@ def _toy(run_dir: Path, *hooks, resume: str | None = None, steps: int = 4, accum
 
     from ppmulti.rank.engine.hooks import CheckpointHook, ResultsHook, ResumeHook, StopOnSignalHook
     from ppmulti.rank.engine.lr import split_batch
-    from ppmulti.rank.engine.trainer import TrainOptions
+    from ppmulti.rank.engine.trainer import RunPlan
 
-    extra = [ResumeHook(TrainOptions(config="toy.yml", resume=resume))] if resume else []
+    extra = [ResumeHook(RunPlan(config="toy.yml", resume=resume))] if resume else []
     trainer = toy_trainer(epochs=3, steps=steps, run_dir=run_dir,
                           hooks=[CheckpointHook(), ResultsHook(), StopOnSignalHook(), *hooks, *extra])
     if accumulate > 1:

@@ -252,7 +252,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_a_failed_one_says_so(tmp_pat
     from toys import toy_trainer
 
     from ppmulti.rank.engine.hooks import CheckpointHook, Hook, ResumeHook, TrackersHook
-    from ppmulti.rank.engine.trainer import TrainOptions
+    from ppmulti.rank.engine.trainer import RunPlan
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -260,7 +260,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_a_failed_one_says_so(tmp_pat
     run = tmp_path / "proj" / "exp"
     toy_trainer(epochs=2, steps=2, run_dir=run, hooks=[CheckpointHook(), TrackersHook()], loggers=("mlflow",)).train()
     toy_trainer(epochs=3, steps=2, run_dir=run, loggers=("mlflow",), resume=str(run), hooks=[
-        ResumeHook(TrainOptions(config="toy.yml", resume=str(run))), CheckpointHook(), TrackersHook()]).train()
+        ResumeHook(RunPlan(config="toy.yml", resume=str(run))), CheckpointHook(), TrackersHook()]).train()
 
     class Boom(Hook):
         def after_epoch(self, trainer, stats):

@@ -12,7 +12,7 @@ from ppmulti.rank.engine.hooks import Hook
 from ppmulti.rank.engine.hooks.warmup import START_FACTOR, YOLOv5WarmupHook, bias_parameters
 from ppmulti.rank.engine.lr import (Accumulation, BatchPlan, LRPlan, nominal_accumulate, optimizer_steps,
                                     yolov5_warmup_batches)
-from ppmulti.rank.engine.trainer import Trainer, TrainOptions
+from ppmulti.rank.engine.trainer import Trainer, RunPlan
 from toys import ToyModel, toy_batches
 
 
@@ -96,7 +96,7 @@ def _warm_trainer(batches, epochs, accumulate, warmup, hooks=(), momentum=0.9, b
     opt = paddle.optimizer.Momentum(schedule, momentum=momentum, parameters=model.parameters())
     per_rank = int(batches[0]["x"].shape[0])
     trainer = Trainer(model, batches, opt, lr=schedule, epochs=epochs, cfg={"log_iter": 100},
-                      opts=TrainOptions(config="toy.yml"), world=1, rank=0,
+                      opts=RunPlan(config="toy.yml"), world=1, rank=0,
                       batch=BatchPlan(per_rank, per_rank, 1, accumulate),
                       lr_plan=LRPlan(base_lr, base_lr, 1, 1, 0, warmup, yolov5_warmup=True),
                       hooks=[YOLOv5WarmupHook(warmup, 0.1, 0.8), *hooks])

@@ -15,6 +15,7 @@ from ppmulti.common.errors import UserError
 from ppmulti.common.train_flags import build_parser, parse
 from ppmulti.rank.config import reader_ops
 from ppmulti.rank.entry import options_from_args
+from ppmulti.rank.yolo_config import apply_edit
 
 
 def _args(*argv):
@@ -27,7 +28,7 @@ def _edited(*argv):
     args = _args(*argv)
     opts = options_from_args(args)
     cfg = config.load(opts.config, opts.overrides)
-    notes = opts.config_edit(cfg) if opts.config_edit else []
+    notes = apply_edit(cfg, opts.edit) if opts.edit else []
     return cfg, opts, notes
 
 
@@ -96,15 +97,16 @@ def test_sgd_cos_lr_and_ppyoloe_scaling(repo):
     resize = cfg["TrainReader"]["batch_transforms"][0]["BatchRandomResize"]
     assert resize["target_size"] == [256, 320]          # 128/160 at eval 160, doubled
     assert any("YOLOv5 loss gain" in n for n in notes)   # PP-YOLOE keeps its own loss weights
-    with pytest.raises(UserError, match="multiple of 32"):
-        _edited("--cfg", "yolov5n", "--img", "100")
+    # YOLOv5's check_img_size (train.py: floor 2 x the max stride): rounded up and said, not refused
+    cfg, opts, _ = _edited("--cfg", "yolov5n", "--img", "100")
+    assert opts.edit.imgsz == 128 and cfg["eval_height"] == 128
 
 
 def test_run_dir_flags_and_weights_from_scratch():
     opts = options_from_args(_args("--cfg", "yolov5s", "--project", "p", "--name", "n", "--weights", "",
                                    "--noval", "--nosave", "--save-period", "3", "--freeze", "10"))
     assert opts.output.replace("\\", "/") == "p/n" and "pretrain_weights=" in opts.overrides
-    assert not opts.validate and opts.nosave and opts.save_period == 3 and opts.freeze == [10]
+    assert not opts.validate and opts.nosave and opts.save_period == 3 and opts.freeze == (10,)
     assert options_from_args(_args("--cfg", "yolov5s", "--name", "x")).output.replace("\\", "/") == "runs/train/x"
     with pytest.raises(UserError, match="not both"):
         options_from_args(_args("-c", "a.yml", "--cfg", "yolov5s"))

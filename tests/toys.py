@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 
 from ppmulti.rank.engine.hooks import HOOK_POINTS, EvaluationHook, Hook
-from ppmulti.rank.engine.trainer import Trainer, TrainOptions
+from ppmulti.rank.engine.trainer import Trainer, RunPlan
 
 
 class ToyModel(paddle.nn.Layer):
@@ -38,7 +38,7 @@ def toy_batches(steps: int = 4, batch: int = 2, features: int = 3, seed: int = 0
 def toy_trainer(*, epochs: int = 2, steps: int = 4, hooks=(), run_dir=None, lr: float = 0.05, schedule=None,
                 cfg: dict | None = None, seed: int = 0, report_by_default: bool = False, **opts) -> Trainer:
     """A Trainer over ToyModel, ``steps`` batches of 2 and SGD (``schedule``: a paddle LRScheduler used
-    instead of the fixed ``lr``); ``opts`` become TrainOptions fields (validate, nosave, save_period, ...);
+    instead of the fixed ``lr``); ``opts`` become RunPlan fields (validate, nosave, save_period, ...);
     ``report_by_default``: ``train()`` adds the reporting hooks unless some were registered, as built runs do.
     One rank, no fleet, no ppdet: ``train()`` takes a fraction of a second."""
     paddle.seed(seed)
@@ -46,7 +46,7 @@ def toy_trainer(*, epochs: int = 2, steps: int = 4, hooks=(), run_dir=None, lr: 
     sgd = paddle.optimizer.SGD(learning_rate=schedule if schedule is not None else lr,
                                parameters=model.parameters())
     return Trainer(model, toy_batches(steps), sgd, lr=schedule, epochs=epochs, hooks=hooks, run_dir=run_dir,
-                   cfg={"log_iter": 2, **(cfg or {})}, opts=TrainOptions(config="toy.yml", **opts), world=1, rank=0,
+                   cfg={"log_iter": 2, **(cfg or {})}, opts=RunPlan(config="toy.yml", **opts), world=1, rank=0,
                    report_by_default=report_by_default)
 
 

@@ -127,6 +127,9 @@ PPMULTI_RDZV_TOKEN = "PPMULTI_RDZV_TOKEN"
 # --- ppmulti's own ---
 PPMULTI_NODE_RANK = "PPMULTI_NODE_RANK"
 PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: the runner knows ranks started
+# The RunPlan ppmulti launch resolved from the train script's flags (JSON, with those flags): every rank trains it
+# instead of parsing argv again (ppmulti/rank/entry.py plan_from_environ)
+PPMULTI_RUN_PLAN = "PPMULTI_RUN_PLAN"
 # The ssh fan-out's tag on every process it starts on a node (launcher, Paddle, ranks): the node is cleaned
 # up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
 PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"

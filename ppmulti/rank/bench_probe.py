@@ -32,22 +32,16 @@ class _Stop(Exception):
     """Raised from a hook to end a probe's training after its steps."""
 
 
-def _train_args(argv: list[str], one_size: int = 0):
+def _train_args(argv: list[str]):
     from ppmulti.common.train_flags import build_parser
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
 
-    args = build_parser().parse_args(argv)
-    opts = options_from_args(args)
-    if one_size:
-        edit = opts.config_edit
+    return resolve(build_parser().parse_args(argv))
 
-        def edit_then_fix(cfg):
-            notes = list(edit(cfg) or []) if edit else []
-            _fix_size(cfg, one_size)
-            return notes
 
-        opts.config_edit = edit_then_fix
-    return opts
+def _size_fix(one_size: int):
+    """The probe's own change to the edited config (``build_trainer(after_edit=...)``): one training size."""
+    return (lambda cfg: _fix_size(cfg, one_size)) if one_size else None
 
 
 def _fix_size(cfg, size: int) -> None:
@@ -99,7 +93,7 @@ def probe_train(ns, train_argv: list[str]) -> dict:
     from ppmulti.rank.engine.hooks import Hook
     from ppmulti.rank.engine.builder import build_trainer
 
-    opts = _train_args(train_argv, ns.one_size)
+    opts = _train_args(train_argv)
     times: list[float] = []
     data_times: list[float] = []
 
@@ -112,7 +106,7 @@ def probe_train(ns, train_argv: list[str]) -> dict:
             if len(times) >= ns.steps:
                 raise _Stop
 
-    trainer = build_trainer(opts)
+    trainer = build_trainer(opts, after_edit=_size_fix(ns.one_size))
     trainer.default_hooks()
     rec = Record()
     trainer.register(rec)
@@ -147,10 +141,14 @@ def _ppdet_config(ns, train_argv: list[str], device: str = "cpu"):
     from ppmulti.rank.data.cache import apply_cache
     from ppmulti.rank.data.device import place_hsv
 
-    opts = _train_args(train_argv, ns.one_size)
+    from ppmulti.rank.yolo_config import apply_edit
+
+    opts = _train_args(train_argv)
     cfg = config_mod.load(opts.config, opts.overrides)
-    if opts.config_edit:
-        opts.config_edit(cfg)
+    if opts.edit:
+        apply_edit(cfg, opts.edit)
+    if ns.one_size:
+        _fix_size(cfg, ns.one_size)
     apply_cache(cfg, opts.cache)   # --cache, as the Trainer's builder applies it
     place_hsv(cfg, device)
     if opts.batch:

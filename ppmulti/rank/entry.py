@@ -1,23 +1,30 @@
-"""The one entry point of the rank side that the process side calls: train flags -> TrainOptions -> a run."""
+"""The one entry point of the rank side that the process side calls: train flags -> a frozen RunPlan -> a run."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import sys
+from typing import Mapping
 
 from ppmulti.common import gpu_switches, ppdet_flags, trackers, train_flags
 from ppmulti.common.callbacks import parse_spec
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import newest_run, run_of
 from ppmulti.rank.engine.lr import NOMINAL_BATCH
-from ppmulti.rank.engine.trainer import TrainOptions
+from ppmulti.rank.plan import RunPlan
 
 
-def options_from_args(args: argparse.Namespace) -> TrainOptions:
-    """Parsed train flags as the options of one run; every flag is checked here, before any process starts."""
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RunPlan:
+    """Parsed train flags as the plan of one run, made once in the launching process; every flag is checked here,
+    before any process starts. Its I/O: a bare --resume's newest run and its opt.yaml, --weights' download, the
+    --cfg model yaml and --hyp file read once (the rank reads them again when it applies the edit); ``environ``
+    (default os.environ): the user's own FLAGS_cudnn_* choices, which --deterministic leaves alone."""
     from ppmulti.rank import yolo_config
 
+    args = checked_values(args)
     overrides = [item for group in (args.opt or []) for item in group]
     overrides += ppdet_flags.resolve(args, "train")   # PaddleDetection's flags, as the -o keys they stand for
     check_train_overrides(overrides)
@@ -65,23 +72,71 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
     if getattr(args, "accumulate", None) is not None and args.accumulate < 1:
         raise UserError(f"--accumulate {args.accumulate}: give 1 (no accumulation) or more batches per optimizer step")
-    return TrainOptions(config=config, overrides=overrides, validate=validate, resume=resume,
-                        batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
-                        sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
-                        config_edit=yolo_config.config_edit(args) if train_flags.wants_edit(args) else None,
-                        nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
-                        patience=getattr(args, "patience", None), freeze=getattr(args, "freeze", None),
-                        noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
-                        amp_default=yolo_style, cache=getattr(args, "cache", None),
-                        accumulate=getattr(args, "accumulate", None),
-                        nominal_batch=NOMINAL_BATCH if yolo_style else None,
-                        multi_scale=getattr(args, "multi_scale", False),
-                        image_weights=getattr(args, "image_weights", False),
-                        switches=gpu_switches.resolve(getattr(args, "deterministic", None),
-                                                      bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
-                                                      os.environ),
-                        record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
-                        callbacks=tuple(parse_spec(c) for c in getattr(args, "callback", None) or ()))
+    return RunPlan(config=config, overrides=tuple(overrides), validate=validate, resume=resume,
+                   batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
+                   sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
+                   edit=yolo_config.edit_of(args),
+                   nosave=getattr(args, "nosave", False), save_period=getattr(args, "save_period", -1),
+                   patience=getattr(args, "patience", None), freeze=_tuple(getattr(args, "freeze", None)),
+                   noplots=getattr(args, "noplots", False), amp=getattr(args, "amp", None),
+                   amp_default=yolo_style, cache=getattr(args, "cache", None),
+                   accumulate=getattr(args, "accumulate", None),
+                   nominal_batch=NOMINAL_BATCH if yolo_style else None,
+                   multi_scale=getattr(args, "multi_scale", False),
+                   image_weights=getattr(args, "image_weights", False),
+                   switches=gpu_switches.resolve(getattr(args, "deterministic", None),
+                                                 bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
+                                                 os.environ if environ is None else environ),
+                   record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
+                   callbacks=tuple(parse_spec(c) for c in getattr(args, "callback", None) or ()))
+
+
+MAX_STRIDE = 32   # the largest stride of every model ppmulti builds (P5 heads: P3/8, P4/16, P5/32)
+
+
+def rounded_imgsz(imgsz: int, stride: int = MAX_STRIDE) -> int:
+    """YOLOv5's rule for a training size: up to a multiple of the max stride, and at least two strides."""
+    return max(math.ceil(imgsz / stride) * stride, 2 * stride)
+
+
+def checked_values(args: argparse.Namespace) -> argparse.Namespace:
+    """The numbers of the train flags checked before any rank starts: a value no run can use is one line naming
+    the flag and the fix; an image size YOLOv5 would round is rounded as it does, saying so on stderr."""
+    imgsz = getattr(args, "imgsz", None)
+    if imgsz is not None and rounded_imgsz(imgsz) != imgsz:
+        new = rounded_imgsz(imgsz)
+        print(f"WARNING: --imgsz {imgsz} must be a multiple of the max stride {MAX_STRIDE} (at least "
+              f"{2 * MAX_STRIDE}); training at --imgsz {new}", file=sys.stderr, flush=True)
+        args = argparse.Namespace(**{**vars(args), "imgsz": new})
+    at_least_one = {"epochs": "--epochs {}: train at least 1 epoch",
+                    "batch": "--batch {}: give the global batch, at least 1, e.g. --batch 64 (AutoBatch, YOLOv5's "
+                             "--batch -1, is not implemented: ppmulti splits the global batch across ranks)"}
+    for key, message in at_least_one.items():
+        value = getattr(args, key, None)
+        if value is not None and value < 1:
+            raise UserError(message.format(value))
+    not_negative = {"workers": "--workers {}: give 0 (load in the training process) or more worker processes",
+                    "patience": "--patience {}: give 0 (never stop early) or a number of epochs",
+                    "seed": "--seed {}: give a seed of 0 or more (rank r seeds with SEED + r)"}
+    for key, message in not_negative.items():
+        value = getattr(args, key, None)
+        if value is not None and value < 0:
+            raise UserError(message.format(value))
+    freeze = getattr(args, "freeze", None)
+    if freeze and min(freeze) < 0:
+        raise UserError(f"--freeze {' '.join(map(str, freeze))}: give the number of backbone layers to freeze "
+                        f"(10: YOLOv5's whole backbone) or layer indices from 0")
+    smoothing = getattr(args, "label_smoothing", None)
+    if smoothing is not None and not 0 <= smoothing < 1:
+        raise UserError(f"--label-smoothing {smoothing}: give an epsilon from 0 to below 1, e.g. 0.1")
+    return args
+
+
+options_from_args = resolve   # its former name (evolution, bench probes and tests call it)
+
+
+def _tuple(value) -> tuple | None:
+    return None if value is None else tuple(value)
 
 
 def _loggers(args: argparse.Namespace) -> tuple[str, ...] | None:
@@ -152,7 +207,7 @@ def check_gpu_ids(ids: list[int]) -> None:
                         f"(this machine has {count} usable GPU(s)); use --device cpu or ids below {count}")
 
 
-def train(options: TrainOptions) -> int:
+def train(options: RunPlan) -> int:
     """Train one run in this process (alone, or as one rank of a launch); rank 0 prints the summary JSON."""
     from ppmulti.rank import dist
     from ppmulti.rank.engine.builder import train as run_training
@@ -161,3 +216,41 @@ def train(options: TrainOptions) -> int:
     if dist.is_main():
         print(json.dumps({k: metrics[k] for k in ("mAP50", "mAP50_95", "run_dir") if k in metrics}))
     return 0
+
+
+def with_device(args: argparse.Namespace) -> tuple[str, list[int], int]:
+    """``--device``/``--nproc`` -> (kind, gpu ids, ranks); cpu or gpu ids also set the config's use_gpu."""
+    kind, ids, nranks = train_flags.parse_device(args.device, args.nproc)
+    if kind in ("cpu", "gpu"):
+        args.opt = list(args.opt or []) + [[f"use_gpu={'true' if kind == 'gpu' else 'false'}"]]
+    return kind, ids, nranks
+
+
+def resolve_script_args(script_args: list[str], environ: Mapping[str, str] | None = None) -> RunPlan | None:
+    """``ppmulti launch ... tools/train.py ARGS``: ARGS resolved into the RunPlan every rank will train, before any
+    rank starts (a bad value is one line here); None for --evolve, which resolves each candidate itself."""
+    args = train_flags.parse(list(script_args))
+    if getattr(args, "evolve", None) is not None:
+        return None
+    with_device(args)
+    return resolve(args, environ)
+
+
+def plan_message(plan: RunPlan, script_args: list[str]) -> str:
+    """PPMULTI_RUN_PLAN's value: the plan and the train script's arguments it was resolved from (a rank started
+    with other arguments resolves its own)."""
+    return json.dumps({"argv": list(script_args), "plan": json.loads(plan.to_json())}, sort_keys=True)
+
+
+def plan_from_environ(argv: list[str], environ=None) -> RunPlan | None:
+    """In a rank of a launch: the plan its launcher resolved for exactly these arguments; None when run alone."""
+    from ppmulti.common.envvars import PPMULTI_RUN_PLAN, in_paddle_worker
+
+    env = os.environ if environ is None else environ
+    text = env.get(PPMULTI_RUN_PLAN)
+    if not text or not in_paddle_worker(env):
+        return None
+    message = json.loads(text)
+    if message.get("argv") != list(argv):
+        return None
+    return RunPlan.from_dict(message["plan"])

@@ -1,4 +1,4 @@
-"""YOLOv5's --cfg/--data/--hyp/--img/--optimizer, mapped onto a loaded ppdet config (pure functions on plain data)."""
+"""YOLOv5's --cfg/--data/--hyp/--img/--optimizer as a ConfigEdit, applied to a loaded ppdet config (pure functions)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 
 from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.hyp import HYP_NEUTRAL, HYP_NO_EQUIVALENT, load_hyp
-from ppmulti.common.train_flags import OPTIMIZERS, yolo_style
+from ppmulti.common.train_flags import OPTIMIZERS, wants_edit, yolo_style
 from ppmulti.common.paths import CONFIGS
 from ppmulti.rank.config import reader_ops
+from ppmulti.rank.plan import ConfigEdit
 
 log = logging.getLogger("ppmulti")
 
@@ -472,44 +473,64 @@ def is_yolov5(cfg) -> bool:
     return bool(section is not None and dict(section))
 
 
-def config_edit(args: argparse.Namespace):
-    """The function the trainer applies to the loaded config: model yaml, data, image size, hyp, optimizer,
-    schedule, label smoothing. It returns the notes to log (values that have no effect here)."""
-    choice = resolve_cfg(args.cfg) if getattr(args, "cfg", None) else None
-    hyp = load_hyp(args.hyp) if getattr(args, "hyp", None) else {}
+def edit_of(args: argparse.Namespace) -> ConfigEdit | None:
+    """YOLOv5's config flags as data (None: none given); the model yaml and --hyp are read here once, so a bad
+    one is refused before any rank starts."""
+    if not wants_edit(args):
+        return None
+    if getattr(args, "cfg", None):
+        resolve_cfg(args.cfg)
+    if getattr(args, "hyp", None):
+        load_hyp(args.hyp)
     if getattr(args, "single_cls", False) and not getattr(args, "data", None):
         raise UserError("--single-cls needs --data (a YOLOv5 data yaml)")
+    mosaic_buffer = getattr(args, "mosaic_buffer", None)
+    if mosaic_buffer is not None and mosaic_buffer < 0:
+        raise UserError(f"--mosaic-buffer {mosaic_buffer}: give 0 (extra tiles from the whole set) or a number "
+                        f"of images")
+    smoothing = getattr(args, "label_smoothing", None)
+    return ConfigEdit(cfg=getattr(args, "cfg", None), data=getattr(args, "data", None),
+                      single_cls=bool(getattr(args, "single_cls", False)), hyp=getattr(args, "hyp", None),
+                      imgsz=int(args.imgsz) if getattr(args, "imgsz", None) else None,
+                      optimizer=getattr(args, "optimizer", None), cos_lr=bool(getattr(args, "cos_lr", False)),
+                      rect=bool(getattr(args, "rect", False)), rect_batch=getattr(args, "batch", None),
+                      mosaic_buffer=mosaic_buffer,
+                      label_smoothing=None if smoothing is None else float(smoothing),
+                      every_epoch=yolo_style(args) and not getattr(args, "noval", False))
 
-    def edit(cfg) -> list[str]:
-        import copy
 
-        from ppdet.core.workspace import merge_config
+def apply_edit(cfg, edit: ConfigEdit) -> list[str]:
+    """Apply YOLOv5's flags to the loaded config (in the rank): model yaml, data, image size, hyp, optimizer,
+    schedule, label smoothing. Returns the notes to log (values that have no effect here)."""
+    import copy
 
-        notes: list[str] = []
-        if choice is not None and choice.overrides:
-            merge_config(copy.deepcopy(choice.overrides))
-        if getattr(args, "data", None):
-            log.info("%s", apply_data(cfg, args.data, bool(getattr(args, "single_cls", False))))
-        if getattr(args, "imgsz", None):
-            apply_imgsz(cfg, int(args.imgsz))
-        if getattr(args, "optimizer", None):
-            apply_optimizer(cfg, args.optimizer, hyp)
-        if hyp:
-            notes += apply_hyp(cfg, hyp, is_yolov5(cfg))
-        if getattr(args, "cos_lr", False):
-            apply_schedule(cfg, cos_lr=True)
-        elif choice is not None:
-            apply_schedule(cfg, cos_lr=False)   # YOLOv5's default: linear decay to lrf
-        if yolo_style(args) and not getattr(args, "noval", False):
-            cfg["snapshot_epoch"] = 1   # YOLOv5 validates and saves last after every epoch
-        if getattr(args, "rect", False):
-            apply_rect(cfg, getattr(args, "batch", None))
-        if getattr(args, "mosaic_buffer", None) is not None:
-            apply_mosaic_buffer(cfg, int(args.mosaic_buffer))
-        if getattr(args, "label_smoothing", None) is not None:
-            if not is_yolov5(cfg):
-                raise UserError("--label-smoothing applies to YOLOv5 models (YOLOv5Loss); PP-YOLOE's loss has none")
-            cfg["YOLOv5Loss"]["label_smoothing"] = float(args.label_smoothing)
-        return notes
+    from ppdet.core.workspace import merge_config
 
-    return edit
+    choice = resolve_cfg(edit.cfg) if edit.cfg else None
+    hyp = load_hyp(edit.hyp) if edit.hyp else {}
+    notes: list[str] = []
+    if choice is not None and choice.overrides:
+        merge_config(copy.deepcopy(choice.overrides))
+    if edit.data:
+        log.info("%s", apply_data(cfg, edit.data, edit.single_cls))
+    if edit.imgsz:
+        apply_imgsz(cfg, int(edit.imgsz))
+    if edit.optimizer:
+        apply_optimizer(cfg, edit.optimizer, hyp)
+    if hyp:
+        notes += apply_hyp(cfg, hyp, is_yolov5(cfg))
+    if edit.cos_lr:
+        apply_schedule(cfg, cos_lr=True)
+    elif choice is not None:
+        apply_schedule(cfg, cos_lr=False)   # YOLOv5's default: linear decay to lrf
+    if edit.every_epoch:
+        cfg["snapshot_epoch"] = 1   # YOLOv5 validates and saves last after every epoch
+    if edit.rect:
+        apply_rect(cfg, edit.rect_batch)
+    if edit.mosaic_buffer is not None:
+        apply_mosaic_buffer(cfg, int(edit.mosaic_buffer))
+    if edit.label_smoothing is not None:
+        if not is_yolov5(cfg):
+            raise UserError("--label-smoothing applies to YOLOv5 models (YOLOv5Loss); PP-YOLOE's loss has none")
+        cfg["YOLOv5Loss"]["label_smoothing"] = float(edit.label_smoothing)
+    return notes

@@ -94,13 +94,25 @@ def run_place(script: str | None, script_args: list[str]) -> RunPlace | None:
     yolo = train_flags.yolo_style(args)
     output = args.output or train_flags.run_output(getattr(args, "project", None), getattr(args, "name", None),
                                                    yolo=yolo)
+    return _place(output, yolo, bool(args.exist_ok), args.config, [x for group in (args.opt or []) for x in group])
+
+
+def plan_place(run_plan: Any) -> RunPlace | None:
+    """The run directory a resolved RunPlan (ppmulti.rank.entry) will make; None for a resume."""
+    if run_plan.resume:
+        return None
+    return _place(run_plan.output, run_plan.record is not None, bool(run_plan.exist_ok), run_plan.config,
+                  list(run_plan.overrides))
+
+
+def _place(output: str | None, yolo: bool, exist_ok: bool, config: str | None, overrides: list[str]) -> RunPlace | None:
     if output:
         where = "--project DIR (or --output DIR)" if yolo else "--output DIR"
-        return RunPlace(Path(output).parent, Path(output).name, bool(args.exist_ok), where)
-    if not args.config:
+        return RunPlace(Path(output).parent, Path(output).name, exist_ok, where)
+    if not config:
         return None
     save_dir = None
-    for item in (x for group in (args.opt or []) for x in group):
+    for item in overrides:
         key, sep, value = item.partition("=")
         if sep and key.strip() == "save_dir":
             save_dir = value.strip()
@@ -108,39 +120,23 @@ def run_place(script: str | None, script_args: list[str]) -> RunPlace | None:
         from ppmulti.common.yamlread import load_config_chain
 
         try:
-            save_dir = str(load_config_chain(args.config)[0].get("save_dir") or "output")
+            save_dir = str(load_config_chain(config)[0].get("save_dir") or "output")
         except Exception:   # a config the ranks cannot read either: they say why
             return None
-    return RunPlace(Path(save_dir), Path(args.config).stem, bool(args.exist_ok), "-o save_dir=DIR (or --output DIR)")
+    return RunPlace(Path(save_dir), Path(config).stem, exist_ok, "-o save_dir=DIR (or --output DIR)")
 
 
-def check_train_numbers(script: str | None, script_args: list[str]) -> None:
-    """Before any rank starts: a -o number of ppmulti's train script that is not one (``-o
-    TrainReader.batch_size=abc``) is one line here, not one per rank."""
-    if not _is_train_script(script):
-        return
-    from ppmulti.common import train_flags
-    from ppmulti.common.errors import UserError
-    from ppmulti.common.numbers import check_number_items
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):   # argparse's complaint: the ranks print it
-            args = train_flags.parse(list(script_args))
-    except (SystemExit, UserError):
-        return
-    check_number_items(x for group in (args.opt or []) for x in group)
-
-
-def check_run_place(script: str | None, script_args: list[str]) -> None:
-    """Before any rank starts: a file where the run directory goes (``runs``, ``output``) is one line naming it."""
+def check_run_place(script: str | None, script_args: list[str], run_plan: Any = None) -> None:
+    """Before any rank starts: a file where the run directory goes (``runs``, ``output``) is one line naming it;
+    read from the train script's resolved plan when there is one."""
     from ppmulti.common.rundir import check_run_place as check
 
-    place = run_place(script, script_args)
+    place = plan_place(run_plan) if run_plan is not None else run_place(script, script_args)
     if place is not None:
         check(place.base, place.name, place.exist_ok, place.where)
 
 
-def _launch(argv: list[str]) -> int:
+def _launch(argv: list[str], run_plan: Any = None) -> int:
     from ppmulti.procs.launch.cluster_env import resolve
     from ppmulti.procs.launch.flags import build_parser, build_plan, parse_launch_args, split_argv
     from ppmulti.procs.launch.runner import local_addresses, run, visible_gpu_count
@@ -151,8 +147,13 @@ def _launch(argv: list[str]) -> int:
 
     detach, argv = pop_detach(list(argv))
     if detach:
-        if parse_launch_args(argv).script is None:   # bad flags fail here, not in a log nobody reads
+        detached = parse_launch_args(argv)
+        if detached.script is None:   # bad flags fail here, not in a log nobody reads
             raise UserError("--detach needs a script to launch, e.g. ppmulti launch --detach tools/train.py -c CFG")
+        if _is_train_script(detached.script):   # so do bad train values (the detached launch resolves them again)
+            from ppmulti.rank.entry import resolve_script_args
+
+            resolve_script_args(detached.script_args)
         return start("launch", argv)
     # --- end --detach ---
     flags, _, _ = split_argv(list(argv))
@@ -175,19 +176,31 @@ def _launch(argv: list[str]) -> int:
             argv = ["--log_dir", str(log_dir), *argv]
         return launch_nodes(argv)   # ssh fan-out: the same launch on every node (nodes.py)
     check_nodes_only_flags(ns)
-    check_train_numbers(ns.script, ns.script_args)
+    environ: dict[str, str] = dict(os.environ)
+    if _is_train_script(ns.script) and not ns.dry_run:
+        # the train script's flags resolved once, here, before any rank starts: a bad value is one line now,
+        # and every rank trains this plan instead of parsing its argv again (the train command's own relaunch
+        # hands over the plan it resolved). A dry run shows the launch only: no download, no plan.
+        from ppmulti.common import envvars as E
+        from ppmulti.rank.entry import plan_message, resolve_script_args
+
+        if run_plan is None:
+            run_plan = resolve_script_args(ns.script_args)
+        if run_plan is not None:
+            environ[E.PPMULTI_RUN_PLAN] = plan_message(run_plan, ns.script_args)
     # address discovery can wait on DNS; only multi-node launches need it
     need_addrs = bool(ns.ips or ns.master_addr or ns.master)
-    plan = build_plan(ns, os.environ, local_addresses() if need_addrs else set(), visible_gpu_count(os.environ),
+    plan = build_plan(ns, environ, local_addresses() if need_addrs else set(), visible_gpu_count(environ),
                       resolve=resolve)
     if plan.node_rank == 0 and not ns.dry_run:   # node 0's rank 0 makes the run directory
-        check_run_place(ns.script, ns.script_args)
-    return run(plan, dry_run=ns.dry_run, command=user_command(argv, sys.argv, os.environ)).exit_code
+        check_run_place(ns.script, ns.script_args, run_plan)
+    return run(plan, dry_run=ns.dry_run, environ=environ, command=user_command(argv, sys.argv, os.environ)).exit_code
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``ppmulti launch ARGV``; returns the exit code (bad flags: one line on stderr and 2)."""
-    return exit_on_user_error(_launch, list(sys.argv[1:] if argv is None else argv))
+def main(argv: list[str] | None = None, run_plan: Any = None) -> int:
+    """``ppmulti launch ARGV``; returns the exit code (bad flags: one line on stderr and 2). ``run_plan``: the
+    RunPlan the train command resolved from its own flags, for the ranks of its relaunch."""
+    return exit_on_user_error(_launch, list(sys.argv[1:] if argv is None else argv), run_plan)
 
 
 if __name__ == "__main__":

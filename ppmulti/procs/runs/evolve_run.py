@@ -158,7 +158,7 @@ def mutated_bounds() -> dict[str, tuple[float, float, float]]:
 def _check_train_args(train_args: list[str], refuse_owned: bool = True) -> argparse.Namespace:
     """Parse the training the way tools/train.py will (unknown flags fail here, before any process starts)."""
     from ppmulti.common.train_flags import parse
-    from ppmulti.rank.entry import options_from_args   # the rank side's entry point checks every flag
+    from ppmulti.rank.entry import resolve   # the rank side's entry point checks every flag
 
     if not train_args:
         raise UserError("no training given: put tools/train.py's flags after --, e.g. "
@@ -170,7 +170,7 @@ def _check_train_args(train_args: list[str], refuse_owned: bool = True) -> argpa
                 raise UserError(f"{flag} in the training's flags: the evolution sets it for every candidate "
                                 f"(devices: --devices before --; directory: --project before --; "
                                 f"study: --storage before --)")
-    options_from_args(args)
+    resolve(args)
     return args
 
 

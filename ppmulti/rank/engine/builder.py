@@ -1,4 +1,4 @@
-"""A Trainer from TrainOptions: fleet, config, device, seed, checks, batch plan, run dir, logging, parts, hooks."""
+"""A Trainer from RunPlan: fleet, config, device, seed, checks, batch plan, run dir, logging, parts, hooks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import math
 import os
 import random
 from pathlib import Path
+from typing import Any, Callable
 
+from ppmulti.common.atomic import atomic_write_text
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import new_run_dir
 from ppmulti.rank import config as config_mod
@@ -28,23 +30,27 @@ from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
 from ppmulti.rank.engine.lr import (Accumulation, BatchPlan, LRPlan, linear_warmup, optimizer_steps, plan_batch,
                                     scale_lr, yolov5_warmup_batches, yolov5_weight_decay)
-from ppmulti.rank.engine.trainer import Trainer, TrainOptions, freeze_backbone
+from ppmulti.rank.plan import PLAN_FILE, RunPlan
+from ppmulti.rank.engine.trainer import Trainer, freeze_backbone
 
 log = logging.getLogger("ppmulti")
 
 
-def build_trainer(opts: TrainOptions, trainer_class: type[Trainer] = Trainer) -> Trainer:
+def build_trainer(opts: RunPlan, trainer_class: type[Trainer] = Trainer,
+                  after_edit: Callable[[Any], None] | None = None) -> Trainer:
     """The Trainer of one run on this rank, as ``ppmulti train`` builds it (the core hooks registered; the
-    reporting ones come with ``train()`` unless hooks are registered first)."""
-    return _Build(opts).trainer(trainer_class)
+    reporting ones come with ``train()`` unless hooks are registered first). ``after_edit(cfg)``: a probe's own
+    change to the loaded, edited config (ppmulti bench)."""
+    return _Build(opts, after_edit).trainer(trainer_class)
 
 
 class _Build:
     """The steps of building a run from its options, in the order they must happen (each reads the ones
     before it): only ``trainer()`` is called from outside."""
 
-    def __init__(self, opts: TrainOptions):
+    def __init__(self, opts: RunPlan, after_edit: Callable[[Any], None] | None = None):
         self.opts = opts
+        self.after_edit = after_edit
         self.plan_notes: list[str] = []   # logged right after the plan's line (Trainer._log_plan)
 
     def trainer(self, trainer_class: type[Trainer]) -> Trainer:
@@ -53,7 +59,14 @@ class _Build:
         self.rank = dist.rank()
         self.cfg = config_mod.load(opts.config, opts.overrides)
         loaded_classes = self.cfg.get("num_classes")   # a flag's edit of it below is named by the agreement check
-        notes = list(opts.config_edit(self.cfg) or []) if opts.config_edit else []
+        if opts.edit:
+            from ppmulti.rank.yolo_config import apply_edit
+
+            notes = apply_edit(self.cfg, opts.edit)
+        else:
+            notes = []
+        if self.after_edit is not None:
+            self.after_edit(self.cfg)
         self.classes_edited = self.cfg.get("num_classes") != loaded_classes
         apply_cache(self.cfg, opts.cache)
         coco_cache.swap_in(self.cfg)   # a COCO json's parse is read from its cache after the first start
@@ -75,6 +88,7 @@ class _Build:
                                                   self.device, opts.amp_default))
         # read before the batch plan and the run directory: a resumed run keeps both
         self.resume = ResumeHook(opts)
+        self.opts = opts = self.resume.opts   # a launch's restart points the plan at the run its first start began
         self.batch = self._batch_plan()
         self.cfg.TrainReader["batch_size"] = self.batch.per_rank
         self.run_dir = self._make_run_dir()
@@ -90,6 +104,7 @@ class _Build:
         self._apply_switches()
         if dist.is_main():
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
+            atomic_write_text(self.run_dir / PLAN_FILE, opts.to_json() + "\n")   # what the ranks were asked to do
             if opts.record is not None:
                 _write_record(self.run_dir / "opt.yaml", opts.record)
                 # the hyps this run trains with, beside its flags, with or without --hyp (as YOLOv5 keeps them):
@@ -465,6 +480,6 @@ def stretch_decay(cfg, epochs: int) -> None:
             sched["max_epochs"] = epochs
 
 
-def train(opts: TrainOptions) -> dict:
+def train(opts: RunPlan) -> dict:
     """Build a Trainer from options and train it; the Python face of ``tools/train.py``."""
     return build_trainer(opts).train()

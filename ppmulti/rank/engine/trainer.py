@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ppmulti.common.errors import UserError
-from ppmulti.common.gpu_switches import Switches
 from ppmulti.rank import compat
 from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.data.device import input_norm, to_model_input
@@ -21,43 +20,9 @@ from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHo
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.lr import Accumulation, BatchPlan, LRPlan, optimizer_steps, split_batch
+from ppmulti.rank.plan import RunPlan
 
 log = logging.getLogger("ppmulti")
-
-
-@dataclass
-class TrainOptions:
-    """What one training run is asked to do (the CLI flags, as data)."""
-
-    config: str
-    overrides: list[str] = field(default_factory=list)
-    validate: bool = False          # evaluate every snapshot epoch (a final evaluation always runs)
-    resume: str | None = None
-    batch: int | None = None        # global batch; default: TrainReader.batch_size x world size
-    epochs: int | None = None
-    output: str | None = None       # run directory; default: save_dir/<config name>[N] (entry: runs/train/exp)
-    exist_ok: bool = False
-    sync_bn: bool = False
-    seed: int = 0
-    workers: int | None = None      # data loader workers per rank
-    weights: str | None = None      # initial weights (.pdparams)
-    config_edit: Callable | None = None   # cfg -> notes; applied after loading (YOLOv5 flags use it)
-    nosave: bool = False            # checkpoint only after the last epoch (and on an interrupt)
-    save_period: int = -1           # also keep weights/epochN every N epochs
-    patience: int | None = None     # stop after N validated epochs without a better fitness
-    freeze: list[int] | None = None  # backbone layers to freeze: [N] = the first N, else indices
-    noplots: bool = False           # no results.png / PR_curve.png (YOLOv5's --noplots; evolution candidates)
-    amp: bool | None = None         # --amp / --no-amp; None: the config's amp key, else amp_default
-    amp_default: bool = False       # YOLOv5-style runs: AMP on GPUs unless --no-amp or amp: false
-    cache: str | None = None        # --cache: "ram" (one copy per node) or "disk" decoded training images
-    switches: Switches = field(default_factory=Switches)   # --deterministic / --cudnn-benchmark, as Paddle flags
-    record: dict | None = None      # the command line's flags, written as the run's opt.yaml (as YOLOv5 does)
-    accumulate: int | None = None   # --accumulate: batches per optimizer step (wins over nominal_batch)
-    nominal_batch: int | None = None   # YOLOv5 command lines: 64, accumulate max(round(64 / global batch), 1)
-    multi_scale: bool = False       # --multi-scale: every step a random size in [0.5, 1.5] x imgsz, same on all ranks
-    image_weights: bool = False     # --image-weights: each epoch's images drawn by class weights (YOLOv5's rule)
-    loggers: tuple[str, ...] | None = None   # --logger: trackers (hooks/trackers.py); None: VisualDL unless use_vdl off
-    callbacks: tuple = ()           # --callback: users' functions called in every rank (hooks/callbacks.py)
 
 
 @dataclass
@@ -130,7 +95,7 @@ class Trainer:
     ``accumulate``: batches whose gradients add up before each optimizer step); ``multi_scale`` a callable
     ``(data, epoch, step)`` that resizes a batch on the device (engine.multiscale); ``cfg`` the config keys the
     loop and hooks read (``epoch``, ``log_iter``, ``snapshot_epoch``, ``use_ema``, ...; ``epochs=`` sets
-    ``epoch``); ``opts`` the run's TrainOptions (hooks read ``validate``, ``nosave``, ``save_period``, ...).
+    ``epoch``); ``opts`` the run's RunPlan (hooks read ``validate``, ``nosave``, ``save_period``, ...).
 
     What hooks read besides: ``cfg``, ``opts``, ``world``, ``rank``, ``batch`` (BatchPlan), ``steps_per_epoch``
     (batches), ``optimizer_stepped`` (whether the step just done stepped the optimizer: False on the micro-steps
@@ -139,7 +104,7 @@ class Trainer:
     """
 
     def __init__(self, model, loader, optimizer, *, lr=None, epochs: int | None = None, cfg=None,
-                 opts: TrainOptions | None = None, run_dir: str | Path | None = None, hooks=(),
+                 opts: RunPlan | None = None, run_dir: str | Path | None = None, hooks=(),
                  state: ckpt.TrainState | None = None, batch: BatchPlan | None = None, world: int | None = None,
                  rank: int | None = None, train_model=None, amp: MixedPrecisionHook | None = None,
                  dataset=None, lr_plan: LRPlan | None = None, report_by_default: bool = False,
@@ -150,7 +115,7 @@ class Trainer:
             self.cfg["epoch"] = int(epochs)
         if "epoch" not in self.cfg:
             raise ValueError("Trainer: give epochs=N (or an 'epoch' key in cfg)")
-        self.opts = opts if opts is not None else TrainOptions(config="")
+        self.opts = opts if opts is not None else RunPlan(config="")
         self.world = dist.world_size() if world is None else int(world)
         self.rank = dist.rank() if rank is None else int(rank)
         self.model = model

@@ -26,7 +26,9 @@ class ResumeHook(Hook):
     priority = 20   # after the EMA exists (its state is restored here), before the hooks that read the epoch
 
     def __init__(self, opts) -> None:
-        self.restart_note = continue_after_restart(opts)   # may point opts.resume / opts.output at that run
+        # may point the plan's resume / output at that run; the builder reads the plan back from self.opts
+        self.opts, self.restart_note = continue_after_restart(opts)
+        opts = self.opts
         self.ppdet = ppdet_checkpoint(opts.resume) if opts.resume else None
         if self.ppdet is not None:   # PaddleDetection's: restored in before_train, into a new run directory
             self.path, self.payload = Path(self.ppdet.stem + ckpt.WEIGHTS), None
@@ -85,23 +87,26 @@ class ResumeHook(Hook):
         self.payload = None   # the weights now live in the model; free the copy
 
 
-def continue_after_restart(opts) -> str | None:
+def continue_after_restart(opts) -> tuple:
     """In a launch restarted by ``--max_restarts``, carry on the run the first start began: resume from
-    its last checkpoint (or start it again in the same directory if none was written yet)."""
+    its last checkpoint (or start it again in the same directory if none was written yet). Returns the plan
+    (a copy pointing at that run, or the same one) and the note to log (None: not a restart)."""
+    import dataclasses
+
     from ppmulti.common.envvars import launch_record
 
     record = launch_record()
     marker = Path(record.directory or "", RUN_DIR_MARKER)
     if record.directory is None or record.restart == 0 or not marker.is_file():
-        return None
+        return opts, None
     run_dir = Path(marker.read_text().strip())
     if (run_dir / "weights" / ("last" + ckpt.STATE)).is_file():
-        opts.resume = str(run_dir)
-        return f"launch restart {record.restart}: resuming {run_dir} from its last checkpoint"
+        return (dataclasses.replace(opts, resume=str(run_dir)),
+                f"launch restart {record.restart}: resuming {run_dir} from its last checkpoint")
     # a run that began from a PaddleDetection checkpoint (-r) begins from it again
     keep = opts.resume if ppdet_checkpoint(opts.resume) is not None else None
-    opts.output, opts.exist_ok, opts.resume = str(run_dir), True, keep
-    return (f"launch restart {record.restart}: no checkpoint in {run_dir} yet, starting it again"
+    return (dataclasses.replace(opts, output=str(run_dir), exist_ok=True, resume=keep),
+            f"launch restart {record.restart}: no checkpoint in {run_dir} yet, starting it again"
             + (f" from {keep}" if keep else ""))
 
 

@@ -31,7 +31,7 @@ def chosen(trainer) -> tuple[str, ...]:
 
 def run_params(trainer) -> dict:
     """The run's hyperparameters for the trackers: VisualDL's summary (visualdl.run_hparams), the options under
-    ``opt/`` (YOLOv5's opt.yaml record, else TrainOptions) and the hyp values under ``hyp/``; int, float or str."""
+    ``opt/`` (YOLOv5's opt.yaml record, else RunPlan) and the hyp values under ``hyp/``; int, float or str."""
     hp = dict(run_hparams(trainer))
     for key, value in _options(trainer.opts).items():
         hp[f"opt/{key}"] = value
@@ -60,7 +60,7 @@ def _options(opts) -> dict:
         items = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
     else:
         items = dict(vars(opts))
-    skip = ("config_edit", "switches", "record")
+    skip = ("edit", "switches", "record")
     return {k: v for k, v in items.items() if k not in skip and _plain(v) is not None}
 
 
