@@ -136,8 +136,9 @@ class Trainer:
 
     What hooks read besides: ``cfg``, ``opts``, ``world``, ``rank``, ``batch`` (BatchPlan), ``steps_per_epoch``
     (batches), ``optimizer_stepped`` (whether the step just done stepped the optimizer: False on the micro-steps
-    of an accumulation), ``optim`` (its ``skipped``: the float16 step just done overflowed), ``state`` (TrainState), ``run_dir``, ``model``, ``optimizer``, ``lr``, ``lr_plan``
-    (LRPlan or None), ``hooks``; what they set: ``stop_training``, ``interrupted``, ``last_metrics``, ``ema``.
+    of an accumulation), ``optim`` (its ``skipped``: the float16 step just done overflowed), ``state``
+    (TrainState), ``run_dir``, ``model``, ``optimizer``, ``lr``, ``lr_plan`` (LRPlan or None), ``hooks``;
+    what they set: ``stop_training``, ``interrupted``, ``last_metrics``, ``ema``.
     """
 
     def __init__(self, model, loader, optimizer, *, lr=None, epochs: int | None = None, cfg=None,
