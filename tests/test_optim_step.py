@@ -271,3 +271,19 @@ def test_amp_hook_counts_the_steps_the_scaler_skipped():
     hook.after_step(types.SimpleNamespace(optim=optim, optimizer_stepped=False), 0, 1, None, 0.1, 0.0)
     assert (hook.skipped_epoch, hook.skipped_total) == (1, 1)
     assert hook.autocast_args() is None   # the plan is off until setup says otherwise
+
+
+def test_a_trainer_from_parts_takes_its_optimizers_clip_and_says_so(caplog):
+    """A Paddle optimizer given ``grad_clip=ClipGradByGlobalNorm(X)`` (as ppdet builds it): the Trainer's step
+    clips instead of the optimizer, and the plan's lines name the limit."""
+    from ppmulti.rank.engine.trainer import Trainer, TrainOptions
+
+    paddle.seed(0)
+    model = ToyModel()
+    opt = paddle.optimizer.SGD(0.05, parameters=model.parameters(), grad_clip=paddle.nn.ClipGradByGlobalNorm(0.5))
+    trainer = Trainer(model, toy_batches(2), opt, epochs=1, cfg={"log_iter": 100}, world=1, rank=0,
+                      opts=TrainOptions(config="toy.yml"), hooks=[Hook()])
+    assert trainer.optim.clip_norm == 0.5 and opt._grad_clip is None
+    with caplog.at_level("INFO", logger="ppmulti"):
+        trainer.train()
+    assert "gradients clipped to a global norm of 0.5 before each optimizer step" in caplog.text
