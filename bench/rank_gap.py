@@ -115,14 +115,14 @@ def worker(out: Path, train_argv: list[str], aug_seed_offset: int, parts: int = 
             names = [n for n, p in trainer.model.named_parameters() if not p.stop_gradient]
             params = [p for _, p in trainer.model.named_parameters() if not p.stop_gradient]
             bias = [p for n, p in trainer.model.named_parameters() if n.endswith("bias")]
-            amp_step = trainer.amp.step
+            optim_step = trainer.optim.step   # engine.optim_step.OptimStep: clips, steps, zeroes
             import random
 
             # the augmentation streams this rank starts with (python's and numpy's; loader workers seed from numpy's)
             saved["rng"] = [int(np.random.get_state()[1][:4].sum()), int(sum(random.getstate()[1][:4]))]
             saved["init"] = {k: np.asarray(v.numpy()) for k, v in trainer.model.state_dict().items()}
 
-            def step(optimizer):
+            def step():
                 grads = [np.zeros(p.shape, np.float32) if p.grad is None else np.asarray(p.grad.numpy())
                          for p in params]
                 flat = np.concatenate([g.reshape(-1) for g in grads])
@@ -131,9 +131,9 @@ def worker(out: Path, train_argv: list[str], aug_seed_offset: int, parts: int = 
                 if "grad0" not in saved:
                     saved["grad0"] = flat
                     saved["grad_names"] = names
-                return amp_step(optimizer)
+                return optim_step()
 
-            trainer.amp.step = step
+            trainer.optim.step = step
 
     args = parse(train_argv)
     args.opt = list(args.opt or []) + [["use_gpu=false"]]

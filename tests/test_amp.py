@@ -158,15 +158,20 @@ def test_skipped_steps_and_scale_survive_a_checkpoint(cpu_scaler, tmp_path):
 
     from ppmulti.rank.engine import checkpoint as ckpt
 
+    from ppmulti.rank.engine.optim_step import OptimStep
+
     hook = _float16_hook()
     layer = paddle.nn.Linear(2, 1)
     opt = paddle.optimizer.SGD(0.1, parameters=layer.parameters())
+    step = OptimStep(opt, scaler=hook.scaler)   # the Trainer's step, given the hook's scaler
+    trainer = types.SimpleNamespace(optim=step, optimizer_stepped=True)
     hook.before_epoch(None, 0)
     for factor in (1.0, float("inf"), 1.0, float("nan")):
         before = layer.weight.numpy().copy()
-        hook.backward_step(layer(paddle.to_tensor([[1.0, 2.0]]) * factor).mean(), opt)
-        opt.clear_grad()
-        assert np.isfinite(layer.weight.numpy()).all()
+        step.backward(layer(paddle.to_tensor([[1.0, 2.0]]) * factor).mean())
+        assert step.step() is bool(np.isfinite(factor))
+        hook.after_step(trainer, 0, 0, None, 0.1, 0.0)
+        assert np.isfinite(layer.weight.numpy()).all() and not layer.weight.grad.numpy().any()
         if not np.isfinite(factor):
             np.testing.assert_array_equal(layer.weight.numpy(), before)   # the step was skipped
     stats = types.SimpleNamespace(epoch=0, amp=None)
@@ -263,14 +268,15 @@ SCALER_RUN = GPU_LIKE_SCALER + textwrap.dedent("""
     import runpy, sys
     from ppmulti.rank.engine.hooks import amp
     amp.plan = lambda req, device, problem: amp.AmpPlan("float16" if req.on else "off", req.level, "GradScaler on CPU")
-    amp.MixedPrecisionHook.autocast = lambda self: contextlib.nullcontext()   # no float16 kernels on CPU
-    _backward, _calls = amp.MixedPrecisionHook.backward, [0]
+    from ppmulti.rank.engine.optim_step import OptimStep
+    OptimStep.autocast = lambda self: contextlib.nullcontext()   # no float16 kernels on CPU
+    _backward, _calls = OptimStep.backward, [0]
 
     def backward(self, loss):   # steps 2 and 5 of each process overflow, as float16 steps do (no accumulation here)
         _calls[0] += 1
         return _backward(self, loss * float("inf") if _calls[0] in (2, 5) else loss)
 
-    amp.MixedPrecisionHook.backward = backward
+    OptimStep.backward = backward
     sys.argv = ["tools/train.py", *sys.argv[1:]]
     runpy.run_path("tools/train.py", run_name="__main__")
 """)

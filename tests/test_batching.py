@@ -180,7 +180,7 @@ def test_ema_updates_once_per_optimizer_step():
 
 class StandInScaler:
     """GradScaler's contract (scale the loss; at ``step`` unscale the summed gradients, then step; ``update``):
-    Paddle's own GradScaler is disabled on CPU places, so the hook's float16 path is driven by this."""
+    Paddle's own GradScaler is disabled on CPU places, so the step's float16 path is driven by this."""
 
     def __init__(self, scale: float = 1024.0):
         self.scale_value, self.scaled, self.steps = scale, 0, 0
@@ -202,17 +202,13 @@ class StandInScaler:
 
 def test_grad_scaler_path_accumulates_like_float32():
     """The float16 path (scaled loss every micro-step, unscale + step once per group) ends where float32 does."""
-    from ppmulti.rank.engine.hooks.amp import AmpRequest, MixedPrecisionHook
-
     batches = toy_batches(4, batch=4, seed=5)
     plain = _trainer(batches, 2)
     plain.train()
     scaled = _trainer(batches, 2)
-    amp = MixedPrecisionHook(AmpRequest(False, "O1", ""))
-    amp.scaler = StandInScaler()
-    scaled.amp = amp
+    scaler = scaled.optim.scaler = StandInScaler()   # the step's scaler (engine.optim_step), as AMP's setup makes
     scaled.train()
-    assert (amp.scaler.scaled, amp.scaler.steps, scaled.optimizer_steps, amp.skipped_total) == (4, 2, 2, 0)
+    assert (scaler.scaled, scaler.steps, scaled.optimizer_steps, scaled.optim.skipped_steps) == (4, 2, 2, 0)
     for a, b in zip(plain.model.parameters(), scaled.model.parameters()):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 

@@ -896,6 +896,45 @@ def no_grad_sync(model: Any) -> Any:
     return no_sync() if callable(no_sync) else contextlib.nullcontext()
 
 
+def _inner_optimizer(optimizer: Any) -> Any:
+    """The Paddle optimizer inside fleet's ``HybridParallelOptimizer`` (``_inner_opt``; itself otherwise)."""
+    return getattr(optimizer, "_inner_opt", optimizer)
+
+
+def optimizer_param_groups(optimizer: Any) -> list[list[Any]]:
+    """The parameters an optimizer updates, by group: one list, or one per ``param_groups`` entry (a config's
+    ``OptimizerBuilder.optimizer.param_groups``); Paddle keeps them in ``_param_groups`` (2.6 and 3.x)."""
+    groups = getattr(_inner_optimizer(optimizer), "_param_groups", None) or []
+    if groups and isinstance(groups[0], dict):
+        return [list(g["params"]) for g in groups]
+    return [list(groups)]
+
+
+def take_global_norm_clip(optimizer: Any) -> Any:
+    """Take the ``ClipGradByGlobalNorm`` off a Paddle optimizer (ppdet's OptimizerBuilder puts it there for a
+    config's ``clip_grad_by_norm``) and return it, or None. Paddle keeps it in ``_grad_clip`` and, with param
+    groups, in each group's ``grad_clip`` (copied at construction); both are cleared, so that the optimizer's
+    step does not clip a second time. The same attributes on Paddle 2.6 and 3.x."""
+    import paddle
+
+    inner = _inner_optimizer(optimizer)
+    clip = getattr(inner, "_grad_clip", None)
+    groups = getattr(inner, "_param_groups", None) or []
+    group_clips = [g.get("grad_clip") for g in groups if isinstance(g, dict)]
+    if not isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
+        clip = next((c for c in group_clips if isinstance(c, paddle.nn.ClipGradByGlobalNorm)), None)
+    if clip is None:
+        return None
+    if inner._grad_clip is clip:
+        inner._grad_clip = None
+    for group in groups:
+        if isinstance(group, dict) and group.get("grad_clip") is clip:
+            group["grad_clip"] = None
+    if isinstance(getattr(inner, "_default_dict", None), dict) and inner._default_dict.get("grad_clip") is clip:
+        inner._default_dict["grad_clip"] = None   # groups added later take their defaults from here
+    return clip
+
+
 def usable_gpu_count() -> int:
     """CUDA devices this process can use; 0 on a CPU-only build, where Paddle 2.6.2's
     ``paddle.device.cuda.device_count()`` is asked only after ``paddle.is_compiled_with_cuda()``."""

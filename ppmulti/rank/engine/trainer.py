@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -10,7 +9,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ppmulti.common.errors import UserError
-from ppmulti.rank import compat
 from ppmulti.rank import dist, heartbeat
 from ppmulti.rank.data.device import input_norm, to_model_input
 from ppmulti.rank.data.feed import Feed
@@ -20,6 +18,7 @@ from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHo
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
 from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.lr import Accumulation, BatchPlan, LRPlan, optimizer_steps, split_batch
+from ppmulti.rank.engine.optim_step import OptimStep, take_clip
 from ppmulti.rank.plan import RunPlan
 
 log = logging.getLogger("ppmulti")
@@ -80,7 +79,8 @@ class EpochMeter:
 
 class Trainer:
     """One training run on this rank, built from its parts and driven by ``train()``; every task besides
-    forward, backward and the optimizer step is a hook.
+    forward, backward and the optimizer step is a hook, and the step (precision, accumulation, clipping) is
+    its ``optim`` (engine.optim_step.OptimStep).
 
     ``engine.builder.build_trainer(opts)`` builds the parts from a config as ``ppmulti train`` does;
     a test or a script passes its own::
@@ -93,14 +93,17 @@ class Trainer:
     ``loader`` is re-iterable, yields batch dicts and has a ``len()``; ``optimizer`` is a Paddle optimizer;
     ``lr`` the schedule stepped after every optimizer step (None: a fixed lr); ``batch`` a BatchPlan (its
     ``accumulate``: batches whose gradients add up before each optimizer step); ``multi_scale`` a callable
-    ``(data, epoch, step)`` that resizes a batch on the device (engine.multiscale); ``cfg`` the config keys the
+    ``(data, epoch, step)`` that resizes a batch on the device (engine.multiscale). An optimizer built with
+    ``grad_clip=paddle.nn.ClipGradByGlobalNorm(X)`` (ppdet's ``clip_grad_by_norm: X``) has it taken off by
+    ``optim``, which clips once per step, after unscaling under float16. ``cfg`` the config keys the
     loop and hooks read (``epoch``, ``log_iter``, ``snapshot_epoch``, ``use_ema``, ...; ``epochs=`` sets
     ``epoch``); ``opts`` the run's RunPlan (hooks read ``validate``, ``nosave``, ``save_period``, ...).
 
     What hooks read besides: ``cfg``, ``opts``, ``world``, ``rank``, ``batch`` (BatchPlan), ``steps_per_epoch``
     (batches), ``optimizer_stepped`` (whether the step just done stepped the optimizer: False on the micro-steps
-    of an accumulation), ``state`` (TrainState), ``run_dir``, ``model``, ``optimizer``, ``lr``, ``lr_plan``
-    (LRPlan or None), ``hooks``; what they set: ``stop_training``, ``interrupted``, ``last_metrics``, ``ema``.
+    of an accumulation), ``optim`` (its ``skipped``: the float16 step just done overflowed), ``state``
+    (TrainState), ``run_dir``, ``model``, ``optimizer``, ``lr``, ``lr_plan`` (LRPlan or None), ``hooks``;
+    what they set: ``stop_training``, ``interrupted``, ``last_metrics``, ``ema``.
     """
 
     def __init__(self, model, loader, optimizer, *, lr=None, epochs: int | None = None, cfg=None,
@@ -134,14 +137,18 @@ class Trainer:
             epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
             accumulate=self.batch.accumulate)
         self.multi_scale = multi_scale
+        # the step's precision; the builder registers it as a hook too, a trainer from parts trains in float32
+        self.amp = amp if amp is not None else MixedPrecisionHook(amp_request(False, None, None, "cpu", False))
+        clip_norm, clip = take_clip(optimizer)
         # which batches end an optimizer step; the builder sets YOLOv5's warmup ramp on a YOLOv5 command line
-        self.accumulation = Accumulation(self.batch.accumulate, self.steps_per_epoch)
+        self.optim = OptimStep(optimizer, model=self.train_model,
+                               accumulation=Accumulation(self.batch.accumulate, self.steps_per_epoch),
+                               scaler=self.amp.scaler, autocast=self.amp.autocast_args(), clip_norm=clip_norm,
+                               clip=clip)
         self.lr_per_batch = False   # True: ``lr`` counts batches (YOLOv5's warmup), else optimizer steps
         self.optimizer_stepped = True   # False after a micro-step of an accumulation (EMA waits for the step)
         self.optimizer_steps = 0        # optimizer steps this process has taken (not restored on resume)
         self.run_dir = None if run_dir is None else Path(run_dir)
-        # the step's precision; the builder registers it as a hook too, a trainer from parts trains in float32
-        self.amp = amp if amp is not None else MixedPrecisionHook(amp_request(False, None, None, "cpu", False))
         self.device = self.threads = self.conv_kernel = None   # set by the builder: facts for the log
         self.plan_notes: list[str] = []   # set by the builder: lines logged after the plan
         self.meter: EpochMeter | None = None   # the running epoch's (a checkpoint mid-epoch keeps its loss sums)
@@ -153,6 +160,15 @@ class Trainer:
         self.class_maps: list[float] | None = None   # the last evaluation's mAP50-95 per class (EvaluationHook)
         self.ema = None              # EMAHook's ModelEMA when the config uses EMA
         self._add(*hooks)
+
+    @property
+    def accumulation(self) -> Accumulation:
+        """Which batches end an optimizer step (the step's; settable, as the builder sets YOLOv5's ramp)."""
+        return self.optim.accumulation
+
+    @accumulation.setter
+    def accumulation(self, value: Accumulation) -> None:
+        self.optim.accumulation = value
 
     # ----------------------------------------------------------------- hooks
     def register(self, *hooks: Hook) -> None:
@@ -206,7 +222,7 @@ class Trainer:
             meter.done_steps = self.state.step_in_epoch
         # groups from the epoch's start (lr.Accumulation); the last may be short, so an epoch never ends with
         # gradients pending (a resumed epoch starts at a group boundary, see _drop_pending)
-        flags = self.accumulation.step_flags(epoch)
+        flags = self.optim.step_flags(epoch)
         self._note_buffers()   # an epoch starts at a group boundary
         for step, data in self._batches(epoch, meter):
             self.call("before_step", epoch, step)
@@ -232,20 +248,16 @@ class Trainer:
         if self.multi_scale is not None:
             self.multi_scale(data, epoch, self.state.global_step)
         heartbeat.beat("forward", self.state.global_step)
-        accumulate = self.batch.accumulate
         # the micro-steps of an accumulation keep their gradients local; the stepping one all-reduces the sum
-        with contextlib.nullcontext() if step_optimizer else compat.no_grad_sync(self.train_model):
-            with self.amp.autocast():
+        with self.optim.context(step_optimizer):
+            with self.optim.autocast():
                 outputs = self.train_model(data)
             heartbeat.beat("backward")   # the gradient all-reduce runs inside (Paddle's DataParallel)
-            # the mean over the accumulated batches: gradients of one optimizer step keep the scale of one batch
-            # (a shorter group, as in YOLOv5's warmup ramp, sums fewer: YOLOv5's loss sums its images too)
-            self.amp.backward(outputs["loss"] / accumulate if accumulate > 1 else outputs["loss"])
+            self.optim.backward(outputs["loss"])
         lr = self.optimizer.get_lr()
         self.optimizer_stepped = step_optimizer
         if step_optimizer:
-            self.amp.step(self.optimizer)
-            self.optimizer.clear_grad()
+            self.optim.step()   # clips, steps (or skips an overflow), zeroes the gradients
             self.optimizer_steps += 1
         if step_optimizer or self.lr_per_batch:
             self.lr.step()
@@ -263,7 +275,7 @@ class Trainer:
             self.meter.rollback()
         self.state.step_in_epoch -= pending
         self.state.global_step -= pending
-        self.optimizer.clear_grad()
+        self.optim.zero_grad()
         self._restore_buffers()
         if self.lr_per_batch:
             self.lr.step(self.lr.last_epoch - pending)
@@ -321,6 +333,8 @@ class Trainer:
                  self.lr_plan.describe() if self.lr_plan is not None else f"lr {self.optimizer.get_lr():.6g}")
         for note in self.plan_notes:
             log.info("%s", note)
+        if self.optim.clip_norm is not None:
+            log.info("%s", self.optim.describe())
         if self.conv_kernel:
             log.info("CPU convolutions: %s", self.conv_kernel)
 

@@ -1,13 +1,11 @@
-"""Mixed precision (--amp, ppdet's amp/amp_level): what it means on this device, the step it changes, its state."""
+"""Mixed precision (--amp, ppdet's amp/amp_level): what it means on this device, its log line, its state."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ppmulti.rank import compat
 from ppmulti.common.errors import UserError
 from ppmulti.rank.engine.hooks.base import Hook
 
@@ -110,12 +108,12 @@ def o1_float16_ops(model, custom_white_list=None, custom_black_list=None) -> dic
 
 
 class MixedPrecisionHook(Hook):
-    """Owns the precision of the training step: ``autocast()`` around the forward pass, ``backward()`` per
-    batch and ``step()`` per optimizer step (``backward_step()`` both, without accumulation). float16:
-    Paddle's GradScaler; a step whose gradients overflow is skipped and counted (``stats.amp`` per epoch, read
-    by the console and VisualDL hooks). Its state in a checkpoint: the scaler's (scale, good/bad step counters)
-    and the skipped steps, the same on every rank (gradients are all-reduced before the check), so it resumes
-    on any number of ranks."""
+    """Decides the run's precision and keeps its state; the step itself is engine.optim_step.OptimStep's.
+    ``setup`` settles the plan on the device and, for float16, makes Paddle's GradScaler (and O2's float16 model)
+    that the Trainer hands to its OptimStep with ``autocast_args()``. A step whose gradients overflowed is
+    skipped by the step and counted here (``stats.amp`` per epoch, read by the console and VisualDL hooks).
+    Its state in a checkpoint: the scaler's (scale, good/bad step counters) and the skipped steps, the same on
+    every rank (gradients are all-reduced before the check), so it resumes on any number of ranks."""
 
     priority = 12   # after_epoch: stats.amp is set before the console (50) and VisualDL (90) read it
     name = "amp"
@@ -149,6 +147,14 @@ class MixedPrecisionHook(Hook):
                 models=trainer.model, optimizers=trainer.optimizer, level="O2", master_weight=True,
                 save_dtype="float32")
 
+    def autocast_args(self):
+        """The float16 autocast the step runs the forward pass in (None: none)."""
+        from ppmulti.rank.engine.optim_step import Autocast
+
+        if self.plan.mode != "float16":
+            return None
+        return Autocast(self.plan.level, self.white, self.black)
+
     def before_train(self, trainer) -> None:
         note = self.plan.note
         if self.plan.mode == "float16" and self.plan.level == "O1":
@@ -156,37 +162,15 @@ class MixedPrecisionHook(Hook):
         if note:   # a warning when --amp was asked for and does nothing here
             (log.warning if self.req.on and self.plan.mode == "off" else log.info)("%s", note)
 
-    def autocast(self):
-        if self.plan.mode != "float16":
-            return contextlib.nullcontext()
-        import paddle
+    def after_step(self, trainer, epoch, step, outputs, lr, data_time) -> None:
+        optim = getattr(trainer, "optim", None)
+        if trainer.optimizer_stepped and optim is not None and optim.skipped:
+            self.count_skipped()
 
-        return paddle.amp.auto_cast(enable=True, custom_white_list=self.white, custom_black_list=self.black,
-                                    level=self.plan.level, dtype="float16")
-
-    def backward_step(self, loss, optimizer) -> None:
-        """Backward and the optimizer step; with a scaler the loss is scaled and an overflowing step skipped."""
-        self.backward(loss)
-        self.step(optimizer)
-
-    def backward(self, loss) -> None:
-        """Backward only (gradients add up until ``step``: accumulation); with a scaler, of the scaled loss."""
-        if self.scaler is None:
-            loss.backward()
-        else:
-            self.scaler.scale(loss).backward()
-
-    def step(self, optimizer) -> None:
-        """The optimizer step on the gradients summed since the last one; with a scaler they are unscaled
-        first and a step whose gradients overflowed is skipped (and counted)."""
-        if self.scaler is None:
-            optimizer.step()
-            return
-        self.scaler.step(optimizer)
-        if compat.scaler_found_inf(self.scaler):
-            self.skipped_epoch += 1
-            self.skipped_total += 1
-        compat.scaler_update(self.scaler)
+    def count_skipped(self) -> None:
+        """One step skipped (inf/nan gradients)."""
+        self.skipped_epoch += 1
+        self.skipped_total += 1
 
     def loss_scale(self) -> float | None:
         if self.scaler is None:
