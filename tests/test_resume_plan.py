@@ -107,7 +107,7 @@ def test_bare_resume_locates_the_newest_run_and_its_config(tmp_path, monkeypatch
 def test_resume_names_a_run_directory_or_its_last_checkpoint(tmp_path, named):
     run = _run(tmp_path, epochs=3)
     asked = named.format(run=run)
-    found = look(asked, read_train=lambda path: dict(DONE3))
+    found = look(asked, read_state=lambda path: {"train": dict(DONE3)})
     assert found == Found(asked, state_file=str(run / "weights" / "last.pdstate"), train=DONE3, planned=3)
     plan = decide(found, 4)
     assert (plan.source, plan.run_dir, plan.epochs_done, plan.extends) == (RUN, str(run), 3, True)
@@ -132,10 +132,15 @@ def test_a_launch_restart_reads_the_run_its_first_start_recorded(tmp_path):
     launch.mkdir()
     (launch / RUN_DIR_MARKER).write_text(f"{run}\n")
     state = str(run / "weights" / "last.pdstate")
-    found = look("ignored/by/a/restart", restart=1, launch_dir=str(launch), read_train=lambda path: dict(MID))
+    # the checkpoint's own record of its planned epochs wins over config.yml (which a start that extends rewrites
+    # before its first checkpoint: a restart of it still extends from the checkpoint's 2)
+    payload = {"train": dict(MID), "hooks": {"resume": {"epochs": 2}}}
+    found = look("ignored/by/a/restart", restart=1, launch_dir=str(launch), read_state=lambda path: payload)
     assert found == Found("ignored/by/a/restart", restart=1, restart_run=str(run), restart_state=state, train=MID,
-                          planned=3)
-    assert look(str(run), restart=0, launch_dir=str(launch), read_train=lambda p: dict(MID)).restart_run is None
+                          planned=2)
+    assert decide(found, 3).extends
+    first = look(str(run), restart=0, launch_dir=str(launch), read_state=lambda p: {"train": dict(MID)})
+    assert first.restart_run is None and first.state_file == state
     (run / "weights" / "last.pdstate").unlink()
     assert look(None, restart=1, launch_dir=str(launch)) == Found(restart=1, restart_run=str(run))
 

@@ -54,7 +54,7 @@ class Found:
     restart_run: str | None = None      # the run the first start of this launch recorded (its marker)
     restart_state: str | None = None    # that run's weights/last.pdstate, when one was written
     train: dict[str, Any] | None = None  # the resumed .pdstate's loop counters (its ``train``)
-    planned: int | None = None          # the epochs the resumed run was planned for (its config.yml)
+    planned: int | None = None          # the epochs the resumed run was planned for (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -126,10 +126,11 @@ def _ppmulti(found: Found, source: str, state_file: str, wanted: int | None, not
 
 
 def look(resume: str | None, restart: int = 0, launch_dir: str | None = None,
-         read_train=None) -> Found:
+         read_state=None) -> Found:
     """The facts for ``decide``: which files ``--resume`` and a launch restart's marker name, the resumed
-    checkpoint's counters (``read_train(path)``: its ``train`` dict; default: load the .pdstate) and the epochs
-    its run was planned for. A ``--resume`` naming no training state is one line (``ckpt.resolve_resume``)."""
+    checkpoint's counters (``read_state(path)``: the .pdstate's payload; default: loaded) and the epochs its run
+    was planned for (the checkpoint's own record, else its run's config.yml). A ``--resume`` naming no training
+    state is one line (``ckpt.resolve_resume``)."""
     from ppmulti.common.rundir import RUN_DIR_MARKER
     from ppmulti.rank.engine import checkpoint as ckpt
 
@@ -149,25 +150,21 @@ def look(resume: str | None, restart: int = 0, launch_dir: str | None = None,
         state_file = str(ckpt.resolve_resume(resume))
     train = planned = None
     if state_file is not None:
-        train = (read_train or _read_train)(state_file)
-        planned = planned_epochs(Path(state_file).parent.parent)
+        payload = (read_state or ckpt.load_state)(state_file)
+        train = dict(payload["train"])
+        planned = ((payload.get("hooks") or {}).get("resume") or {}).get("epochs")
+        planned = int(planned) if planned is not None else planned_epochs(Path(state_file).parent.parent)
     return Found(asked=resume, ppdet_stem=ppdet_stem,
                  state_file=None if restart_state is not None else state_file, restart=restart,
                  restart_run=restart_run, restart_state=restart_state, train=train, planned=planned)
-
-
-def _read_train(path: str) -> dict:
-    from ppmulti.rank.engine import checkpoint as ckpt
-
-    return dict(ckpt.load_state(path)["train"])
 
 
 _EPOCH_LINE = re.compile(r"^epoch:\s*(\d+)\s*$", re.MULTILINE)
 
 
 def planned_epochs(run_dir: Path) -> int | None:
-    """The epochs a run was planned for: the top-level ``epoch`` of the config.yml it wrote when it started
-    (None: no such file, as for a Trainer from parts)."""
+    """The epochs a run was planned for, as checkpoints older than ResumeHook's state say it: the top-level
+    ``epoch`` of the config.yml it wrote when it started (None: no such file, as for a Trainer from parts)."""
     try:
         match = _EPOCH_LINE.search((Path(run_dir) / "config.yml").read_text())
     except OSError:

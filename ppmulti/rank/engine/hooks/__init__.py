@@ -14,8 +14,8 @@ prio hook              module       does                                        
 12   MixedPrecisionHook amp         the step's precision (--amp): float16 autocast + loss   amp: GradScaler scale
                                     scaling (GPU) or bf16 convolutions (CPU); skipped steps  and counters, skipped
                                     -> stats.amp (core)                                     steps
-20   ResumeHook        resume       restart marker + --resume at build; restores the model, -
-                                    optimizer, lr, counters, rng, every hook (core)
+20   ResumeHook        resume       engine.resume_plan's decision at build; restores the    resume: epochs
+                                    model, optimizer, lr, counters, rng, every hook (core)  planned
 30   EvaluationHook    evaluation   COCO mAP with the EMA weights on snapshot/last epochs   -
                                     -> stats.metrics (core)
 35   ImageWeightsHook  image_weights  per-class mAP of the last evaluation to the          image_weights:

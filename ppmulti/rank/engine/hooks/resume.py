@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import RUN_DIR_MARKER
@@ -24,16 +25,19 @@ class ResumeHook(Hook):
     resumed is decided once (engine.resume_plan: a launch restarted by ``--max_restarts`` carries on the run its
     first start recorded in the launch directory, else ``--resume`` names it) and kept as ``plan``.
     ``before_train`` then restores the model, optimizer, lr schedule (planned again for an extended run), loop
-    counters, random state and every hook's own state. Keeps no state of its own.
+    counters, random state and every hook's own state. Its state in a checkpoint: the epochs the run is planned
+    for, so that a later ``--resume`` with more knows it extends the run (even a restart of the extending start).
 
-    ``epochs``: the epochs this start trains to (the builder's; None for a Trainer from parts: no extension)."""
+    ``epochs``: the epochs this start trains to (the builder's; None for a Trainer from parts: its ``epoch``)."""
 
     priority = 20   # after the EMA exists (its state is restored here), before the hooks that read the epoch
+    name = "resume"
 
     def __init__(self, opts, epochs: int | None = None) -> None:
         from ppmulti.common.envvars import launch_record
 
         self.payload = None
+        self.epochs = epochs
         record = launch_record()
         self.plan = decide(look(opts.resume, record.restart, record.directory, self._load), epochs)
         self.path = None if self.plan.checkpoint is None else Path(
@@ -42,7 +46,13 @@ class ResumeHook(Hook):
 
     def _load(self, path: str) -> dict:
         self.payload = ckpt.load_state(path)   # loaded once: its counters decide, before_train restores the rest
-        return self.payload["train"]
+        return self.payload
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.epochs is None else {"epochs": self.epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Read by the decision already (engine.resume_plan.look); this start's epochs are kept."""
 
     @property
     def trained(self) -> Trained | None:
@@ -55,6 +65,7 @@ class ResumeHook(Hook):
         return None if self.plan.run_dir is None else Path(self.plan.run_dir)
 
     def before_train(self, trainer) -> None:
+        self.epochs = int(trainer.cfg["epoch"])
         if self.ppdet is not None:
             restore_ppdet(trainer, self.ppdet)
             self.ppdet = None
