@@ -173,7 +173,7 @@ class _Build:
                             f"images per rank, 1 or more (e.g. batch_size: 8), or pass --batch N")
         return plan_batch(self.world, given, batch=self.opts.batch,
                           accumulate=self.opts.accumulate, nominal=self.opts.nominal_batch,
-                          trained=self.resume.trained)
+                          trained=self.resume.plan.trained)
 
     def _image_weights_sampler(self):
         """--image-weights: the train loader's batch sampler (data.sampler), None without the flag."""

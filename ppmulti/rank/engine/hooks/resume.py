@@ -11,9 +11,8 @@ from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import RUN_DIR_MARKER
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks.base import Hook
-from ppmulti.rank.engine.lr import Trained
-from ppmulti.rank.engine.resume_plan import (PPDET_EMA, PPDET_OPTIMIZER, PpdetCheckpoint, decide, look,  # noqa: F401
-                                             ppdet_checkpoint)
+from ppmulti.rank.engine.resume_plan import PPDET_EMA, PPDET_OPTIMIZER, PpdetCheckpoint, decide, look
+from ppmulti.rank.engine.resume_plan import ppdet_checkpoint  # noqa: F401  (its home before resume_plan)
 
 log = logging.getLogger("ppmulti")
 
@@ -53,12 +52,6 @@ class ResumeHook(Hook):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Read by the decision already (engine.resume_plan.look); this start's epochs are kept."""
-
-    @property
-    def trained(self) -> Trained | None:
-        """The batch plan the resumed run was trained with (None: not resuming); the builder keeps its
-        effective batch (engine.lr.plan_batch)."""
-        return self.plan.trained
 
     @property
     def run_dir(self) -> Path | None:
