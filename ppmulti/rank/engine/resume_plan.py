@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ppmulti.common.errors import UserError
-from ppmulti.common.rundir import STATE, WEIGHTS
+from ppmulti.common.rundir import RUN_DIR_MARKER, STATE, WEIGHTS, newest_run, run_of
+from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.lr import Trained
 
 NONE, RUN, PPDET, RESTART = "none", "run", "ppdet", "restart"   # what is resumed
@@ -33,7 +34,6 @@ class Located:
 def locate(resume: str | bool | None, asked_output: str | None) -> Located:
     """Which run or checkpoint ``--resume`` names (bare: the newest run under the user's --project/--name, else
     runs/train and output/); a PaddleDetection stem without its .pdopt is refused here, before any rank starts."""
-    from ppmulti.common.rundir import newest_run, run_of
     if resume is None or resume is False or resume == "":
         return Located(None)
     path = str(newest_run(asked_output)) if resume is True else str(resume)
@@ -131,9 +131,6 @@ def look(resume: str | None, restart: int = 0, launch_dir: str | None = None,
     checkpoint's counters (``read_state(path)``: the .pdstate's payload; default: loaded) and the epochs its run
     was planned for (the checkpoint's own record, else its run's config.yml). A ``--resume`` naming no training
     state is one line (``ckpt.resolve_resume``)."""
-    from ppmulti.common.rundir import RUN_DIR_MARKER
-    from ppmulti.rank.engine import checkpoint as ckpt
-
     resume = resume if isinstance(resume, str) and resume else None
     restart_run = restart_state = None
     marker = Path(launch_dir or "", RUN_DIR_MARKER)
