@@ -281,7 +281,7 @@ def test_a_launch_restart_before_the_first_checkpoint_begins_from_the_ppdet_chec
     a run begun with -r PaddleDetection's checkpoint begins from that checkpoint again, not from scratch."""
     from ppmulti.common.envvars import PPMULTI_LAUNCH_DIR, PPMULTI_RESTART
     from ppmulti.common.rundir import RUN_DIR_MARKER
-    from ppmulti.rank.engine.hooks.resume import continue_after_restart
+    from ppmulti.rank.engine.hooks.resume import ResumeHook
     from ppmulti.rank.engine.trainer import RunPlan
 
     root = _ppdet_kind(tmp_path, "output/cfg/0.pdparams", "output/cfg/0.pdopt")
@@ -290,10 +290,10 @@ def test_a_launch_restart_before_the_first_checkpoint_begins_from_the_ppdet_chec
     monkeypatch.setenv(PPMULTI_LAUNCH_DIR, str(tmp_path / "launch"))
     monkeypatch.setenv(PPMULTI_RESTART, "1")
     for resume, kept in ((str(root / "output/cfg/0"), str(root / "output/cfg/0")), (None, None)):
-        opts = RunPlan(config="c.yml", resume=resume)
-        opts, note = continue_after_restart(opts)
-        assert (opts.resume, opts.output, opts.exist_ok) == (kept, str(tmp_path / "run"), True)
-        assert note.endswith(f"starting it again from {kept}" if kept else "starting it again")
+        plan = ResumeHook(RunPlan(config="c.yml", resume=resume)).plan
+        assert (plan.source, plan.checkpoint, plan.ppdet, plan.run_dir) == ("restart", kept, kept is not None,
+                                                                           str(tmp_path / "run"))
+        assert plan.notes[0].endswith(f"starting it again from {kept}" if kept else "starting it again")
 
 
 def _toy_parts(seed: int):

@@ -12,7 +12,6 @@ from typing import Mapping
 from ppmulti.common import gpu_switches, ppdet_flags, trackers, train_flags
 from ppmulti.common.callbacks import parse_spec
 from ppmulti.common.errors import UserError
-from ppmulti.common.rundir import newest_run, run_of
 from ppmulti.rank.engine.lr import NOMINAL_BATCH
 from ppmulti.rank.plan import RunPlan
 
@@ -37,12 +36,10 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     yolo_style = train_flags.yolo_style(args)
     project, name = getattr(args, "project", None), getattr(args, "name", None)
     asked = args.output or train_flags.run_output(project, name)   # a run directory the user named
-    resume = args.resume
-    if resume is True:
-        resume = str(newest_run(asked))   # the user's --project/--name, else runs/train and output/
-    from ppmulti.rank.engine.hooks.resume import ppdet_checkpoint
+    from ppmulti.rank.engine.resume_plan import locate
 
-    ppdet_checkpoint(resume)   # a PaddleDetection stem without its .pdopt is refused here, before any rank starts
+    located = locate(args.resume, asked)   # before any rank starts: a bare --resume's run, a bad -r stem refused
+    resume = located.path
     noval = getattr(args, "noval", False)
     from ppmulti.rank.engine.pretrained import resolve_weights_flag
 
@@ -51,10 +48,10 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         if args.config:
             raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
         config = yolo_config.resolve_cfg(args.cfg).config
-    elif not config and resume and (run_of(resume) / "config.yml").is_file():
+    elif not config and located.run_dir is not None:
         # YOLOv5's bare --resume needs no other flag: the run's own resolved config (and its opt.yaml) say it all
-        config = str(run_of(resume) / "config.yml")
-        record = _read_record(run_of(resume))
+        config = str(located.run_dir / "config.yml")
+        record = _read_record(located.run_dir)
         if record is not None:
             args = _with_record(args, record)
             loggers = _loggers(args)

@@ -86,16 +86,17 @@ class _Build:
         config_mod.check_dataset(self.cfg, "EvalDataset")
         self.amp = MixedPrecisionHook(amp_request(opts.amp, self.cfg.get("amp"), self.cfg.get("amp_level"),
                                                   self.device, opts.amp_default))
-        # read before the batch plan and the run directory: a resumed run keeps both
-        self.resume = ResumeHook(opts)
-        self.opts = opts = self.resume.opts   # a launch's restart points the plan at the run its first start began
+        # read before the batch plan and the run directory: a resumed run keeps both (engine.resume_plan)
+        self.resume = ResumeHook(opts, int(self.cfg["epoch"]))
+        if self.resume.plan.extends:   # the lr decay ends with the new last epoch, whichever flag asked for it
+            stretch_decay(self.cfg, int(self.cfg["epoch"]))
         self.batch = self._batch_plan()
         self.cfg.TrainReader["batch_size"] = self.batch.per_rank
         self.run_dir = self._make_run_dir()
         record_run_dir(self.run_dir)
         self._setup_logging()
-        if self.resume.restart_note:
-            log.warning("%s", self.resume.restart_note)
+        for note in self.resume.plan.notes:
+            log.warning("%s", note)
         for note in notes:
             log.warning("%s", note)
         if hsv_on_device is not None:
@@ -186,7 +187,7 @@ class _Build:
                             f"images per rank, 1 or more (e.g. batch_size: 8), or pass --batch N")
         return plan_batch(self.world, given, batch=self.opts.batch,
                           accumulate=self.opts.accumulate, nominal=self.opts.nominal_batch,
-                          trained=self.resume.trained)
+                          trained=self.resume.plan.trained)
 
     def _image_weights_sampler(self):
         """--image-weights: the train loader's batch sampler (data.sampler), None without the flag."""

@@ -11,11 +11,11 @@ prio hook              module       does                                        
                                     momentum from warmup_momentum (YOLOv5 command lines)
 10   EMAHook           ema          builds ModelEMA; updates it right after each optimizer  ema: averaged weights,
                                     step; not after an accumulation's micro-steps (core)    update count
-12   MixedPrecisionHook amp         the precision plan (--amp): float16 + its GradScaler    amp: GradScaler scale
-                                    for trainer.optim (GPU) or bf16 convolutions (CPU);     and counters, skipped
-                                    steps the scaler skipped -> stats.amp (core)            steps
-20   ResumeHook        resume       restart marker + --resume at build; restores the model, -
-                                    optimizer, lr, counters, rng, every hook (core)
+12   MixedPrecisionHook amp         the step's precision (--amp): float16 autocast + loss   amp: GradScaler scale
+                                    scaling (GPU) or bf16 convolutions (CPU); skipped steps  and counters, skipped
+                                    -> stats.amp (core)                                     steps
+20   ResumeHook        resume       engine.resume_plan's decision at build; restores the    resume: epochs
+                                    model, optimizer, lr, counters, rng, every hook (core)  planned
 30   EvaluationHook    evaluation   COCO mAP with the EMA weights on snapshot/last epochs   -
                                     -> stats.metrics (core)
 35   ImageWeightsHook  image_weights  per-class mAP of the last evaluation to the          image_weights:

@@ -1,55 +1,64 @@
-"""Resume: find the checkpoint to continue (``--resume``, or a launch restart's marker; ppmulti's own or a
-PaddleDetection checkpoint given with ``-r``) and restore from it."""
+"""Resume: restore a run from the checkpoint engine.resume_plan decided on (``--resume``, a launch restart's
+marker; ppmulti's own or a PaddleDetection checkpoint given with ``-r``)."""
 
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import RUN_DIR_MARKER
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks.base import Hook
-from ppmulti.rank.engine.lr import Trained
+from ppmulti.rank.engine.resume_plan import PPDET_EMA, PPDET_OPTIMIZER, PpdetCheckpoint, decide, look
+from ppmulti.rank.engine.resume_plan import ppdet_checkpoint  # noqa: F401  (its home before resume_plan)
 
 log = logging.getLogger("ppmulti")
 
+NAME_TABLE = "StructuredToParameterName@@"   # paddle.save's record of each weight's parameter name
+
 
 class ResumeHook(Hook):
-    """Built with the trainer, because the checkpoint decides the run directory and the global batch: a launch
-    restarted by ``--max_restarts`` carries on the run its first start recorded in the launch directory
-    (RUN_DIR_MARKER), else ``--resume`` names it. ``before_train`` then restores the model, optimizer, lr
-    schedule, loop counters, random state and every hook's own state. Keeps no state of its own."""
+    """Built with the trainer, because the checkpoint decides the run directory and the global batch: what is
+    resumed is decided once (engine.resume_plan: a launch restarted by ``--max_restarts`` carries on the run its
+    first start recorded in the launch directory, else ``--resume`` names it) and kept as ``plan``.
+    ``before_train`` then restores the model, optimizer, lr schedule (planned again for an extended run), loop
+    counters, random state and every hook's own state. Its state in a checkpoint: the epochs the run is planned
+    for, so that a later ``--resume`` with more knows it extends the run (even a restart of the extending start).
+
+    ``epochs``: the epochs this start trains to (the builder's; None for a Trainer from parts: its ``epoch``)."""
 
     priority = 20   # after the EMA exists (its state is restored here), before the hooks that read the epoch
+    name = "resume"
 
-    def __init__(self, opts) -> None:
-        # may point the plan's resume / output at that run; the builder reads the plan back from self.opts
-        self.opts, self.restart_note = continue_after_restart(opts)
-        opts = self.opts
-        self.ppdet = ppdet_checkpoint(opts.resume) if opts.resume else None
-        if self.ppdet is not None:   # PaddleDetection's: restored in before_train, into a new run directory
-            self.path, self.payload = Path(self.ppdet.stem + ckpt.WEIGHTS), None
-            return
-        self.path = ckpt.resolve_resume(opts.resume) if opts.resume else None
-        self.payload = ckpt.load_state(self.path) if self.path else None
+    def __init__(self, opts, epochs: int | None = None) -> None:
+        from ppmulti.common.envvars import launch_record
 
-    @property
-    def trained(self) -> Trained | None:
-        """The batch plan the resumed run was trained with (None: not resuming); the builder keeps its
-        effective batch (engine.lr.plan_batch)."""
-        if self.payload is None:
-            return None
-        train = self.payload["train"]
-        return Trained(int(train["global_batch"]), int(train["world_size"]), int(train.get("accumulate", 1)))
+        self.payload = None
+        self.epochs = epochs
+        record = launch_record()
+        self.plan = decide(look(opts.resume, record.restart, record.directory, self._load), epochs)
+        self.path = None if self.plan.checkpoint is None else Path(
+            self.plan.checkpoint + ckpt.WEIGHTS if self.plan.ppdet else self.plan.checkpoint)
+        self.ppdet = PpdetCheckpoint(self.plan.checkpoint) if self.plan.ppdet else None
+
+    def _load(self, path: str) -> dict:
+        self.payload = ckpt.load_state(path)   # loaded once: its counters decide, before_train restores the rest
+        return self.payload
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.epochs is None else {"epochs": self.epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Read by the decision already (engine.resume_plan.look); this start's epochs are kept."""
 
     @property
     def run_dir(self) -> Path | None:
-        return None if self.path is None or self.ppdet is not None else self.path.parent.parent
+        return None if self.plan.run_dir is None else Path(self.plan.run_dir)
 
     def before_train(self, trainer) -> None:
+        self.epochs = int(trainer.cfg["epoch"])
         if self.ppdet is not None:
             restore_ppdet(trainer, self.ppdet)
             self.ppdet = None
@@ -62,6 +71,10 @@ class ResumeHook(Hook):
         trainer.optimizer.set_state_dict(payload["optimizer"])
         if payload.get("lr") is not None and hasattr(trainer.lr, "set_state_dict"):
             trainer.lr.set_state_dict(payload["lr"])
+            if self.plan.extends and hasattr(trainer.lr, "step"):
+                # the restored step on the schedule built for the new length: the next step's lr is that
+                # schedule's, not the value the old one ended with
+                trainer.lr.step(trainer.lr.last_epoch)
         states = ckpt.hook_states(payload)
         for hook in trainer.hooks:
             if hook.name and states.get(hook.name) is not None:
@@ -87,29 +100,6 @@ class ResumeHook(Hook):
         self.payload = None   # the weights now live in the model; free the copy
 
 
-def continue_after_restart(opts) -> tuple:
-    """In a launch restarted by ``--max_restarts``, carry on the run the first start began: resume from
-    its last checkpoint (or start it again in the same directory if none was written yet). Returns the plan
-    (a copy pointing at that run, or the same one) and the note to log (None: not a restart)."""
-    import dataclasses
-
-    from ppmulti.common.envvars import launch_record
-
-    record = launch_record()
-    marker = Path(record.directory or "", RUN_DIR_MARKER)
-    if record.directory is None or record.restart == 0 or not marker.is_file():
-        return opts, None
-    run_dir = Path(marker.read_text().strip())
-    if (run_dir / "weights" / ("last" + ckpt.STATE)).is_file():
-        return (dataclasses.replace(opts, resume=str(run_dir)),
-                f"launch restart {record.restart}: resuming {run_dir} from its last checkpoint")
-    # a run that began from a PaddleDetection checkpoint (-r) begins from it again
-    keep = opts.resume if ppdet_checkpoint(opts.resume) is not None else None
-    return (dataclasses.replace(opts, output=str(run_dir), exist_ok=True, resume=keep),
-            f"launch restart {record.restart}: no checkpoint in {run_dir} yet, starting it again"
-            + (f" from {keep}" if keep else ""))
-
-
 def record_run_dir(run_dir: Path) -> None:
     """The first start of a launch notes its run directory, so a restart continues the same run. Every node
     keeps its own launch directory, so local rank 0 of each node notes it (all ranks know it by then): a rank
@@ -120,46 +110,6 @@ def record_run_dir(run_dir: Path) -> None:
     record = launch_record()
     if record.directory and record.restart == 0 and worker_info().local_rank == 0:
         atomic_write_text(Path(record.directory, RUN_DIR_MARKER), str(run_dir.resolve()) + "\n")
-
-
-PPDET_OPTIMIZER = ".pdopt"   # PaddleDetection: the optimizer's state_dict plus 'last_epoch' (epochs done)
-PPDET_EMA = ".pdema"         # PaddleDetection with use_ema: the trained weights (the .pdparams then hold the EMA)
-NAME_TABLE = "StructuredToParameterName@@"   # paddle.save's record of each weight's parameter name
-
-
-@dataclass(frozen=True)
-class PpdetCheckpoint:
-    """A checkpoint PaddleDetection's Checkpointer wrote: ``stem``.pdparams (+ .pdopt, + .pdema with EMA)."""
-
-    stem: str
-
-    @property
-    def name_epoch(self) -> int | None:
-        """Epochs done, read from the name: ``N`` is saved after epoch index N (N + 1 epochs), None for
-        ``model_final`` / ``best_model`` (their .pdopt says)."""
-        name = Path(self.stem).name
-        return int(name) + 1 if re.fullmatch(r"\d+", name) else None
-
-
-def ppdet_checkpoint(path: str | bool | None) -> PpdetCheckpoint | None:
-    """Which kind of checkpoint ``--resume``/``-r PATH`` names: None for ppmulti's own (a run directory, or a
-    stem with a .pdstate), a PpdetCheckpoint for PaddleDetection's (a stem with .pdparams and .pdopt and no
-    .pdstate; the path may carry either suffix). A stem with weights only is refused: nothing to continue."""
-    if not isinstance(path, str) or not path or Path(path).is_dir():
-        return None
-    stem = path
-    for suffix in (ckpt.WEIGHTS, ckpt.STATE, PPDET_OPTIMIZER, PPDET_EMA):
-        if stem.endswith(suffix):
-            stem = stem[: -len(suffix)]
-            break
-    if Path(stem + ckpt.STATE).is_file() or not Path(stem + ckpt.WEIGHTS).is_file():
-        return None   # ppmulti's own, or nothing (ckpt.resolve_resume names what it looked for)
-    if not Path(stem + PPDET_OPTIMIZER).is_file():
-        raise UserError(f"--resume {path}: {stem}{ckpt.WEIGHTS} has no training state beside it (neither "
-                        f"PaddleDetection's {Path(stem).name}{PPDET_OPTIMIZER} nor ppmulti's "
-                        f"{Path(stem).name}{ckpt.STATE}); to start a new run from these weights pass "
-                        f"--weights {stem}{ckpt.WEIGHTS}")
-    return PpdetCheckpoint(stem)
 
 
 def restore_ppdet(trainer, found: PpdetCheckpoint) -> None:
