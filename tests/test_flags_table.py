@@ -162,8 +162,9 @@ def _literal_names(node: ast.AST) -> list[str]:
     return out
 
 
-# the helpers that make a table's rows (ppdet_flags' _p, launch's _l): a row spelling a shared flag is a copy too
-ROW_MAKERS = ("_p", "_l")
+# the helpers that make a table's rows (ppdet_flags' _p, launch's _l, train_flags' _t): a row spelling a shared flag
+# is a copy too
+ROW_MAKERS = ("_p", "_l", "_t")
 
 # PaddleDetection flags some tool honours (a refusal-only one, eval's --amp, may be another tool's own flag)
 PPDET_NAMES = {name for flag in ppdet_flags.FLAGS if any(u.kind != "refuse" for u in flag.uses.values())
@@ -211,3 +212,40 @@ def test_the_three_tables_are_rows_of_one_flag_class():
     for dest in ("device", "devices", "host", "verbose"):
         row = next(f for f in launch.FLAGS if f.dest == dest)
         assert row.spellings == flags.BY_DEST[dest].spellings and row.help != flags.BY_DEST[dest].help
+
+
+def test_train_flags_are_rows_of_the_one_flag_class():
+    """tools/train.py's parser is built from train_flags.TRAIN alone (no add_argument of its own): each row once, in
+    the table's order and --help section, with its spellings, dest and help; the shared flags are the shared table's
+    rows told train's help; YOLOv5's flags ppmulti lacks are refuse rows, kept out of the parser and refused by name."""
+    from ppmulti.common import train_flags as train
+
+    assert all(type(flag) is flags.Flag and "train" in flag.tools for flag in train.TRAIN)
+    source = (REPO / "ppmulti" / "common" / "train_flags.py").read_text()
+    assert "add_argument(" not in source
+    parser = train.build_parser()
+    ppdet = {name for flag in ppdet_flags.flags_for("train") for name in flag.spellings}
+    actions = [a for a in parser._actions if a.option_strings and a.dest != "help"
+               and not set(a.option_strings) & ppdet]
+    rows = [flag for flag in train.TRAIN if not train.refused(flag)]
+    assert [a.dest for a in actions] == [flag.dest for flag in rows]
+    sections = {group.title: group for group in parser._action_groups}
+    for flag, action in zip(rows, actions):
+        negated = ["--no-" + n[2:] for n in flag.names if isinstance(action, argparse.BooleanOptionalAction)]
+        assert action.option_strings == [*flag.spellings, *negated] and action.help == flag.help, flag.dest
+        assert flag.spellings == flags.twins(flag.names) and flag.takes_value == (action.nargs != 0), flag.dest
+        assert action in sections[flag.group or parser._optionals.title]._group_actions, flag.dest
+        if flag.dest in flags.BY_DEST:
+            assert flag.names == flags.BY_DEST[flag.dest].names and _shape(action) == _shape(_reference(flag))
+    assert {flag.group for flag in rows} == {"", train.YOLOV5}
+    # the refused ones: exact YOLOv5 spellings, none a flag some table honours, each refused in one line with why
+    taken = {s for a in parser._actions for s in a.option_strings} | set(flags.BY_NAME)
+    refused = [flag for flag in train.TRAIN if train.refused(flag)]
+    assert refused and set(train.UNSUPPORTED) == {name for flag in refused for name in flag.spellings}
+    for flag in refused:
+        assert not flag.names and flag.spellings == flag.exact and not set(flag.spellings) & taken
+        for name in flag.spellings:
+            with pytest.raises(UserError) as err:
+                train.parse(["-c", "x.yml", name, *(["1"] if flag.takes_value else [])])
+            assert str(err.value) == (f"{name} is a YOLOv5 flag that ppmulti does not support "
+                                      f"({flag.uses['train'].text}); remove it")

@@ -81,8 +81,9 @@ _BARE_ACTIONS = ("store_true", "store_false", "store_const", "append_const", "co
 
 @dataclass(frozen=True)
 class Flag:
-    """One flag, described once, whichever table holds it (this module's shared one, ppdet_flags', launch's): its
-    spellings, dest, help, how argparse reads its value, the tools that take it and what it does in each."""
+    """One flag, described once, whichever table holds it (this module's shared one, ppdet_flags', launch's,
+    train_flags'): its spellings, dest, help, how argparse reads its value, the tools that take it and what it does
+    in each."""
 
     names: tuple[str, ...]          # as each dialect spells it, the first shown first; twins() adds the rest
     dest: str
@@ -92,6 +93,7 @@ class Flag:
     ppdet: tuple[str, ...] = ()     # the names that are PaddleDetection's own spelling
     exact: tuple[str, ...] = ()     # names taken as their tool spells them, with no twin (Paddle's --max_restart)
     uses: dict = field(default_factory=dict)    # tool -> Use, where the flag means more than its dest
+    group: str = ""                 # the --help section a table shows the row under ("": the parser's own options)
 
     @property
     def spellings(self) -> tuple[str, ...]:

@@ -1,127 +1,166 @@
-"""The train command's flags, ppmulti's own and YOLOv5's train.py ones (pure argparse: both sides parse them); the
-ones other tools take too come from ppmulti.common.flags."""
+"""The train command's flags as one table of rows (ppmulti's own, YOLOv5's train.py ones, the shared ones told
+train's help, and YOLOv5's flags ppmulti refuses), the parser built from it (pure argparse: both sides parse them)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
 from ppmulti.common.errors import UserError
-from ppmulti.common.flags import add
+from ppmulti.common.flags import BY_DEST, Flag, refuse
 from ppmulti.common.paths import TRAIN_SCRIPT
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 
-# YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name.
-UNSUPPORTED = {
-    "--quad": "the quad dataloader",
-    "--bucket": "gsutil dataset buckets",
-    "--upload_dataset": "W&B dataset upload",
-    "--bbox_interval": "W&B bounding-box logging",
-    "--artifact_alias": "W&B artifacts",
-    "--entity": "W&B entity",
-    "--local_rank": "torch.distributed.launch's rank flag (ppmulti launch sets ranks itself)",
-    "--local-rank": "torch.distributed.launch's rank flag (ppmulti launch sets ranks itself)",
-    "--ndjson-console": "NDJSON logging",
-    "--ndjson-file": "NDJSON logging",
-    "--evolve_population": "evolution seeded from a population directory",
-    "--resume_evolve": "resuming evolution from a csv (ppmulti evolve resumes by itself)",
-}
-
-
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 
+YOLOV5 = "YOLOv5 train.py flags"   # the --help section of YOLOv5's own flags (the ones shared with ppmulti's aside)
 
-def add_train_flags(p: argparse.ArgumentParser) -> None:
-    add(p, "config")
-    add(p, "opt")
-    p.add_argument("--eval", action="store_true", help="evaluate every snapshot_epoch and keep the best weights")
-    p.add_argument("-r", "--resume", metavar="PATH", nargs="?", const=True, default=None,
-                   help="a run directory or weights/last to continue from; bare --resume takes the newest run; "
-                        "a PaddleDetection checkpoint (output/CONFIG/model_final or output/CONFIG/N: N.pdparams "
-                        "beside N.pdopt) continues its weights, optimizer and epoch in a new run directory")
-    add(p, "batch")
-    p.add_argument("--accumulate", type=int, metavar="N",
-                   help="batches whose gradients add up before each optimizer step: effective batch = global "
-                        "batch x N, the lr scaled from it (default 1; --cfg/--data/--hyp runs: YOLOv5's "
-                        "max(round(64 / global batch), 1))")
-    add(p, "epochs")
-    add(p, "output", help="run directory (default: runs/train/exp for YOLOv5 command lines, save_dir/<config name> "
-                          "for -c ones; numbered unless --exist-ok)")
-    add(p, "exist_ok", help="reuse the run directory instead of numbering a new one")
-    p.add_argument("--sync-bn", "--sync_bn", dest="sync_bn", action="store_true",
-                   help="BatchNorm statistics over all ranks' batches (SyncBatchNorm; CPU ranks: 2-3x the step time)")
-    add(p, "seed", help="random seed (rank r seeds its augmentation with SEED + r; the initial weights with SEED)")
-    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
-                   help="deterministic GPU kernels (FLAGS_cudnn_deterministic, FLAGS_embedding_deterministic, "
-                        "CUBLAS_WORKSPACE_CONFIG) in every rank; default: on for YOLOv5 command lines "
-                        "(--cfg/--data/--hyp, as YOLOv5 trains), off for -c lines")
-    p.add_argument("--cudnn-benchmark", "--cudnn_benchmark", dest="cudnn_benchmark", action="store_true",
-                   help="let cuDNN time its convolution algorithms and keep the fastest "
-                        "(FLAGS_cudnn_exhaustive_search, torch's cudnn.benchmark); not with --deterministic")
-    add(p, "workers")
-    add(p, "weights", metavar="FILE",
-        help="initial weights: a .pdparams, or a YOLOv5 .pt (yolov5s.pt: downloaded once when not on disk; "
-             "converted without torch and cached beside it); '' trains from scratch")
-    add(p, "device", help="cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU")
-    add(p, "nproc")
+
+def _t(names: tuple[str, ...], dest: str, help: str, **value) -> Flag:
+    """A train flag: its spellings (the dash/underscore twin of each comes along), dest, help, argparse keywords."""
+    return Flag(names, dest, help, ("train",), value)
+
+
+def _shared(dest: str, help: str | None = None, **value) -> Flag:
+    """A flag of the shared table (common/flags.py), with train's own help text or value keywords where they differ."""
+    flag = BY_DEST[dest]
+    assert "train" in flag.tools, dest
+    return flag.told(help, **value)
+
+
+def _refused(names: tuple[str, ...], why: str, **value) -> Flag:
+    """A YOLOv5 train.py flag ppmulti does not implement, refused by name with what it does there; spelled exactly as
+    YOLOv5 spells it (no twins added) and never added to the parser (the leftovers of parse_known_args are checked)."""
+    return Flag((), names[0].lstrip("-").replace("-", "_"), why, ("train",), value, exact=names,
+                uses={"train": refuse(why)})
+
+
+def _in(group: str, rows: tuple[Flag, ...]) -> tuple[Flag, ...]:
+    """``rows``, shown under --help's section ``group``."""
+    return tuple(replace(flag, group=group) for flag in rows)
+
+
+# Every flag of tools/train.py but PaddleDetection's (ppdet_flags adds those), in --help's order.
+TRAIN: tuple[Flag, ...] = (
+    _shared("config"),
+    _shared("opt"),
+    _t(("--eval",), "eval", "evaluate every snapshot_epoch and keep the best weights", action="store_true"),
+    _t(("-r", "--resume"), "resume",
+       "a run directory or weights/last to continue from; bare --resume takes the newest run; "
+       "a PaddleDetection checkpoint (output/CONFIG/model_final or output/CONFIG/N: N.pdparams "
+       "beside N.pdopt) continues its weights, optimizer and epoch in a new run directory",
+       metavar="PATH", nargs="?", const=True, default=None),
+    _shared("batch"),
+    _t(("--accumulate",), "accumulate",
+       "batches whose gradients add up before each optimizer step: effective batch = global "
+       "batch x N, the lr scaled from it (default 1; --cfg/--data/--hyp runs: YOLOv5's "
+       "max(round(64 / global batch), 1))", type=int, metavar="N"),
+    _shared("epochs"),
+    _shared("output", "run directory (default: runs/train/exp for YOLOv5 command lines, save_dir/<config name> "
+                      "for -c ones; numbered unless --exist-ok)"),
+    _shared("exist_ok", "reuse the run directory instead of numbering a new one"),
+    _t(("--sync-bn",), "sync_bn",
+       "BatchNorm statistics over all ranks' batches (SyncBatchNorm; CPU ranks: 2-3x the step time)",
+       action="store_true"),
+    _shared("seed", "random seed (rank r seeds its augmentation with SEED + r; the initial weights with SEED)"),
+    _t(("--deterministic",), "deterministic",
+       "deterministic GPU kernels (FLAGS_cudnn_deterministic, FLAGS_embedding_deterministic, "
+       "CUBLAS_WORKSPACE_CONFIG) in every rank; default: on for YOLOv5 command lines "
+       "(--cfg/--data/--hyp, as YOLOv5 trains), off for -c lines",
+       action=argparse.BooleanOptionalAction, default=None),
+    _t(("--cudnn-benchmark",), "cudnn_benchmark",
+       "let cuDNN time its convolution algorithms and keep the fastest "
+       "(FLAGS_cudnn_exhaustive_search, torch's cudnn.benchmark); not with --deterministic", action="store_true"),
+    _shared("workers"),
+    _shared("weights", "initial weights: a .pdparams, or a YOLOv5 .pt (yolov5s.pt: downloaded once when not on "
+                       "disk; converted without torch and cached beside it); '' trains from scratch", metavar="FILE"),
+    _shared("device", "cpu, one GPU id (0) or several (0,1,2,3): several start one rank per GPU"),
+    _shared("nproc"),
     # --no-amp: argparse's own on/off pair, and ultralytics' amp=False; YOLOv5 has no flag (AMP always on CUDA)
-    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
-                   help="mixed precision: float16 on GPUs, bfloat16 convolutions on CPUs with AVX512-BF16/AMX; "
-                        "default: the config's amp key (-o amp=true), on for --cfg/--data/--hyp runs on GPUs")
-    p.add_argument("--callback", dest="callback", action="append", default=None, metavar="EVENT=MODULE:FUNCTION",
-                   help="FUNCTION(run) called in every rank at EVENT (ultralytics' names), e.g. "
-                        "on_fit_epoch_end=my_callbacks:log; repeatable")
-    p.add_argument("--logger", dest="logger", action="extend", nargs="+", default=None,
-                   metavar="NAME", help="where rank 0 logs the run: visualdl (default), tensorboard (tb), mlflow, "
-                                        "comma-separated or several, e.g. --logger visualdl,tensorboard,mlflow; "
-                                        "none logs to no tracker")
+    _t(("--amp",), "amp",
+       "mixed precision: float16 on GPUs, bfloat16 convolutions on CPUs with AVX512-BF16/AMX; "
+       "default: the config's amp key (-o amp=true), on for --cfg/--data/--hyp runs on GPUs",
+       action=argparse.BooleanOptionalAction, default=None),
+    _t(("--callback",), "callback",
+       "FUNCTION(run) called in every rank at EVENT (ultralytics' names), e.g. "
+       "on_fit_epoch_end=my_callbacks:log; repeatable", action="append", default=None, metavar="EVENT=MODULE:FUNCTION"),
+    _t(("--logger",), "logger",
+       "where rank 0 logs the run: visualdl (default), tensorboard (tb), mlflow, "
+       "comma-separated or several, e.g. --logger visualdl,tensorboard,mlflow; none logs to no tracker",
+       action="extend", nargs="+", default=None, metavar="NAME"),
+    *_in(YOLOV5, (
+        _shared("cfg", "model: a ppdet .yml, a YOLOv5 model yaml, or a name (yolov5s, yolov5n.yaml, ppyoloe_s)"),
+        _shared("data", "dataset: a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml"),
+        _t(("--hyp",), "hyp", "YOLOv5 hyperparameter yaml, e.g. configs/hyps/hyp.scratch-low.yaml"),
+        _shared("imgsz", "train and val image size (pixels)"),
+        _shared("project", "runs go to PROJECT/NAME (default runs/train for YOLOv5 command lines)"),
+        _shared("name", "run name under --project (default exp; exp2, exp3, ... when taken, unless --exist-ok)"),
+        _t(("--optimizer",), "optimizer", "SGD (Nesterov momentum), Adam or AdamW", choices=OPTIMIZERS),
+        _t(("--cos-lr",), "cos_lr", "cosine lr decay (default linear)", action="store_true"),
+        _shared("single_cls", "train every class as one class"),
+        _t(("--noval",), "noval", "validate only after the last epoch", action="store_true"),
+        _shared("nosave", "save weights only after the last epoch"),
+        _t(("--save-period",), "save_period", "also keep weights/epochN every N epochs", type=int, default=-1),
+        _t(("--patience",), "patience",
+           "stop after N validated epochs without a better fitness (0.1 mAP50 + 0.9 mAP50-95)", type=int,
+           default=None),
+        _t(("--freeze",), "freeze",
+           "freeze backbone layers: one N = the first N (10 = YOLOv5's whole backbone), or indices", type=int,
+           nargs="+", default=None),
+        _t(("--label-smoothing",), "label_smoothing", "class label smoothing epsilon (YOLOv5 models)", type=float,
+           default=None),
+        _t(("--noautoanchor",), "noautoanchor",
+           "accepted: ppmulti never recomputes anchors (they come from the model config)", action="store_true"),
+        _t(("--cache",), "cache",
+           "cache decoded training images: ram (bare --cache; one shared copy per node, not per rank) "
+           "or disk (.npy files beside the images)", nargs="?", const="ram", default=None, choices=("ram", "disk")),
+        _t(("--mosaic-buffer",), "mosaic_buffer",
+           "mosaic tiles from each loader's last N images (default 0: the whole set, as YOLOv5); "
+           "one image load per sample instead of four, but 2 ranks learned less per epoch that way",
+           type=int, default=None, metavar="N"),
+        _shared("noplots", "draw no pictures (results.png, labels.jpg, confusion_matrix.png, ...)"),
+        _shared("multi_scale", "every step a random size in [0.5, 1.5] x imgsz (multiples of 32), the same on every "
+                               "rank; the batch is resized on the device"),
+        _t(("--image-weights",), "image_weights",
+           "draw each epoch's images by class weights (rare classes and classes with a low mAP more "
+           "often), the same draw on every rank, then sharded", action="store_true"),
+        _t(("--rect",), "rect",
+           "rectangular training: no mosaic, no shuffle, images in aspect-ratio order, each batch "
+           "letterboxed to its own stride-aligned shape (YOLOv5 data yamls, YOLOv5 reader)", action="store_true"),
+        # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
+        _t(("--evolve",), "evolve",
+           "evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
+           "the same command resumes; ppmulti evolve runs one worker per device",
+           type=int, nargs="?", const=300, default=None, metavar="N"),
+        _shared("storage", "with --evolve: Optuna storage of the population (default "
+                           "sqlite:///PROJECT/NAME/evolve.db; postgresql://user@host/db shares it across machines)"),
+        # YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name
+        _refused(("--quad",), "the quad dataloader", action="store_true"),
+        _refused(("--bucket",), "gsutil dataset buckets"),
+        _refused(("--upload_dataset",), "W&B dataset upload", nargs="?", const=True),
+        _refused(("--bbox_interval",), "W&B bounding-box logging", type=int),
+        _refused(("--artifact_alias",), "W&B artifacts"),
+        _refused(("--entity",), "W&B entity"),
+        _refused(("--local_rank", "--local-rank"),
+                 "torch.distributed.launch's rank flag (ppmulti launch sets ranks itself)", type=int),
+        _refused(("--ndjson-console",), "NDJSON logging", action="store_true"),
+        _refused(("--ndjson-file",), "NDJSON logging", action="store_true"),
+        _refused(("--evolve_population",), "evolution seeded from a population directory"),
+        _refused(("--resume_evolve",), "resuming evolution from a csv (ppmulti evolve resumes by itself)"),
+    )),
+)
 
 
-def add_yolov5_flags(p: argparse.ArgumentParser) -> None:
-    """YOLOv5 train.py's flags (the ones shared with ppmulti's own are added by train_cli)."""
-    g = p.add_argument_group("YOLOv5 train.py flags")
-    add(g, "cfg", help="model: a ppdet .yml, a YOLOv5 model yaml, or a name (yolov5s, yolov5n.yaml, ppyoloe_s)")
-    add(g, "data", help="dataset: a YOLOv5 data yaml (path/train/val/nc/names) or a ppdet dataset .yml")
-    g.add_argument("--hyp", help="YOLOv5 hyperparameter yaml, e.g. configs/hyps/hyp.scratch-low.yaml")
-    add(g, "imgsz", help="train and val image size (pixels)")
-    add(g, "project", help="runs go to PROJECT/NAME (default runs/train for YOLOv5 command lines)")
-    add(g, "name", help="run name under --project (default exp; exp2, exp3, ... when taken, unless --exist-ok)")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, help="SGD (Nesterov momentum), Adam or AdamW")
-    g.add_argument("--cos-lr", "--cos_lr", dest="cos_lr", action="store_true", help="cosine lr decay (default linear)")
-    add(g, "single_cls", help="train every class as one class")
-    g.add_argument("--noval", action="store_true", help="validate only after the last epoch")
-    add(g, "nosave", help="save weights only after the last epoch")
-    g.add_argument("--save-period", "--save_period", dest="save_period", type=int, default=-1,
-                   help="also keep weights/epochN every N epochs")
-    g.add_argument("--patience", type=int, default=None,
-                   help="stop after N validated epochs without a better fitness (0.1 mAP50 + 0.9 mAP50-95)")
-    g.add_argument("--freeze", type=int, nargs="+", default=None,
-                   help="freeze backbone layers: one N = the first N (10 = YOLOv5's whole backbone), or indices")
-    g.add_argument("--label-smoothing", "--label_smoothing", dest="label_smoothing", type=float, default=None,
-                   help="class label smoothing epsilon (YOLOv5 models)")
-    g.add_argument("--noautoanchor", action="store_true",
-                   help="accepted: ppmulti never recomputes anchors (they come from the model config)")
-    g.add_argument("--cache", nargs="?", const="ram", default=None, choices=("ram", "disk"),
-                   help="cache decoded training images: ram (bare --cache; one shared copy per node, not per rank) "
-                        "or disk (.npy files beside the images)")
-    g.add_argument("--mosaic-buffer", "--mosaic_buffer", dest="mosaic_buffer", type=int, default=None, metavar="N",
-                   help="mosaic tiles from each loader's last N images (default 0: the whole set, as YOLOv5); "
-                        "one image load per sample instead of four, but 2 ranks learned less per epoch that way")
-    add(g, "noplots", help="draw no pictures (results.png, labels.jpg, confusion_matrix.png, ...)")
-    add(g, "multi_scale", help="every step a random size in [0.5, 1.5] x imgsz (multiples of 32), the same on every "
-                               "rank; the batch is resized on the device")
-    g.add_argument("--image-weights", "--image_weights", dest="image_weights", action="store_true",
-                   help="draw each epoch's images by class weights (rare classes and classes with a low mAP more "
-                        "often), the same draw on every rank, then sharded")
-    g.add_argument("--rect", action="store_true",
-                   help="rectangular training: no mosaic, no shuffle, images in aspect-ratio order, each batch "
-                        "letterboxed to its own stride-aligned shape (YOLOv5 data yamls, YOLOv5 reader)")
-    # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
-    g.add_argument("--evolve", type=int, nargs="?", const=300, default=None, metavar="N",
-                   help="evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "
-                        "the same command resumes; ppmulti evolve runs one worker per device")
-    add(g, "storage", help="with --evolve: Optuna storage of the population (default "
-                           "sqlite:///PROJECT/NAME/evolve.db; postgresql://user@host/db shares it across machines)")
+def refused(flag: Flag) -> bool:
+    """Whether the row is a flag train refuses by name (not in the parser)."""
+    use = flag.uses.get("train")
+    return use is not None and use.kind == "refuse"
+
+
+# spelling -> why, of each refused YOLOv5 flag
+UNSUPPORTED: dict[str, str] = {name: flag.uses["train"].text for flag in TRAIN if refused(flag)
+                               for name in flag.spellings}
 
 
 def reject_unknown(extra: list[str]) -> None:
@@ -140,8 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tools/train.py",
                                 description="Train a detector from a ppdet config "
                                             "(one process, or one rank of a launch).")
-    add_train_flags(p)
-    add_yolov5_flags(p)
+    groups: dict = {"": p}   # group title -> where its rows go, made in the table's order
+    for flag in TRAIN:
+        if not refused(flag):
+            if flag.group not in groups:
+                groups[flag.group] = p.add_argument_group(flag.group)
+            flag.add_to(groups[flag.group])
     add_ppdet_flags(p, "train")
     return p
 
