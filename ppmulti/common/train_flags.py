@@ -47,7 +47,8 @@ TRAIN: tuple[Flag, ...] = (
     _shared("opt"),
     _t(("--eval",), "eval", "evaluate every snapshot_epoch and keep the best weights", action="store_true"),
     _t(("-r", "--resume"), "resume",
-       "a run directory or weights/last to continue from; bare --resume takes the newest run; "
+       "a run directory or weights/last to continue from (more --epochs extend it); bare --resume takes "
+       "the newest run; "
        "a PaddleDetection checkpoint (output/CONFIG/model_final or output/CONFIG/N: N.pdparams "
        "beside N.pdopt) continues its weights, optimizer and epoch in a new run directory",
        metavar="PATH", nargs="?", const=True, default=None),
