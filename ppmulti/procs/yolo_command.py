@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import ROOT
-from ppmulti.common.ultra_keys import HELP, YoloCommand, resolve_line
+from ppmulti.common.ultra_keys import HELP, YoloCommand, resolve_line, ultra_dialect
 
 TOOL_SCRIPTS = {"eval": "eval.py", "detect": "detect.py", "export": "export.py"}
 
@@ -60,20 +60,30 @@ def tool_argv(command: YoloCommand, hyp_file: str | None) -> list[str]:
     return argv
 
 
+def train(argv: list[str]) -> int:
+    """The train tool on ``argv``; a value it refuses is said back in ultralytics' words (``epochs=-1: ...``,
+    not ``--epochs -1: ...``), the user's line being ``key=value``."""
+    from ppmulti.common.train_flags import parse
+    from ppmulti.procs import train_command
+
+    try:
+        return train_command.run(parse(argv), argv)
+    except UserError as exc:
+        raise UserError(ultra_dialect(str(exc), "train")) from None
+
+
 def run(args: argparse.Namespace) -> int:
     command = resolve_line(list(args.words), cfg_file_keys(list(args.words)))
     print(f"ppmulti yolo: {command.mode} -> {_shown(command)}", file=sys.stderr, flush=True)
     if command.tool == "train":
-        from ppmulti.procs import train_command
-
         if not command.hyp:
-            return train_command.main(tool_argv(command, None))
+            return train(tool_argv(command, None))
         import yaml
 
         with tempfile.TemporaryDirectory(prefix="ppmulti-yolo-") as tmp:
             hyp_file = os.path.join(tmp, "hyp.yaml")
             Path(hyp_file).write_text(yaml.safe_dump(command.hyp, sort_keys=False))
-            return train_command.main(tool_argv(command, hyp_file))
+            return train(tool_argv(command, hyp_file))
     script = ROOT / "tools" / TOOL_SCRIPTS[command.tool]
     if not script.is_file():
         raise UserError(f"{script} not found: install ppmulti from a clone with `pip install -e .`")
