@@ -44,9 +44,15 @@ def test_the_table_comes_from_the_keys_emitters_with_the_parsers_aliases():
     ("--data=x.yaml, then", "data=x.yaml, then"),
     ("--hyp /tmp/h.yaml: lr0 is not a number", "--hyp /tmp/h.yaml: lr0 is not a number"),
     ("no flag at all: the message is kept", "no flag at all: the message is kept"),
+    ("data yaml not found: x (pass --data with a YOLOv5 dataset yaml)",
+     "data yaml not found: x (pass data= with a YOLOv5 dataset yaml)"),
+    ("--cache ram: not enough memory", "cache=ram: not enough memory"),   # the user's own value, said back
 ])
 def test_golden_messages(tool, ultra):
-    assert ultra_dialect(tool, "train") == ultra
+    assert ultra_dialect(tool, "train", {"cache": "ram"}) == ultra
+
+
+FLAGS = flag_keys("train")
 
 
 def _yolo(*words, cwd):
@@ -55,7 +61,7 @@ def _yolo(*words, cwd):
 
 
 @pytest.mark.parametrize("word, said", [
-    ("data=missing.yaml", "error: data=missing.yaml"),
+    ("data=missing.yaml", "error: data yaml not found: missing.yaml (pass data= with"),
     ("epochs=-1", "error: epochs=-1: train at least 1 epoch"),
     ("workers=-1", "error: workers=-1"),
     ("patience=-1", "error: patience=-1"),
@@ -67,4 +73,12 @@ def test_a_ppmulti_yolo_run_names_the_key_as_typed(tmp_path, word, said):
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(said), last
-    assert "--" not in last.split(":")[0], last
+    assert not any(w.startswith("--") and w.split("=")[0] in FLAGS for w in last.split()), last
+
+
+def test_a_rounded_image_size_is_warned_in_the_same_dialect(tmp_path):
+    proc = _yolo("train", "model=yolo11n.yaml", "device=cpu", "data=missing.yaml", "imgsz=100", cwd=tmp_path)
+    assert proc.returncode == 2
+    warning = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING: ")]
+    assert warning == ["WARNING: imgsz=100 must be a multiple of the max stride 32 (at least 64); training at "
+                       "imgsz=128"], proc.stderr

@@ -454,10 +454,15 @@ def _add_aliases(table: dict[str, FlagKey]) -> None:
                 table.setdefault(option, known[0])
 
 
-def ultra_dialect(message: str, mode: str = "train", table: dict[str, FlagKey] | None = None) -> str:
+def ultra_dialect(message: str, mode: str = "train", given: dict[str, Value] | None = None,
+                  table: dict[str, FlagKey] | None = None) -> str:
     """A tool's message with its flags said as ultralytics keys: ``--epochs -1: ...`` -> ``epochs=-1: ...``,
-    ``--freeze 1 2`` -> ``freeze=1,2``, ``--noval`` -> ``val=False``. Flags no key stands for stay as they are."""
+    ``--freeze 1 2`` -> ``freeze=1,2``, ``--noval`` -> ``val=False``. Flags no key stands for stay as they are.
+    The word after a flag is its value when it looks like one (a number, a path, a list) or is the value the
+    user gave (``given``: the line's keys); otherwise the flag is named in prose (``pass --data with`` -> ``pass
+    data= with``)."""
     table = flag_keys(mode) if table is None else table
+    given = given or {}
     words = message.split(" ")
     out: list[str] = []
     i = 0
@@ -487,6 +492,9 @@ def ultra_dialect(message: str, mode: str = "train", table: dict[str, FlagKey] |
             i += 1
             continue
         values, tail, i = [], "", i + 1
+        if i < len(words) and not _value_like(words[i], given.get(entry.key)):
+            out.append(f"{entry.key}=")
+            continue
         while i < len(words) and words[i] and not words[i].startswith("--"):
             value, tail = _split_tail(words[i])
             if values and not _is_number(value):
@@ -497,6 +505,16 @@ def ultra_dialect(message: str, mode: str = "train", table: dict[str, FlagKey] |
                 break
         out.append(f"{entry.key}={','.join(values)}{tail}")
     return " ".join(out)
+
+
+def _value_like(word: str, given: Value) -> bool:
+    """Whether ``word`` (after a flag in a message) is the flag's value rather than the sentence going on."""
+    value = word.rstrip(_PUNCT)
+    if not value or value.startswith("--"):
+        return False
+    if given is not None and value == _text(given):
+        return True
+    return _is_number(value) or any(c in value for c in "/.,\\=[") or value in ("True", "False", "None")
 
 
 def _split_tail(word: str) -> tuple[str, str]:

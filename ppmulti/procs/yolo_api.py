@@ -134,7 +134,7 @@ class YOLO:
             try:
                 result = _last_json(self._run([str(TRAIN_SCRIPT), *argv], env))
             except UserError as exc:   # the train tool's `--epochs -1` said as the keyword the caller gave
-                raise UserError(ultra_dialect(str(exc), "train")) from None
+                raise UserError(ultra_dialect(str(exc), "train", command.keys)) from None
         if result.get("run_dir"):
             self.trainer_run = Path(result["run_dir"])
             best = self.trainer_run / "weights" / "best.pdparams"

@@ -4,6 +4,8 @@ ppmulti's own train, val, detect or export tool (training on several devices goe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -60,16 +62,38 @@ def tool_argv(command: YoloCommand, hyp_file: str | None) -> list[str]:
     return argv
 
 
-def train(argv: list[str]) -> int:
+def train(argv: list[str], given: dict | None = None) -> int:
     """The train tool on ``argv``; a value it refuses is said back in ultralytics' words (``epochs=-1: ...``,
     not ``--epochs -1: ...``), the user's line being ``key=value``."""
     from ppmulti.common.train_flags import parse
     from ppmulti.procs import train_command
 
     try:
-        return train_command.run(parse(argv), argv)
+        with contextlib.redirect_stderr(DialectWarnings(sys.stderr, given)):
+            return train_command.run(parse(argv), argv)
     except UserError as exc:
-        raise UserError(ultra_dialect(str(exc), "train")) from None
+        raise UserError(ultra_dialect(str(exc), "train", given)) from None
+
+
+class DialectWarnings(io.TextIOBase):
+    """stderr whose ``WARNING: --imgsz 100 ...`` messages (the checks' notes, printed before training) read in
+    ultralytics' dialect; everything else passes as written, unbuffered (print writes a message in one call)."""
+
+    def __init__(self, stream, given: dict | None = None):
+        self._stream, self._given = stream, given
+
+    def write(self, text: str) -> int:
+        self._stream.write(ultra_dialect(text, "train", self._given) if text.startswith("WARNING: ") else text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,13 +101,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"ppmulti yolo: {command.mode} -> {_shown(command)}", file=sys.stderr, flush=True)
     if command.tool == "train":
         if not command.hyp:
-            return train(tool_argv(command, None))
+            return train(tool_argv(command, None), command.keys)
         import yaml
 
         with tempfile.TemporaryDirectory(prefix="ppmulti-yolo-") as tmp:
             hyp_file = os.path.join(tmp, "hyp.yaml")
             Path(hyp_file).write_text(yaml.safe_dump(command.hyp, sort_keys=False))
-            return train(tool_argv(command, hyp_file))
+            return train(tool_argv(command, hyp_file), command.keys)
     script = ROOT / "tools" / TOOL_SCRIPTS[command.tool]
     if not script.is_file():
         raise UserError(f"{script} not found: install ppmulti from a clone with `pip install -e .`")
