@@ -60,6 +60,11 @@ def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
     assert ("optimizer: optimizer=auto chooses the optimizer, lr0 and momentum for this run: 1 optimizer step(s) "
             "planned (at most 10000): AdamW, its lr fitted to 3 classes -> AdamW(lr=0.001429, momentum=0.9)") in out
     assert "lr 0.001429 = base_lr 0.001429" in out   # Adam's lr is not scaled by the batch
+    import yaml
+
+    args = yaml.safe_load((tiny / "runs" / "detect" / "auto" / "args.yaml").read_text())   # as ultralytics keeps it
+    assert (args["optimizer"], args["epochs"], args["imgsz"], args["save_dir"]) == ("auto", 1, 64,
+                                                                                     "runs/detect/auto")
     sgd = run_tool(base + ["name=sgd", "optimizer=SGD"], cwd=tiny, timeout=600)
     assert sgd.returncode == 0, sgd.stdout[-3000:] + sgd.stderr[-3000:]
     out = sgd.stdout + sgd.stderr

@@ -60,25 +60,52 @@ def _yolo(*words, cwd):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("word, said", [
-    ("data=missing.yaml", "error: data yaml not found: missing.yaml (pass data= with"),
-    ("epochs=-1", "error: epochs=-1: train at least 1 epoch"),
-    ("workers=-1", "error: workers=-1"),
-    ("patience=-1", "error: patience=-1"),
+@pytest.mark.parametrize("words, said", [
+    (["data=missing.yaml"], "error: data yaml not found: missing.yaml (pass data= with"),
+    (["data=data.yaml", "epochs=-1"], "error: epochs=-1: train at least 1 epoch"),
 ])
-def test_a_ppmulti_yolo_run_names_the_key_as_typed(tmp_path, word, said):
-    words = ["detect", "train", "model=yolo11n.yaml", "device=cpu", "data=data.yaml", word]
+def test_a_ppmulti_yolo_run_names_the_key_as_typed(tmp_path, words, said):
+    """Refused before any process starts; the image size rounded first is warned in the same dialect."""
     (tmp_path / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: {0: a}\n")
-    proc = _yolo(*words, cwd=tmp_path)
+    proc = _yolo("detect", "train", "model=yolo11n.yaml", "device=cpu", "imgsz=100", *words, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(said), last
     assert not any(w.startswith("--") and w.split("=")[0] in FLAGS for w in last.split()), last
-
-
-def test_a_rounded_image_size_is_warned_in_the_same_dialect(tmp_path):
-    proc = _yolo("train", "model=yolo11n.yaml", "device=cpu", "data=missing.yaml", "imgsz=100", cwd=tmp_path)
-    assert proc.returncode == 2
     warning = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING: ")]
     assert warning == ["WARNING: imgsz=100 must be a multiple of the max stride 32 (at least 64); training at "
                        "imgsz=128"], proc.stderr
+
+
+# ----------------------------------------------------------------------------- args.yaml
+def test_args_record_has_every_default_yaml_key_resolved():
+    from test_ultra_keys import DEFAULT_YAML_8_4
+
+    from ppmulti.common.ultra_keys import args_record, resolve_line
+
+    command = resolve_line(["train", "model=yolo11n.yaml", "data=d.yaml", "epochs=3", "lr0=0.02", "nproc=2",
+                            "device=cpu"])
+    record = args_record(command, "runs/detect/train2")
+    assert list(record)[:2] == ["task", "mode"] and set(DEFAULT_YAML_8_4) <= set(record)
+    assert {k: record[k] for k in ("model", "data", "epochs", "lr0", "batch", "optimizer", "name", "save_dir")} == {
+        "model": "yolo11n.yaml", "data": "d.yaml", "epochs": 3, "lr0": 0.02, "batch": 16, "optimizer": "auto",
+        "name": "train2", "save_dir": "runs/detect/train2"}
+    assert record["nproc"] == 2   # ppmulti's own key, kept when the line gives it
+
+
+def test_the_started_run_is_the_numbered_one_with_a_fresh_opt_yaml(tmp_path):
+    import os
+    import time
+
+    from ppmulti.procs.yolo_command import started_run
+
+    for name in ("train", "train2", "train3", "trainer", "val"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "opt.yaml").write_text("{}")
+    old = time.time() - 100
+    for name in ("train", "train3"):
+        os.utime(tmp_path / name / "opt.yaml", (old, old))
+    since = time.time() - 10
+    assert started_run(str(tmp_path), "train", since) == tmp_path / "train2"
+    assert started_run(str(tmp_path), "exp", since) is None
+    assert started_run(str(tmp_path / "none"), "train", since) is None

@@ -385,6 +385,19 @@ def resolve_line(argv: list[str], defaults: dict[str, Value] | None = None) -> Y
     return YoloCommand(task, mode, MODE_TOOLS[mode], tuple(out), hyp, keys)
 
 
+def args_record(command: YoloCommand, save_dir: str) -> dict[str, Value]:
+    """A run's ``args.yaml`` as ultralytics writes it: every key of its default.yaml with the value this run
+    resolved (the line's and cfg='s keys, else the mode's default, else default.yaml's), ``name`` as numbered
+    (train2) and ``save_dir``."""
+    keys = {"task": command.task, "mode": command.mode}
+    keys.update({name: spec.default for name, spec in KEYS.items() if name not in ("task", "mode", "nproc")})
+    keys.update(MODE_DEFAULTS.get(command.mode, {}))
+    keys.update({k: v for k, v in command.keys.items() if k in KEYS})
+    keys["name"] = save_dir.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]   # train2: the numbered one
+    keys["save_dir"] = save_dir
+    return keys
+
+
 def _number(name: str, value: Value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(f"{name}={value}: expected a number, e.g. {name}={KEYS[name].default}")
