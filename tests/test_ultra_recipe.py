@@ -245,3 +245,50 @@ def test_adamw_section_builds_through_ppdet():
             continue
         changed = not np.allclose(p.numpy(), before[p.name])
         assert changed == R.decays(p.name), p.name
+
+
+def _auto_cfg(nc=3, epochs=2):
+    """configs/ultralytics/_base_/optimizer_500e.yml's sections, as the engine holds them before the lr plan."""
+    return {"num_classes": nc, "epoch": epochs, "ref_batch": 64, "warmup_bias_lr": 0.1,
+            "LearningRate": {"base_lr": 0.01},
+            "OptimizerBuilder": {"clip_grad_by_norm": 10.0, "optimizer": {"type": "auto", "momentum": 0.937},
+                                 "regularizer": {"type": "L2", "factor": 0.0005}}}
+
+
+def _batch(global_batch, accumulate):
+    from ppmulti.rank.engine.lr import BatchPlan
+
+    return BatchPlan(global_batch, global_batch, 1, accumulate)
+
+
+def test_optimizer_auto_chooses_adamw_for_a_short_run():
+    cfg = _auto_cfg(nc=3, epochs=2)
+    notes = R.choose_for_run(cfg, range(16), _batch(8, 8), 64)
+    # 16 images, batch 8 < nbs 64: ceil(16 / 64) x 2 epochs = 2 steps -> AdamW at round(0.01 / 7, 6)
+    assert cfg["OptimizerBuilder"]["optimizer"] == {"type": "AdamW", "beta1": 0.9, "beta2": 0.999,
+                                                    "weight_decay": 0.0005}
+    assert cfg["OptimizerBuilder"]["regularizer"] is None
+    assert cfg["LearningRate"]["base_lr"] == 0.001429
+    assert cfg["warmup_bias_lr"] == 0.0
+    assert cfg["ref_batch"] == 64   # Adam's lr is not scaled: ref_batch = the effective batch (8 x 8)
+    assert notes[0].startswith("optimizer: optimizer=auto chooses the optimizer, lr0 and momentum")
+    assert "2 optimizer step(s) planned" in notes[0] and "AdamW(lr=0.001429, momentum=0.9)" in notes[0]
+    assert "lr0=0.01 and momentum are not used" in notes[0]
+
+
+def test_optimizer_auto_past_10000_steps_is_musgd_built_as_sgd():
+    cfg = _auto_cfg(nc=80, epochs=100)
+    notes = R.choose_for_run(cfg, range(118287), _batch(64, 1), 64)   # COCO: 1849 steps an epoch
+    assert cfg["OptimizerBuilder"]["optimizer"] == {"type": "Momentum", "momentum": 0.9, "use_nesterov": True}
+    assert cfg["OptimizerBuilder"]["regularizer"] == {"type": "L2", "factor": 0.0005}
+    assert (cfg["LearningRate"]["base_lr"], cfg["ref_batch"], cfg["warmup_bias_lr"]) == (0.01, 64, 0.0)
+    assert "184900 optimizer step(s) planned (more than 10000): MuSGD" in notes[0]
+    assert "MuSGD is not built here yet" in notes[0]
+
+
+def test_a_named_optimizer_is_left_alone():
+    cfg = _auto_cfg()
+    cfg["OptimizerBuilder"]["optimizer"] = {"type": "Momentum", "momentum": 0.937, "use_nesterov": True}
+    before = json.dumps(cfg, sort_keys=True)
+    assert R.choose_for_run(cfg, range(16), _batch(8, 8), 64) == []
+    assert json.dumps(cfg, sort_keys=True) == before

@@ -46,3 +46,28 @@ def test_trains_on_two_ranks(tiny, cfg, summary):
     proc = _train(tiny, cfg, summary, 2, ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2"])
     out = proc.stdout + proc.stderr
     assert f"{summary} summary" in out and "world size 2" in out
+
+
+def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
+    """One process, one epoch (~15 s each): optimizer=auto (the default) picks AdamW for this 1-step run, its lr
+    fitted to the 3 classes (round(0.002 x 5 / 7, 6)), and says so; optimizer=SGD trains with Nesterov SGD at
+    lr0 and no such line."""
+    base = ["-m", "ppmulti.cli", "yolo", "detect", "train", "model=yolov8n.yaml", "data=data/data.yaml",
+            "imgsz=64", "batch=8", "epochs=1", "device=cpu", "workers=0", "plots=False"]
+    auto = run_tool(base + ["name=auto"], cwd=tiny, timeout=600)
+    assert auto.returncode == 0, auto.stdout[-3000:] + auto.stderr[-3000:]
+    out = auto.stdout + auto.stderr
+    assert ("optimizer: optimizer=auto chooses the optimizer, lr0 and momentum for this run: 1 optimizer step(s) "
+            "planned (at most 10000): AdamW, its lr fitted to 3 classes -> AdamW(lr=0.001429, momentum=0.9)") in out
+    assert "lr 0.001429 = base_lr 0.001429" in out   # Adam's lr is not scaled by the batch
+    import yaml
+
+    args = yaml.safe_load((tiny / "runs" / "detect" / "auto" / "args.yaml").read_text())   # as ultralytics keeps it
+    assert (args["optimizer"], args["epochs"], args["imgsz"], args["save_dir"]) == ("auto", 1, 64,
+                                                                                     "runs/detect/auto")
+    sgd = run_tool(base + ["name=sgd", "optimizer=SGD"], cwd=tiny, timeout=600)
+    assert sgd.returncode == 0, sgd.stdout[-3000:] + sgd.stderr[-3000:]
+    out = sgd.stdout + sgd.stderr
+    assert "optimizer=auto" not in out and "lr 0.01 = base_lr 0.01" in out
+    assert "optimizer: {type: Momentum, momentum: 0.937, use_nesterov: true}" in (
+        tiny / "runs" / "detect" / "sgd" / "config.yml").read_text()

@@ -121,3 +121,8 @@ def test_a_callback_can_stop_the_run(tmp_path, monkeypatch):
     model.train(data="data/data.yaml", epochs=3, imgsz=64, batch=4, workers=0, device="cpu", plots=False)
     rows = (tmp_path / "runs" / "detect" / "train" / "results.csv").read_text().strip().splitlines()
     assert len(rows) == 2   # the header and epoch 1
+    import yaml
+
+    args = yaml.safe_load((tmp_path / "runs" / "detect" / "train" / "args.yaml").read_text())   # as the CLI's
+    assert (args["model"], args["epochs"], args["batch"], args["save_dir"]) == ("yolov5n.yaml", 3, 4,
+                                                                                 "runs/detect/train")

@@ -385,7 +385,160 @@ def resolve_line(argv: list[str], defaults: dict[str, Value] | None = None) -> Y
     return YoloCommand(task, mode, MODE_TOOLS[mode], tuple(out), hyp, keys)
 
 
+def args_record(command: YoloCommand, save_dir: str) -> dict[str, Value]:
+    """A run's ``args.yaml`` as ultralytics writes it: every key of its default.yaml with the value this run
+    resolved (the line's and cfg='s keys, else the mode's default, else default.yaml's), ``name`` as numbered
+    (train2) and ``save_dir``."""
+    keys = {"task": command.task, "mode": command.mode}
+    keys.update({name: spec.default for name, spec in KEYS.items() if name not in ("task", "mode", "nproc")})
+    keys.update(MODE_DEFAULTS.get(command.mode, {}))
+    keys.update({k: v for k, v in command.keys.items() if k in KEYS})
+    keys["name"] = save_dir.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]   # train2: the numbered one
+    keys["save_dir"] = save_dir
+    return keys
+
+
 def _number(name: str, value: Value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(f"{name}={value}: expected a number, e.g. {name}={KEYS[name].default}")
     return float(value)
+
+
+# ----------------------------------------------------------------------------- messages in ultralytics' dialect
+# The flags' messages (checked by the train tool, ppmulti.rank.entry) name flags as `--epochs -1`; on an ultralytics
+# line they are said back as the user typed them, `epochs=-1`. The table comes from KEYS' own emitters (what each
+# key becomes), with the train parser's aliases of the same flag (--img, --img-size for --imgsz).
+_MODEL_FLAGS = ("--cfg", "--weights")    # _model_argv: model= becomes one of these
+_PROBES: tuple[Value, ...] = (True, False, 7, "v", "SGD", "disk")
+_PUNCT = ":;,.)"
+
+
+@dataclass(frozen=True)
+class FlagKey:
+    """A tool flag said as an ultralytics key: ``key``, and for a switch the value it stands for."""
+    key: str
+    switch: Value = None     # None: the flag takes a value; else the key's value the bare flag means
+    many: bool = False       # the flag takes several values (freeze=0,1,2 is --freeze 0 1 2)
+    path_too: bool = False   # a switch that also takes a path (--resume, --resume runs/x)
+
+
+def _emitted(emit: Emit, value: Value) -> list:
+    try:
+        return [str(x) for x in emit(value, {"batch": 16})]
+    except (UserError, TypeError, ValueError):
+        return []
+
+
+def flag_keys(mode: str = "train") -> dict[str, FlagKey]:
+    """``--flag`` -> the key (and switch value) it stands for in ``mode``'s tool, from KEYS' emitters: a flag
+    whose value passes through unchanged, or a bare switch; flags carrying a computed value (nbs= becomes
+    --accumulate N) are left out, since their value is not the user's. Train mode adds the train parser's aliases."""
+    table: dict[str, FlagKey] = {flag: FlagKey("model") for flag in _MODEL_FLAGS}
+    for name, spec in KEYS.items():
+        emit = spec.to.get(mode)
+        if emit is None or name in ("nbs", "close_mosaic", "amp", "quantize"):
+            continue
+        for probe in _PROBES:
+            items = _emitted(emit, probe)
+            if len(items) == 1 and items[0].startswith("--"):
+                table.setdefault(items[0], FlagKey(name, probe, path_too=items + ["v"] == _emitted(emit, "v")))
+            elif len(items) >= 2 and items[0].startswith("--") and items[1:] == [_text(probe)]:
+                # several values (_seq): a list comes out as separate words, not one comma-joined word
+                table.setdefault(items[0], FlagKey(name, many=len(_emitted(emit, [1, 2])) == 3))
+    if mode == "train":
+        _add_aliases(table)
+    return table
+
+
+def _add_aliases(table: dict[str, FlagKey]) -> None:
+    import argparse
+
+    from ppmulti.common.train_flags import build_parser
+
+    for action in build_parser()._actions:
+        known = [table[s] for s in action.option_strings if s in table]
+        if not known:
+            continue
+        boolean = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if action.nargs == 0 and not boolean:
+            continue   # --deterministic/--no-deterministic: each already has its own entry
+        for option in action.option_strings:
+            if option.startswith("--"):
+                table.setdefault(option, known[0])
+
+
+def ultra_dialect(message: str, mode: str = "train", given: dict[str, Value] | None = None,
+                  table: dict[str, FlagKey] | None = None) -> str:
+    """A tool's message with its flags said as ultralytics keys: ``--epochs -1: ...`` -> ``epochs=-1: ...``,
+    ``--freeze 1 2`` -> ``freeze=1,2``, ``--noval`` -> ``val=False``. Flags no key stands for stay as they are.
+    The word after a flag is its value when it looks like one (a number, a path, a list) or is the value the
+    user gave (``given``: the line's keys); otherwise the flag is named in prose (``pass --data with`` -> ``pass
+    data= with``)."""
+    table = flag_keys(mode) if table is None else table
+    given = given or {}
+    words = message.split(" ")
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag, eq, inline = word.partition("=")
+        bare = flag.rstrip(_PUNCT)
+        entry = table.get(bare) if bare.startswith("--") else None
+        if entry is None:
+            out.append(word)
+            i += 1
+            continue
+        following = words[i + 1] if i + 1 < len(words) else ""
+        if entry.path_too and flag == word and ("/" in following or "." in following.rstrip(_PUNCT)):
+            entry = FlagKey(entry.key)   # --resume runs/train/exp: the path is the value
+        if entry.switch is not None:
+            out.append(f"{entry.key}={entry.switch}{flag[len(bare):]}")
+            i += 1
+            continue
+        if eq:   # --data=x
+            value, tail = _split_tail(inline)
+            out.append(f"{entry.key}={value}{tail}")
+            i += 1
+            continue
+        if bare != flag:   # punctuation right after the flag: no value follows it here
+            out.append(f"{entry.key}={flag[len(bare):]}")
+            i += 1
+            continue
+        values, tail, i = [], "", i + 1
+        if i < len(words) and not _value_like(words[i], given.get(entry.key)):
+            out.append(f"{entry.key}=")
+            continue
+        while i < len(words) and words[i] and not words[i].startswith("--"):
+            value, tail = _split_tail(words[i])
+            if values and not _is_number(value):
+                break
+            values.append(value)
+            i += 1
+            if tail or not entry.many:
+                break
+        out.append(f"{entry.key}={','.join(values)}{tail}")
+    return " ".join(out)
+
+
+def _value_like(word: str, given: Value) -> bool:
+    """Whether ``word`` (after a flag in a message) is the flag's value rather than the sentence going on."""
+    value = word.rstrip(_PUNCT)
+    if not value or value.startswith("--"):
+        return False
+    if given is not None and value == _text(given):
+        return True
+    return _is_number(value) or any(c in value for c in "/.,\\=[") or value in ("True", "False", "None")
+
+
+def _split_tail(word: str) -> tuple[str, str]:
+    """``missing.yaml:`` -> (``missing.yaml``, ``:``): the punctuation that ends a value in a sentence."""
+    value = word.rstrip(_PUNCT)
+    return value, word[len(value):]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -18,9 +18,9 @@ import numpy as np
 from ppmulti.common.callbacks import CallbackSpec, spec_of
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import ROOT, TRAIN_SCRIPT
-from ppmulti.common.ultra_keys import YoloCommand, resolve_line
+from ppmulti.common.ultra_keys import YoloCommand, resolve_line, ultra_dialect
 from ppmulti.procs import supervisor
-from ppmulti.procs.yolo_command import TOOL_SCRIPTS
+from ppmulti.procs.yolo_command import TOOL_SCRIPTS, ArgsYaml
 
 
 @dataclass
@@ -131,7 +131,11 @@ class YOLO:
                 hyp = Path(tmp) / "hyp.yaml"
                 hyp.write_text(yaml.safe_dump(command.hyp, sort_keys=False))
                 argv += ["--hyp", str(hyp)]
-            result = _last_json(self._run([str(TRAIN_SCRIPT), *argv], env))
+            try:
+                with ArgsYaml(command):   # the run's args.yaml, as the command line writes it
+                    result = _last_json(self._run([str(TRAIN_SCRIPT), *argv], env))
+            except UserError as exc:   # the train tool's `--epochs -1` said as the keyword the caller gave
+                raise UserError(ultra_dialect(str(exc), "train", command.keys)) from None
         if result.get("run_dir"):
             self.trainer_run = Path(result["run_dir"])
             best = self.trainer_run / "weights" / "best.pdparams"

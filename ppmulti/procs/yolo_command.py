@@ -4,6 +4,8 @@ ppmulti's own train, val, detect or export tool (training on several devices goe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import ROOT
-from ppmulti.common.ultra_keys import HELP, YoloCommand, resolve_line
+from ppmulti.common.ultra_keys import DEFAULT_PROJECT, HELP, YoloCommand, args_record, resolve_line, ultra_dialect
 
 TOOL_SCRIPTS = {"eval": "eval.py", "detect": "detect.py", "export": "export.py"}
 
@@ -60,20 +62,120 @@ def tool_argv(command: YoloCommand, hyp_file: str | None) -> list[str]:
     return argv
 
 
+def train(argv: list[str], given: dict | None = None) -> int:
+    """The train tool on ``argv``; a value it refuses is said back in ultralytics' words (``epochs=-1: ...``,
+    not ``--epochs -1: ...``), the user's line being ``key=value``."""
+    from ppmulti.common.train_flags import parse
+    from ppmulti.procs import train_command
+
+    try:
+        with contextlib.redirect_stderr(DialectWarnings(sys.stderr, given)):
+            return train_command.run(parse(argv), argv)
+    except UserError as exc:
+        raise UserError(ultra_dialect(str(exc), "train", given)) from None
+
+
+class DialectWarnings(io.TextIOBase):
+    """stderr whose ``WARNING: --imgsz 100 ...`` messages (the checks' notes, printed before training) read in
+    ultralytics' dialect; everything else passes as written, unbuffered (print writes a message in one call)."""
+
+    def __init__(self, stream, given: dict | None = None):
+        self._stream, self._given = stream, given
+
+    def write(self, text: str) -> int:
+        self._stream.write(ultra_dialect(text, "train", self._given) if text.startswith("WARNING: ") else text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
+def started_run(project: str, name: str, since: float) -> Path | None:
+    """The run directory a training of ``project/name`` started at ``since`` made: ``name``, ``name2``, ... whose
+    opt.yaml (written by rank 0 when the run starts) is at least that recent; the newest such, None before it."""
+    base = Path(project)
+    if not base.is_dir():
+        return None
+    found = []
+    for run in base.iterdir():
+        tail = run.name[len(name):]
+        if run.name.startswith(name) and (tail == "" or tail.isdigit()):
+            opt = run / "opt.yaml"
+            with contextlib.suppress(OSError):
+                if opt.stat().st_mtime >= since:
+                    found.append((opt.stat().st_mtime, run))
+    return max(found)[1] if found else None
+
+
+class ArgsYaml:
+    """Writes the run's ``args.yaml`` (ultra_keys.args_record), atomically, as soon as the run directory appears
+    (a thread polls for it while the training runs in this process or its ranks), and at the end at the latest."""
+
+    POLL = 0.5   # seconds
+
+    def __init__(self, command: YoloCommand):
+        import threading
+
+        self.command = command
+        self.project = str(command.keys.get("project") or DEFAULT_PROJECT)
+        self.name = str(command.keys.get("name") or command.mode)
+        self.written: Path | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ppmulti-args-yaml", daemon=True)
+
+    def __enter__(self) -> "ArgsYaml":
+        import time
+
+        self.since = time.time() - 1.0   # file times may lag the clock by a little
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._write()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.POLL) and self.written is None:
+            self._write()
+
+    def _write(self) -> None:
+        import yaml
+
+        from ppmulti.common.atomic import atomic_write_text
+
+        if self.written is not None:
+            return
+        run = started_run(self.project, self.name, self.since)
+        if run is None:
+            return
+        record = args_record(self.command, str(run))
+        try:
+            atomic_write_text(run / "args.yaml", yaml.safe_dump(record, sort_keys=False, default_flow_style=False))
+        except OSError:
+            return   # the run's own errors say what is wrong with its directory
+        self.written = run
+
+
 def run(args: argparse.Namespace) -> int:
     command = resolve_line(list(args.words), cfg_file_keys(list(args.words)))
     print(f"ppmulti yolo: {command.mode} -> {_shown(command)}", file=sys.stderr, flush=True)
     if command.tool == "train":
-        from ppmulti.procs import train_command
+        with ArgsYaml(command):
+            if not command.hyp:
+                return train(tool_argv(command, None), command.keys)
+            import yaml
 
-        if not command.hyp:
-            return train_command.main(tool_argv(command, None))
-        import yaml
-
-        with tempfile.TemporaryDirectory(prefix="ppmulti-yolo-") as tmp:
-            hyp_file = os.path.join(tmp, "hyp.yaml")
-            Path(hyp_file).write_text(yaml.safe_dump(command.hyp, sort_keys=False))
-            return train_command.main(tool_argv(command, hyp_file))
+            with tempfile.TemporaryDirectory(prefix="ppmulti-yolo-") as tmp:
+                hyp_file = os.path.join(tmp, "hyp.yaml")
+                Path(hyp_file).write_text(yaml.safe_dump(command.hyp, sort_keys=False))
+                return train(tool_argv(command, hyp_file), command.keys)
     script = ROOT / "tools" / TOOL_SCRIPTS[command.tool]
     if not script.is_file():
         raise UserError(f"{script} not found: install ppmulti from a clone with `pip install -e .`")

@@ -23,6 +23,7 @@ from ppmulti.rank.data import voc
 from ppmulti.rank.data.cache import apply_cache, prebuild_cache
 from ppmulti.rank.data.device import place_hsv
 from ppmulti.rank.engine import checkpoint as ckpt
+from ppmulti.rank.engine import ultra_recipe
 from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, LossWatchHook,
                                        ResumeHook, StopOnSignalHook)
 from ppmulti.rank.engine.hooks.amp import MixedPrecisionHook
@@ -268,6 +269,7 @@ class _Build:
         prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
         if len(self.loader) < 1:
             self._small_set()
+        self.plan_notes += ultra_recipe.choose_for_run(cfg, self.dataset.roidbs, self.batch, self.opts.nominal_batch)
         # a YOLOv5 command line warms up as YOLOv5 does, batch by batch (hooks.warmup): its lr counts batches
         self.warmup_batches = self._yolov5_warmup() if self.opts.nominal_batch else 0
         steps_per_epoch = (len(self.loader) if self.warmup_batches else

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sized
 
 __all__ = ["HYP", "NBS", "OptimizerChoice", "auto_optimizer", "choose_optimizer", "nominal_accumulate",
            "scaled_weight_decay", "auto_iterations", "lr_lambda", "warmup_batches", "WarmupState", "warmup_state",
            "mosaic_closed", "GROUP_DECAY", "GROUP_NORM", "GROUP_BIAS", "GROUP_MUON", "classify_parameter",
            "ParamGroupSpec", "param_groups", "MUSGD_MUON", "MUSGD_SGD", "MUSGD_HEAD_LR_GAIN", "Recipe", "plan",
-           "decays", "ppdet_optimizer", "lr_reference"]
+           "decays", "ppdet_optimizer", "lr_reference", "AUTO_TYPE", "choose_for_run", "auto_note"]
 
 # cfg/default.yaml's training hyperparameters in 8.4 (the keys a detection run reads).
 HYP: dict[str, float | int | bool | str] = {
@@ -273,3 +273,65 @@ def lr_reference(choice: OptimizerChoice, effective_batch: int, nbs: int = NBS) 
     the loss x nbs, ppmulti's 'ref_batch' scaling); Adam's does not, so lr0 holds at any batch (ref_batch =
     the effective batch: no scaling)."""
     return int(nbs) if choice.name in ("SGD", "MuSGD") else int(effective_batch)
+
+
+# ----------------------------------------------------------------------------- optimizer=auto in a run
+AUTO_TYPE = "auto"   # OptimizerBuilder.optimizer.type in configs/ultralytics: decided per run by choose_for_run
+
+
+def auto_note(choice: OptimizerChoice, iterations: int, nc: int, ignored_lr: float | None = None,
+              built: str | None = None) -> str:
+    """The line a run logs when ``optimizer=auto`` decides: what was counted and what was chosen (ultralytics
+    prints the same facts at the start of its training)."""
+    if choice.name == "MuSGD":
+        why = f"{iterations} optimizer step(s) planned (more than {AUTO_ITERATIONS}): MuSGD"
+    else:
+        why = (f"{iterations} optimizer step(s) planned (at most {AUTO_ITERATIONS}): AdamW, its lr "
+               f"fitted to {nc} classes")
+    made = built or choice.name
+    ignored = (f"; lr0={ignored_lr:g} and momentum are not used (give optimizer=SGD, Adam or AdamW to set them)"
+               if ignored_lr is not None and ignored_lr != choice.lr else "")
+    return (f"optimizer: optimizer=auto chooses the optimizer, lr0 and momentum for this run: {why} -> "
+            f"{made}(lr={choice.lr:g}, momentum={choice.momentum:g}), biases' warmup lr from "
+            f"{choice.warmup_bias_lr:g}{ignored}")
+
+
+def choose_for_run(cfg, images: Sized, batch, nbs: int | None = None) -> list[str]:
+    """The engine's hook before the lr is planned: a config whose ``OptimizerBuilder.optimizer.type`` is
+    ``auto`` (configs/ultralytics' default, ultralytics' ``optimizer=auto``) gets the optimizer ultralytics would
+    pick for this run (``auto_optimizer`` from the training ``images`` (the dataset's records), the global
+    batch, epochs and classes):
+    its ppdet section, ``base_lr``, ``warmup_bias_lr`` and, for Adam-type optimizers, a ``ref_batch`` equal to
+    the effective batch (their lr does not scale with the batch: ``lr_reference``). ``batch`` is the engine's
+    BatchPlan. Returns the notes to log; [] (nothing changed) for any other optimizer type.
+
+    Two differences, said in the note: MuSGD (past 10,000 steps) has no ppdet builder yet, so SGD at MuSGD's lr
+    and momentum trains instead; AdamW's decoupled decay reaches biases and BatchNorm weights too (ppdet's
+    config cannot carry ultralytics' no-decay groups)."""
+    builder = cfg["OptimizerBuilder"]
+    section = builder.get("optimizer") or {}
+    if str(section.get("type")) != AUTO_TYPE:
+        return []
+    nbs = int(nbs or NBS)
+    nc, epochs = int(cfg["num_classes"]), int(cfg["epoch"])
+    iterations = auto_iterations(len(images), batch.global_batch, epochs, nbs)
+    choice = auto_optimizer(nc, iterations)
+    built = choice
+    if choice.name == "MuSGD":
+        built = OptimizerChoice("SGD", choice.lr, choice.momentum, choice.warmup_bias_lr, choice.reason)
+    decay = float((builder.get("regularizer") or {}).get("factor", HYP["weight_decay"]))
+    edit = ppdet_optimizer(built, decay)
+    edit["optimizer"].pop("apply_decay_param_fun", None)   # a function: the run's config.yml must stay plain data
+    builder["optimizer"] = edit["optimizer"]
+    builder["regularizer"] = edit["regularizer"]
+    lr_cfg = cfg["LearningRate"]
+    ignored = float(lr_cfg.get("base_lr", HYP["lr0"]))
+    lr_cfg["base_lr"] = built.lr
+    cfg["warmup_bias_lr"] = built.warmup_bias_lr
+    cfg["ref_batch"] = lr_reference(built, batch.effective_batch, nbs)
+    notes = [auto_note(choice, iterations, nc, ignored, None if built is choice else
+                       "SGD (MuSGD is not built here yet: Nesterov SGD at its lr and momentum)")]
+    if built.name == "AdamW":
+        notes.append("optimizer: ppmulti's AdamW decays every weight, biases and BatchNorm's included "
+                     "(ultralytics leaves those two groups undecayed)")
+    return notes
