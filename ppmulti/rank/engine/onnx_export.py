@@ -19,7 +19,9 @@ log = logging.getLogger("ppmulti")
 INSTALL = 'pip install -e ".[export]"'
 P2O_PYTHON_LIMIT = (3, 13)   # the first Python without a paddle2onnx wheel (setup.py's export extra says the same)
 ONNX_FILE = "model.onnx"
-SLIM_INSTALL = "pip install onnxslim"   # YOLOv5's simplifier; pure Python (onnx, sympy, ml_dtypes)
+SLIM_INSTALL = "pip install onnxslim"
+# model dir, opset, architecture, paddle2onnx version -> the ONNX bytes
+Converter = Callable[[Path, int, str, str], bytes]   # YOLOv5's simplifier; pure Python (onnx, sympy, ml_dtypes)
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,13 @@ def fix_batch(data: bytes, batch: int) -> bytes:
 
 def export_onnx(config: str, overrides: list[str], weights: str | None, output_dir: str,
                 opts: OnnxOptions = OnnxOptions(), edit: Callable[[Any], None] | None = None,
-                dst: Path | None = None) -> Path:
+                dst: Path | None = None, convert: Converter | None = None) -> Path:
     """Export the Paddle inference model (kept beside, as ppdet writes it, in ``output_dir/<config name>``),
     convert it to ONNX and write that to ``dst`` (default: ``model.onnx`` beside the Paddle model); returns the
-    ONNX file's path. ``edit`` changes the loaded config first (YOLOv5's --imgsz, the run's model)."""
+    ONNX file's path. ``edit`` changes the loaded config first (YOLOv5's --imgsz, the run's model). ``convert``
+    does the conversion (model dir, opset, architecture, paddle2onnx version -> ONNX bytes); the export tools pass
+    ppmulti/procs/onnx_convert.py's, which runs it in a child process because paddle2onnx may crash the process
+    (SIGABRT/SIGSEGV on PP-YOLO, SSD, TOOD, the R-CNNs); the default converts here."""
     from ppmulti.rank.engine import inference
 
     opts.check()
@@ -159,7 +164,10 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
     if not opts.nms:
         inference.leave_nms_out(model)
     model_dir = inference.export_model(cfg, model, output_dir)
-    data = compat.paddle_to_onnx(model_dir, opts.opset)
+    if convert is None:
+        data = compat.paddle_to_onnx(model_dir, opts.opset)
+    else:
+        data = convert(model_dir, opts.opset, str(cfg.get("architecture")), version)
     dst = Path(dst) if dst is not None else model_dir / ONNX_FILE
     if not opts.dynamic:
         data = fix_batch(data, opts.batch)
