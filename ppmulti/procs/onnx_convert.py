@@ -46,6 +46,11 @@ def _last_error(stderr: str) -> str:
     return ""
 
 
+def child_argv(model_dir: Path, opset: int, out: Path) -> list[str]:
+    """The child's command line: this Python, the conversion module, its model, opset and output file."""
+    return [sys.executable, "-m", CHILD, str(model_dir), str(opset), str(out)]
+
+
 def convert(model_dir: Path | str, opset: int, architecture: str, version: str,
             keep: Path | str | None = None) -> bytes:
     """The ONNX bytes of the Paddle inference model in ``model_dir``, converted in a child process; ``keep``: where
@@ -57,7 +62,7 @@ def convert(model_dir: Path | str, opset: int, architecture: str, version: str,
     with tempfile.TemporaryDirectory(prefix="ppmulti-onnx-") as tmp:
         out = Path(tmp) / "model.onnx"
         env = {**os.environ, "TMPDIR": tmp}   # the child's tempfile dirs land here, removed even after a crash
-        ran = supervisor.run([sys.executable, "-m", CHILD, str(model_dir), str(opset), str(out)], TIMEOUT, env=env)
+        ran = supervisor.run(child_argv(model_dir, opset, out), TIMEOUT, env=env)
         if ran.stderr:
             sys.stderr.write(ran.stderr if ran.code == 0 else "")   # its warnings on success; one line on failure
         if ran.code is None:
