@@ -1216,14 +1216,10 @@ def export_refusal(architecture: str, exc: BaseException, version: tuple[int, ..
     tests/test_ppdet_export.py's zoo models: on Paddle 3.3.1, Deformable DETR and DINO stop in ppdet's
     MSDeformableAttention (deformable_transformer.py divides a float32 by an int64 shape, which Paddle 3's type
     promotion refuses; to_static converts ppdet's own source, so no patch of the eager function reaches it);
-    Paddle 2.6.2 exports both, to ONNX too. PicoDet's LCPAN asserts its input count under to_static on Paddle
-    2.6.2 (lc_pan.py); Paddle 3.3.1 exports it, to ONNX too."""
+    Paddle 2.6.2 exports both, to ONNX too."""
     text = str(exc)
     if architecture == "DETR" and paddle3(version) and "Type promotion" in text:
         return ("ppdet 2.6's deformable attention (Deformable DETR, DINO) divides float32 by int64 in the "
                 "exported graph, which Paddle 3 refuses: export it on the Paddle 2.6 stack "
                 "(pip install with PPMULTI_PADDLE_VERSION=2.6.2), which writes both the Paddle model and ONNX")
-    if architecture == "PicoDet" and isinstance(exc, AssertionError) and not paddle3(version):
-        return ("ppdet 2.6's LCPAN neck asserts its input count under Paddle 2.6's to_static: export it on the "
-                "Paddle 3 stack (the default install), which writes both the Paddle model and ONNX")
     return None
