@@ -125,3 +125,13 @@ def test_paddle2onnx_crash_on_a_zoo_model_is_one_line(tmp_path):
     written = sorted(p.name for p in (root / model_dir).iterdir())
     assert compat.exported_program_name() in written and "model.onnx" not in written, written
     assert not [p.name for p in tmp.iterdir()], "temporary files left behind"
+
+
+def test_a_graph_onnxruntime_refuses_is_one_line_and_no_file(tmp_path):
+    """RetinaNet's case (paddle2onnx writes a graph onnxruntime cannot load): one line, exit code 1."""
+    pytest.importorskip("onnxruntime")
+    from ppmulti.rank.engine import onnx_export
+
+    with pytest.raises(onnx_export.ExportFailed, match=r"RetinaNet \(retina\): onnxruntime cannot load") as err:
+        onnx_export.check_converted(b"not an onnx model", "RetinaNet", tmp_path / "retina", "2.1.0")
+    assert err.value.exit_code == 1 and "\n" not in str(err.value)

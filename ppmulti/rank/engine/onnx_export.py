@@ -128,6 +128,30 @@ def check_loads(data: bytes, what: str) -> None:
         raise RuntimeError(f"{what}: onnxruntime cannot load the result: {str(exc).splitlines()[0]}") from exc
 
 
+class ExportFailed(UserError):
+    """The tools could not do the job (not the user's input): exit code 1."""
+
+    exit_code = 1
+
+
+def check_converted(data: bytes, architecture: str, model_dir: Path, version: str) -> None:
+    """One line, and no ONNX file, where onnxruntime cannot load what paddle2onnx wrote (RetinaNet's graph on
+    Paddle 3.3.1 + paddle2onnx 2.1.0: "Node input 'p2o.sub_block.pd_op.array_write_...' is not a graph input",
+    measured 2026-12-02); skipped where onnxruntime is not installed."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return
+    try:
+        check_loads(data, f"paddle2onnx {version}")
+    except RuntimeError as exc:
+        why = str(exc).split("cannot load the result: ", 1)[-1][:200]
+        raise ExportFailed(f"ONNX export of {architecture} ({model_dir.name}): onnxruntime cannot load what "
+                           f"paddle2onnx {version} converted ({why}), so no ONNX file was written; use the Paddle "
+                           f"inference model written to {model_dir} (Paddle Inference, PaddleDetection's "
+                           f"deploy/python/infer.py)") from None
+
+
 def fix_batch(data: bytes, batch: int) -> bytes:
     """The ONNX model with the batch dimension of every input set to ``batch`` (ppdet exports it symbolic).
     Only the declared input shapes change, so onnxruntime refuses another batch; the graph stays as converted
@@ -171,6 +195,7 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
     dst = Path(dst) if dst is not None else model_dir / ONNX_FILE
     if not opts.dynamic:
         data = fix_batch(data, opts.batch)
+    check_converted(data, str(cfg.get("architecture")), model_dir, version)
     if opts.simplify:
         data = simplify(data)
         check_loads(data, "--simplify (onnxslim)")
