@@ -136,7 +136,8 @@ def run(args) -> int:
     if args.formats == ["onnx"]:
         from ppmulti.rank.engine.onnx_export import export_onnx
 
-        dst = export_onnx(args.config, overrides(args), args.weights, args.output_dir, opts, edit)
+        dst = export_onnx(args.config, overrides(args), args.weights, args.output_dir, opts, edit,
+                          convert=converter(keep=True))
         print(f"ONNX model written to {dst}")
         return 0
     from ppmulti.rank.engine.inference import export
@@ -148,6 +149,17 @@ def run(args) -> int:
         compat.paddle_model_to_half(dst)
     print(f"inference model written to {dst}")
     return 0
+
+
+def converter(keep: bool):
+    """paddle2onnx's conversion in a child process (ppmulti/procs/onnx_convert.py): its native crashes become one
+    line naming the model and what to use instead (``keep``: the Paddle model it converted stays for the user)."""
+    from ppmulti.procs import onnx_convert
+
+    def convert(model_dir: Path, opset: int, architecture: str, version: str) -> bytes:
+        return onnx_convert.convert(model_dir, opset, architecture, version, keep=model_dir if keep else None)
+
+    return convert
 
 
 def check_paddle_half() -> None:
@@ -175,7 +187,7 @@ def run_yolov5(args, opts) -> int:
         written = []
         if "onnx" in args.formats:
             written.append(export_onnx(model.config, overrides(args), str(weights), tmp, opts, edit,
-                                       dst=beside_weights(weights, "onnx")))
+                                       dst=beside_weights(weights, "onnx"), convert=converter(keep=False)))
         if "paddle" in args.formats:
             if "onnx" in args.formats:
                 model_dir = next(p for p in Path(tmp).iterdir() if p.is_dir())   # the ONNX's own Paddle model

@@ -1208,3 +1208,18 @@ def model_ema(model: Any, decay: float = 0.9998, ema_decay_type: str = "threshol
                 ema.state_dict[name] = state[name]
         ema.ema_black_list = black
     return ema
+
+
+def export_refusal(architecture: str, exc: BaseException, version: tuple[int, ...] | None = None) -> str | None:
+    """Why ppdet 2.6's exporter cannot write ``architecture`` on this Paddle (``version``; default the installed
+    one), from the error its to_static raised, or None for an error not recognised here. Measured 2026-12-02 with
+    tests/test_ppdet_export.py's zoo models: on Paddle 3.3.1, Deformable DETR and DINO stop in ppdet's
+    MSDeformableAttention (deformable_transformer.py divides a float32 by an int64 shape, which Paddle 3's type
+    promotion refuses; to_static converts ppdet's own source, so no patch of the eager function reaches it);
+    Paddle 2.6.2 exports both, to ONNX too."""
+    text = str(exc)
+    if architecture == "DETR" and paddle3(version) and "Type promotion" in text:
+        return ("ppdet 2.6's deformable attention (Deformable DETR, DINO) divides float32 by int64 in the "
+                "exported graph, which Paddle 3 refuses: export it on the Paddle 2.6 stack "
+                "(pip install with PPMULTI_PADDLE_VERSION=2.6.2), which writes both the Paddle model and ONNX")
+    return None

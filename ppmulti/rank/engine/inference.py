@@ -264,7 +264,22 @@ def export_model(cfg, model, output_dir: str) -> Path:
 
     tried = paddle3() and cfg.get("architecture") in LEGACY_PROGRAM_ARCHITECTURES
     legacy = copy.deepcopy(model) if tried else None   # to_static converts the layer it is given in place
-    dst = _ppdet_export(cfg, model, output_dir)
+    dst = Path(output_dir) / cfg["filename"]
+    existed = dst.exists()
+    try:
+        dst = _ppdet_export(cfg, model, output_dir)
+    except Exception as exc:   # noqa: BLE001 - to_static's errors come in Paddle's own types
+        from ppmulti.rank.compat import export_refusal
+
+        why = export_refusal(str(cfg.get("architecture")), exc)
+        if why is None:
+            raise
+        if not existed:   # ppdet writes infer_cfg.yml before to_static fails: no half-written model left behind
+            import shutil
+
+            shutil.rmtree(dst, ignore_errors=True)
+        raise UserError(f"{cfg.get('architecture')} ({cfg['filename']}) cannot be exported on Paddle "
+                        f"{_paddle_version()}: {why}") from None
     for name in (exported_program_name(), "model.pdiparams"):
         if not (dst / name).is_file():
             raise RuntimeError(f"export finished but {dst / name} is missing")

@@ -19,7 +19,9 @@ log = logging.getLogger("ppmulti")
 INSTALL = 'pip install -e ".[export]"'
 P2O_PYTHON_LIMIT = (3, 13)   # the first Python without a paddle2onnx wheel (setup.py's export extra says the same)
 ONNX_FILE = "model.onnx"
-SLIM_INSTALL = "pip install onnxslim"   # YOLOv5's simplifier; pure Python (onnx, sympy, ml_dtypes)
+SLIM_INSTALL = "pip install onnxslim"
+# model dir, opset, architecture, paddle2onnx version -> the ONNX bytes
+Converter = Callable[[Path, int, str, str], bytes]   # YOLOv5's simplifier; pure Python (onnx, sympy, ml_dtypes)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,30 @@ def check_loads(data: bytes, what: str) -> None:
         raise RuntimeError(f"{what}: onnxruntime cannot load the result: {str(exc).splitlines()[0]}") from exc
 
 
+class ExportFailed(UserError):
+    """The tools could not do the job (not the user's input): exit code 1."""
+
+    exit_code = 1
+
+
+def check_converted(data: bytes, architecture: str, model_dir: Path, version: str) -> None:
+    """One line, and no ONNX file, where onnxruntime cannot load what paddle2onnx wrote (RetinaNet's graph on
+    Paddle 3.3.1 + paddle2onnx 2.1.0: "Node input 'p2o.sub_block.pd_op.array_write_...' is not a graph input",
+    measured 2026-12-02); skipped where onnxruntime is not installed."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return
+    try:
+        check_loads(data, f"paddle2onnx {version}")
+    except RuntimeError as exc:
+        why = str(exc).split("cannot load the result: ", 1)[-1][:200]
+        raise ExportFailed(f"ONNX export of {architecture} ({model_dir.name}): onnxruntime cannot load what "
+                           f"paddle2onnx {version} converted ({why}), so no ONNX file was written; use the Paddle "
+                           f"inference model written to {model_dir} (Paddle Inference, PaddleDetection's "
+                           f"deploy/python/infer.py)") from None
+
+
 def fix_batch(data: bytes, batch: int) -> bytes:
     """The ONNX model with the batch dimension of every input set to ``batch`` (ppdet exports it symbolic).
     Only the declared input shapes change, so onnxruntime refuses another batch; the graph stays as converted
@@ -143,10 +169,13 @@ def fix_batch(data: bytes, batch: int) -> bytes:
 
 def export_onnx(config: str, overrides: list[str], weights: str | None, output_dir: str,
                 opts: OnnxOptions = OnnxOptions(), edit: Callable[[Any], None] | None = None,
-                dst: Path | None = None) -> Path:
+                dst: Path | None = None, convert: Converter | None = None) -> Path:
     """Export the Paddle inference model (kept beside, as ppdet writes it, in ``output_dir/<config name>``),
     convert it to ONNX and write that to ``dst`` (default: ``model.onnx`` beside the Paddle model); returns the
-    ONNX file's path. ``edit`` changes the loaded config first (YOLOv5's --imgsz, the run's model)."""
+    ONNX file's path. ``edit`` changes the loaded config first (YOLOv5's --imgsz, the run's model). ``convert``
+    does the conversion (model dir, opset, architecture, paddle2onnx version -> ONNX bytes); the export tools pass
+    ppmulti/procs/onnx_convert.py's, which runs it in a child process because paddle2onnx may crash the process
+    (SIGABRT/SIGSEGV on PP-YOLO, SSD, TOOD, the R-CNNs); the default converts here."""
     from ppmulti.rank.engine import inference
 
     opts.check()
@@ -159,10 +188,14 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
     if not opts.nms:
         inference.leave_nms_out(model)
     model_dir = inference.export_model(cfg, model, output_dir)
-    data = compat.paddle_to_onnx(model_dir, opts.opset)
+    if convert is None:
+        data = compat.paddle_to_onnx(model_dir, opts.opset)
+    else:
+        data = convert(model_dir, opts.opset, str(cfg.get("architecture")), version)
     dst = Path(dst) if dst is not None else model_dir / ONNX_FILE
     if not opts.dynamic:
         data = fix_batch(data, opts.batch)
+    check_converted(data, str(cfg.get("architecture")), model_dir, version)
     if opts.simplify:
         data = simplify(data)
         check_loads(data, "--simplify (onnxslim)")
