@@ -670,7 +670,7 @@ def _known_flags() -> tuple[set[str], set[str]]:
         collect(module.tool_parser(tool))
         spec = importlib.util.spec_from_file_location(f"_docs_tool_{tool}", REPO / "tools" / f"{tool}.py")
         source = (REPO / "tools" / f"{tool}.py").read_text()
-        if "UNSUPPORTED = {" in source:
+        if "UNSUPPORTED = " in source:
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
             refused.update(mod.UNSUPPORTED)

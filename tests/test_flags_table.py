@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,11 +21,15 @@ REQUIRED = {"infer": ["-c", "r.yml"], "export_model": ["-c", "r.yml"], "convert_
             "data_demo": ["d"]}
 
 
-def _tool(name: str) -> argparse.ArgumentParser:
+def _module(name: str):
     spec = importlib.util.spec_from_file_location(f"_flags_table_{name}", REPO / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.build_parser()
+    return module
+
+
+def _tool(name: str) -> argparse.ArgumentParser:
+    return _module(name).build_parser()
 
 
 def _sub(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:
@@ -249,3 +254,60 @@ def test_train_flags_are_rows_of_the_one_flag_class():
                 train.parse(["-c", "x.yml", name, *(["1"] if flag.takes_value else [])])
             assert str(err.value) == (f"{name} is a YOLOv5 flag that ppmulti does not support "
                                       f"({flag.uses['train'].text}); remove it")
+
+
+# tools/NAME.py -> (its tool in flags.TOOLS, the YOLOv5 script whose flags it refuses)
+TOOL_REFUSALS = {"eval": ("eval", "val.py"), "val": ("eval", "val.py"), "detect": ("detect", "detect.py"),
+                 "export": ("export", "export.py")}
+
+
+@pytest.mark.parametrize("script", sorted(TOOL_REFUSALS))
+def test_the_tools_refusals_are_rows_of_the_one_flag_class(script):
+    """tools/eval.py (val.py), detect.py and export.py refuse YOLOv5's flags they lack as rows of the one Flag class,
+    made by flags.refusal as train's and launch's are: exact YOLOv5 spellings, kept out of the parser, UNSUPPORTED
+    derived from the rows, each spelling refused in its one line with why."""
+    tool, yolov5 = TOOL_REFUSALS[script]
+    module, table = _module(script), _module(tool)   # tools/val.py: eval.py's parser and rows under its own prog
+    rows = table.REFUSED
+    assert rows and all(type(flag) is flags.Flag and flag.tools == (tool,) and flag.refuses(tool) for flag in rows)
+    assert table.UNSUPPORTED == flags.refusals(rows, tool)
+    assert set(table.UNSUPPORTED) == {name for flag in rows for name in flag.spellings}
+    parser = module.build_parser()
+    taken = {s for a in parser._actions for s in a.option_strings}
+    for flag in rows:
+        assert flag == flags.refusal(tool, flag.exact, flag.uses[tool].text, **flag.value), flag.dest
+        assert not flag.names and flag.spellings == flag.exact and not set(flag.spellings) & taken, flag.dest
+        for name in flag.spellings:
+            with pytest.raises(UserError) as err:
+                module.parse([name, *(["1"] if flag.takes_value else [])])
+            assert str(err.value) == (f"{name} is a YOLOv5 {yolov5} flag that ppmulti does not support "
+                                      f"({flag.uses[tool].text}); remove it")
+
+
+def test_every_refused_flag_of_every_tool_is_a_refusal_row():
+    """No tool keeps a hand-written table of refused flags or a refusal row maker of its own: each refused flag of
+    train, launch, eval/val, detect and export is a flags.refusal row (PaddleDetection's own refused flags are
+    ppdet_flags' rows, added to the parser so that --help names them)."""
+    from ppmulti.common import train_flags as train
+    from ppmulti.procs.launch import flags as launch
+
+    tables = {"train": train.TRAIN, "launch": launch.REFUSED,
+              **{tool: _module(tool).REFUSED for tool, _ in TOOL_REFUSALS.values()}}
+    for tool, table in tables.items():
+        refused = [flag for flag in table if flag.refuses(tool)]
+        assert refused, tool
+        for flag in refused:
+            made = flags.refusal(tool, flag.exact, flag.uses[tool].text, **flag.value)
+            assert flag == replace(made, group=flag.group), (tool, flag.dest)   # train's show under YOLOv5's section
+    makers = []
+    for path in sorted([*(REPO / "ppmulti").rglob("*.py"), *(REPO / "tools").glob("*.py")]):
+        if path.name in ("flags.py", "ppdet_flags.py") and path.parent.name == "common":
+            continue
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "UNSUPPORTED" for t in node.targets) \
+                    and isinstance(node.value, ast.Dict):
+                makers.append(f"{path.relative_to(REPO)}:{node.lineno} UNSUPPORTED = {{...}}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "refuse":
+                makers.append(f"{path.relative_to(REPO)}:{node.lineno} refuse(...)")
+    assert not makers, "refused flags outside flags.refusal rows: " + ", ".join(makers)

@@ -8,17 +8,22 @@ from pathlib import Path
 
 from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
-from ppmulti.common.flags import add
+from ppmulti.common.flags import Flag, add, refusal, refusals
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
 from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
-# YOLOv5 detect.py flags without an equivalent here; each is refused by name rather than ignored.
-UNSUPPORTED = {
-    "--view-img": "showing results in a window", "--augment": "test-time augmentation", "--visualize": "feature maps",
-    "--update": "stripping optimizers from .pt files", "--half": "FP16 inference", "--dnn": "OpenCV DNN for ONNX",
-    "--data": "class names from a data yaml (they come from the weights' run, its config.yml)",
-}
+# YOLOv5 detect.py flags without an equivalent here; each is a row refused by name rather than ignored.
+REFUSED: tuple[Flag, ...] = (
+    refusal("detect", ("--view-img",), "showing results in a window", action="store_true"),
+    refusal("detect", ("--augment",), "test-time augmentation", action="store_true"),
+    refusal("detect", ("--visualize",), "feature maps", action="store_true"),
+    refusal("detect", ("--update",), "stripping optimizers from .pt files", action="store_true"),
+    refusal("detect", ("--half",), "FP16 inference", action="store_true"),
+    refusal("detect", ("--dnn",), "OpenCV DNN for ONNX", action="store_true"),
+    refusal("detect", ("--data",), "class names from a data yaml (they come from the weights' run, its config.yml)"),
+)
+UNSUPPORTED = refusals(REFUSED, "detect")   # spelling -> why
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,19 +8,21 @@ from pathlib import Path
 
 from ppmulti.common.envvars import in_paddle_worker, set_visible_gpu
 from ppmulti.common.errors import UserError, exit_on_user_error
-from ppmulti.common.flags import add
+from ppmulti.common.flags import Flag, add, refusal, refusals
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 from ppmulti.common.ppdet_flags import resolve as resolve_ppdet
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
 from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
-# YOLOv5 val.py flags without an equivalent here; each is refused by name rather than ignored.
-UNSUPPORTED = {
-    "--augment": "test-time augmentation",
-    "--save-hybrid": "label+prediction txt files",
-    "--half": "FP16 inference", "--dnn": "OpenCV DNN for ONNX",
-}
+# YOLOv5 val.py flags without an equivalent here; each is a row refused by name rather than ignored.
+REFUSED: tuple[Flag, ...] = (
+    refusal("eval", ("--augment",), "test-time augmentation", action="store_true"),
+    refusal("eval", ("--save-hybrid",), "label+prediction txt files", action="store_true"),
+    refusal("eval", ("--half",), "FP16 inference", action="store_true"),
+    refusal("eval", ("--dnn",), "OpenCV DNN for ONNX", action="store_true"),
+)
+UNSUPPORTED = refusals(REFUSED, "eval")   # spelling -> why
 TASKS = {"train": "the train split", "test": "the test split", "speed": "speed benchmarks",
          "study": "size studies"}   # --task values other than val, refused by name
 

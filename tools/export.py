@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ppmulti.common.errors import UserError, exit_on_user_error
-from ppmulti.common.flags import add
+from ppmulti.common.flags import Flag, add, refusal, refusals
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
 from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
@@ -17,15 +17,25 @@ from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 FORMATS = ("paddle", "onnx")
 # YOLOv5 export.py's other formats, refused by name (the first is what --include names them).
 OTHER_FORMATS = ("torchscript", "openvino", "engine", "coreml", "saved_model", "pb", "tflite", "edgetpu", "tfjs")
-# YOLOv5 export.py flags without an equivalent here; each is refused by name rather than ignored.
-UNSUPPORTED = {
-    "--inplace": "a PyTorch Detect() setting", "--keras": "TensorFlow", "--optimize": "TorchScript for mobile",
-    "--int8": "INT8 quantization", "--per-tensor": "TensorFlow quantization",
-    "--mlmodel": "CoreML", "--verbose": "TensorRT", "--workspace": "TensorRT", "--cache": "TensorRT",
-    "--agnostic-nms": "TensorFlow's NMS (--nms puts per-class NMS into the ONNX graph)",
-    "--topk-per-class": "TF.js NMS", "--topk-all": "TF.js NMS", "--iou-thres": "TF.js NMS",
-    "--conf-thres": "TF.js NMS",
-}
+# YOLOv5 export.py flags without an equivalent here; each is a row refused by name rather than ignored.
+REFUSED: tuple[Flag, ...] = (
+    refusal("export", ("--inplace",), "a PyTorch Detect() setting", action="store_true"),
+    refusal("export", ("--keras",), "TensorFlow", action="store_true"),
+    refusal("export", ("--optimize",), "TorchScript for mobile", action="store_true"),
+    refusal("export", ("--int8",), "INT8 quantization", action="store_true"),
+    refusal("export", ("--per-tensor",), "TensorFlow quantization", action="store_true"),
+    refusal("export", ("--mlmodel",), "CoreML", action="store_true"),
+    refusal("export", ("--verbose",), "TensorRT", action="store_true"),
+    refusal("export", ("--workspace",), "TensorRT", type=int),
+    refusal("export", ("--cache",), "TensorRT"),
+    refusal("export", ("--agnostic-nms",), "TensorFlow's NMS (--nms puts per-class NMS into the ONNX graph)",
+            action="store_true"),
+    refusal("export", ("--topk-per-class",), "TF.js NMS", type=int),
+    refusal("export", ("--topk-all",), "TF.js NMS", type=int),
+    refusal("export", ("--iou-thres",), "TF.js NMS", type=float),
+    refusal("export", ("--conf-thres",), "TF.js NMS", type=float),
+)
+UNSUPPORTED = refusals(REFUSED, "export")   # spelling -> why
 PADDLE_DIR = "_paddle_model"   # YOLOv5's name for its Paddle export: best.pdparams -> best_paddle_model/
 
 

@@ -112,12 +112,31 @@ class Flag:
         """The same flag with a tool's own help text or value keywords (metavar, default) where its meaning differs."""
         return replace(self, help=self.help if help is None else help, value={**self.value, **value})
 
+    def refuses(self, tool: str) -> bool:
+        """Whether ``tool`` refuses the flag by name (a refusal row: never added to that tool's parser)."""
+        use = self.uses.get(tool)
+        return use is not None and use.kind == "refuse"
+
     def add_to(self, p, help: str | None = None, **value) -> argparse.Action:
         """Add the flag to parser or group ``p`` in every spelling (``help`` / ``value``: a tool's own)."""
         kw = {**self.value, **value}
         if isinstance(kw.get("default"), list):
             kw["default"] = list(kw["default"])   # argparse appends to the default it is given: one list a parser
         return p.add_argument(*self.spellings, dest=self.dest, help=self.help if help is None else help, **kw)
+
+
+def refusal(tool: str, names: tuple[str, ...], why: str, **value) -> Flag:
+    """A flag of another program (YOLOv5's train.py, detect.py, val.py, export.py; torchrun; Paddle's launcher) that
+    ``tool`` does not implement: a row refused by name with ``why`` (what it does there, or the way out), spelled
+    exactly as that program spells it (no twins added), ``value`` its argparse keywords there (whether a value follows
+    it). Never added to the tool's parser: the tool checks its leftovers against its refusal rows."""
+    return Flag((), names[0].lstrip("-").replace("-", "_"), why, (tool,), value, exact=names,
+                uses={tool: refuse(why)})
+
+
+def refusals(rows: Iterable[Flag], tool: str) -> dict[str, str]:
+    """Spelling -> why, of each of ``rows`` that ``tool`` refuses."""
+    return {name: flag.uses[tool].text for flag in rows if flag.refuses(tool) for name in flag.spellings}
 
 
 def _f(names, dest, help, tools, ppdet=(), **value) -> Flag:

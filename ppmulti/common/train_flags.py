@@ -8,7 +8,7 @@ import os
 from dataclasses import replace
 
 from ppmulti.common.errors import UserError
-from ppmulti.common.flags import BY_DEST, Flag, refuse
+from ppmulti.common.flags import BY_DEST, Flag, refusal, refusals
 from ppmulti.common.paths import TRAIN_SCRIPT
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 
@@ -27,13 +27,6 @@ def _shared(dest: str, help: str | None = None, **value) -> Flag:
     flag = BY_DEST[dest]
     assert "train" in flag.tools, dest
     return flag.told(help, **value)
-
-
-def _refused(names: tuple[str, ...], why: str, **value) -> Flag:
-    """A YOLOv5 train.py flag ppmulti does not implement, refused by name with what it does there; spelled exactly as
-    YOLOv5 spells it (no twins added) and never added to the parser (the leftovers of parse_known_args are checked)."""
-    return Flag((), names[0].lstrip("-").replace("-", "_"), why, ("train",), value, exact=names,
-                uses={"train": refuse(why)})
 
 
 def _in(group: str, rows: tuple[Flag, ...]) -> tuple[Flag, ...]:
@@ -137,31 +130,29 @@ TRAIN: tuple[Flag, ...] = (
         _shared("storage", "with --evolve: Optuna storage of the population (default "
                            "sqlite:///PROJECT/NAME/evolve.db; postgresql://user@host/db shares it across machines)"),
         # YOLOv5 train.py flags that ppmulti does not implement, with what they do there; each fails by name
-        _refused(("--quad",), "the quad dataloader", action="store_true"),
-        _refused(("--bucket",), "gsutil dataset buckets"),
-        _refused(("--upload_dataset",), "W&B dataset upload", nargs="?", const=True),
-        _refused(("--bbox_interval",), "W&B bounding-box logging", type=int),
-        _refused(("--artifact_alias",), "W&B artifacts"),
-        _refused(("--entity",), "W&B entity"),
-        _refused(("--local_rank", "--local-rank"),
-                 "torch.distributed.launch's rank flag (ppmulti launch sets ranks itself)", type=int),
-        _refused(("--ndjson-console",), "NDJSON logging", action="store_true"),
-        _refused(("--ndjson-file",), "NDJSON logging", action="store_true"),
-        _refused(("--evolve_population",), "evolution seeded from a population directory"),
-        _refused(("--resume_evolve",), "resuming evolution from a csv (ppmulti evolve resumes by itself)"),
+        refusal("train", ("--quad",), "the quad dataloader", action="store_true"),
+        refusal("train", ("--bucket",), "gsutil dataset buckets"),
+        refusal("train", ("--upload_dataset",), "W&B dataset upload", nargs="?", const=True),
+        refusal("train", ("--bbox_interval",), "W&B bounding-box logging", type=int),
+        refusal("train", ("--artifact_alias",), "W&B artifacts"),
+        refusal("train", ("--entity",), "W&B entity"),
+        refusal("train", ("--local_rank", "--local-rank"),
+                "torch.distributed.launch's rank flag (ppmulti launch sets ranks itself)", type=int),
+        refusal("train", ("--ndjson-console",), "NDJSON logging", action="store_true"),
+        refusal("train", ("--ndjson-file",), "NDJSON logging", action="store_true"),
+        refusal("train", ("--evolve_population",), "evolution seeded from a population directory"),
+        refusal("train", ("--resume_evolve",), "resuming evolution from a csv (ppmulti evolve resumes by itself)"),
     )),
 )
 
 
 def refused(flag: Flag) -> bool:
     """Whether the row is a flag train refuses by name (not in the parser)."""
-    use = flag.uses.get("train")
-    return use is not None and use.kind == "refuse"
+    return flag.refuses("train")
 
 
 # spelling -> why, of each refused YOLOv5 flag
-UNSUPPORTED: dict[str, str] = {name: flag.uses["train"].text for flag in TRAIN if refused(flag)
-                               for name in flag.spellings}
+UNSUPPORTED: dict[str, str] = refusals(TRAIN, "train")
 
 
 def reject_unknown(extra: list[str]) -> None:

@@ -12,7 +12,7 @@ from typing import Mapping
 from ppmulti.common import envvars as E
 from ppmulti.common.compat import LauncherSpec, launcher_spec
 from ppmulti.common.errors import UserError
-from ppmulti.common.flags import BY_DEST, Flag, refuse
+from ppmulti.common.flags import BY_DEST, Flag, refusal
 from ppmulti.common.paths import WORKER_SCRIPT
 from ppmulti.procs.launch.cluster_env import Resolve, with_cluster
 from ppmulti.procs.launch.plan import (DEFAULT_HANG_TIMEOUT, DEFAULT_MASTER_PORT, DEFAULT_RDZV_TIMEOUT,
@@ -152,47 +152,48 @@ FLAGS: tuple[Flag, ...] = (
        "with --nodes: Python on every node, e.g. /opt/venv/bin/python (default: this one)", metavar="PATH"),
 )
 
-def _refused(names: tuple[str, ...], takes_value: bool, why: str) -> Flag:
-    """A torchrun or Paddle launcher flag ppmulti cannot honour: refused by name before the script, with the way
-    out; spelled exactly as those launchers spell it (no twins added), a value after it or none."""
-    return Flag((), names[0].lstrip("-").replace("-", "_"), why, ("launch",),
-                {} if takes_value else {"action": "store_true"}, exact=names, uses={"launch": refuse(why)})
-
-
 # torchrun/Paddle flags that ppmulti cannot honour: refused by name, each with the way out.
 REFUSED: tuple[Flag, ...] = (
-    _refused(("--rdzv_conf", "--rdzv-conf"), True, "use --rdzv-timeout SECONDS for the join timeout; drop the rest"),
-    _refused(("--monitor_interval", "--monitor-interval"), True, "Paddle's launcher polls its workers itself; drop it"),
-    _refused(("--role",), True, "drop it"),
-    _refused(("--tee", "-t"), True,
-             "Paddle's launcher echoes rank 0 and writes every rank to LOG_DIR/workerlog.N; drop it"),
-    _refused(("--redirects", "-r"), True, "every rank's output goes to LOG_DIR/workerlog.N (see --log_dir); drop it"),
-    _refused(("--local_addr", "--local-addr"), True, "use --host instead"),
-    _refused(("--logs_specs", "--logs-specs"), True, "use --log_dir instead"),
-    _refused(("--local_ranks_filter", "--local-ranks-filter"), True, "read LOG_DIR/workerlog.N instead"),
-    _refused(("--start_method", "--start-method"), True, "Paddle's launcher always starts fresh processes; drop it"),
-    _refused(("--no_python", "--no-python"), False, "ppmulti launch runs Python scripts only"),
-    _refused(("--module", "-m"), False, "pass the script's file path (Paddle's launcher runs .py files only)"),
-    _refused(("--run_path", "--run-path"), False, "drop it: the script is always run by its path"),
-    _refused(("--legacy",), True, "ppmulti always uses Paddle's new launcher"),
+    refusal("launch", ("--rdzv_conf", "--rdzv-conf"),
+            "use --rdzv-timeout SECONDS for the join timeout; drop the rest"),
+    refusal("launch", ("--monitor_interval", "--monitor-interval"),
+            "Paddle's launcher polls its workers itself; drop it"),
+    refusal("launch", ("--role",), "drop it"),
+    refusal("launch", ("--tee", "-t"),
+            "Paddle's launcher echoes rank 0 and writes every rank to LOG_DIR/workerlog.N; drop it"),
+    refusal("launch", ("--redirects", "-r"),
+            "every rank's output goes to LOG_DIR/workerlog.N (see --log_dir); drop it"),
+    refusal("launch", ("--local_addr", "--local-addr"), "use --host instead"),
+    refusal("launch", ("--logs_specs", "--logs-specs"), "use --log_dir instead"),
+    refusal("launch", ("--local_ranks_filter", "--local-ranks-filter"), "read LOG_DIR/workerlog.N instead"),
+    refusal("launch", ("--start_method", "--start-method"),
+            "Paddle's launcher always starts fresh processes; drop it"),
+    refusal("launch", ("--no_python", "--no-python"), "ppmulti launch runs Python scripts only",
+            action="store_true"),
+    refusal("launch", ("--module", "-m"), "pass the script's file path (Paddle's launcher runs .py files only)",
+            action="store_true"),
+    refusal("launch", ("--run_path", "--run-path"), "drop it: the script is always run by its path",
+            action="store_true"),
+    refusal("launch", ("--legacy",), "ppmulti always uses Paddle's new launcher"),
     # the rest of Paddle's launchers' flags (paddle.distributed.launch and the legacy fleet/launch.py)
-    _refused(("--sort_ip",), True, "node ranks are ppmulti's: --node_rank, or the order of --ips / --nodes; drop it"),
-    _refused(("--npus", "--xpus", "--selected_xpus"), True,
-             "ppmulti runs on the CPU (gloo) and on NVIDIA GPUs (--devices); Ascend NPUs and Kunlun XPUs are not "
-             "supported"),
-    _refused(("--backend",), True,
-             "ppmulti picks the backend from the device: gloo on the CPU, NCCL on GPUs (--device)"),
-    _refused(("--auto_parallel_config", "--auto_cluster_config", "--auto_tuner_json", "--cluster_topo_path",
-              "--rank_mapping_path", "--enable_auto_mapping"), True,
-             "it configures Paddle's auto-parallel or auto-tuner; ppmulti trains data-parallel, every rank a whole "
-             "model"),
-    _refused(("--servers", "--trainers", "--trainer_num", "--server_num", "--workers", "--worker_num",
-              "--coordinators", "--coordinator_num", "--heter_workers", "--heter_worker_num", "--heter_devices",
-              "--gloo_port", "--with_gloo", "--http_port"), True,
-             "it belongs to Paddle's parameter-server mode; ppmulti trains collectively (all-reduce), drop it"),
-    _refused(("--elastic_server", "--elastic_pre_hook", "--np", "--scale", "--force"), True,
-             "the legacy launcher's elastic mode needs an etcd server, which ppmulti launch does not run; "
-             "for restarts use --max_restarts"),
+    refusal("launch", ("--sort_ip",),
+            "node ranks are ppmulti's: --node_rank, or the order of --ips / --nodes; drop it"),
+    refusal("launch", ("--npus", "--xpus", "--selected_xpus"),
+            "ppmulti runs on the CPU (gloo) and on NVIDIA GPUs (--devices); Ascend NPUs and Kunlun XPUs are not "
+            "supported"),
+    refusal("launch", ("--backend",),
+            "ppmulti picks the backend from the device: gloo on the CPU, NCCL on GPUs (--device)"),
+    refusal("launch", ("--auto_parallel_config", "--auto_cluster_config", "--auto_tuner_json", "--cluster_topo_path",
+                       "--rank_mapping_path", "--enable_auto_mapping"),
+            "it configures Paddle's auto-parallel or auto-tuner; ppmulti trains data-parallel, every rank a whole "
+            "model"),
+    refusal("launch", ("--servers", "--trainers", "--trainer_num", "--server_num", "--workers", "--worker_num",
+                       "--coordinators", "--coordinator_num", "--heter_workers", "--heter_worker_num",
+                       "--heter_devices", "--gloo_port", "--with_gloo", "--http_port"),
+            "it belongs to Paddle's parameter-server mode; ppmulti trains collectively (all-reduce), drop it"),
+    refusal("launch", ("--elastic_server", "--elastic_pre_hook", "--np", "--scale", "--force"),
+            "the legacy launcher's elastic mode needs an etcd server, which ppmulti launch does not run; "
+            "for restarts use --max_restarts"),
 )
 # (spellings, takes a value, why) of each refused flag
 UNSUPPORTED: tuple[tuple[tuple[str, ...], bool, str], ...] = tuple(
