@@ -474,14 +474,10 @@ def is_yolov5(cfg) -> bool:
 
 
 def edit_of(args: argparse.Namespace) -> ConfigEdit | None:
-    """YOLOv5's config flags as data (None: none given); the model yaml and --hyp are read here once, so a bad
-    one is refused before any rank starts."""
+    """YOLOv5's config flags as data (None: none given; pure: entry.gather reads the model yaml and --hyp once
+    before, so a bad one is refused before any rank starts)."""
     if not wants_edit(args):
         return None
-    if getattr(args, "cfg", None):
-        resolve_cfg(args.cfg)
-    if getattr(args, "hyp", None):
-        load_hyp(args.hyp)
     if getattr(args, "single_cls", False) and not getattr(args, "data", None):
         raise UserError("--single-cls needs --data (a YOLOv5 data yaml)")
     mosaic_buffer = getattr(args, "mosaic_buffer", None)
