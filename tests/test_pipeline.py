@@ -196,13 +196,14 @@ def _rect_loader(data_yaml, batch: int, extra=()):
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
     from ppmulti.rank.entry import options_from_args
-    from ppmulti.rank.yolo_config import apply_edit
+    from ppmulti.rank.yolo_config import apply_edit, set_rect_batch
 
     args = build_parser().parse_args(["--cfg", "yolov5n", "--data", str(data_yaml), "--img", "128", "--rect",
                                       "--batch", str(batch), "--workers", "0", *extra])
     opts = options_from_args(args)
     cfg = config_mod.load(opts.config, opts.overrides)
     apply_edit(cfg, opts.edit)
+    set_rect_batch(cfg, batch)   # as the builder does from its batch plan (one process: the global batch)
     cfg["TrainReader"]["batch_size"] = batch
     cfg["TrainReader"]["use_shared_memory"] = False
     dataset = create("TrainDataset")()

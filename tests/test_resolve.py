@@ -22,7 +22,10 @@ from ppmulti.common.gpu_switches import USER_CHOICE
 from ppmulti.common.paths import ROOT
 from ppmulti.common.ultra_keys import resolve_line
 from ppmulti.rank.plan import ConfigEdit, RunPlan
-from ppmulti.rank.entry import plan_from_environ, plan_message, resolve_script_args
+from ppmulti.common import train_flags
+from ppmulti.common.paths import CONFIGS
+from ppmulti.rank.engine.resume_plan import Located
+from ppmulti.rank.entry import Facts, plan_from_environ, plan_message, plan_of, resolve_script_args, with_device
 
 GOLDEN_FILE = REPO / "tests" / "fixtures" / "resolve_golden.json"
 HYP = "configs/hyps/hyp.scratch-low.yaml"
@@ -51,6 +54,45 @@ ULTRA_CASES = [
     ("ultralytics_train", ["detect", "train", "model=yolov8n.yaml", "data=coco8.yaml", "epochs=3", "imgsz=320",
                            "batch=16", "device=cpu", "project=runs/u", "name=a", "cos_lr=True", "patience=0"]),
     ("ultralytics_yolov5", ["train", "model=yolov5s.yaml", "data=d.yaml", "pretrained=False", "epochs=1"]),
+]
+
+
+
+def _model(name: str, size: str, epochs: int = 300) -> str:
+    return str(CONFIGS / name / f"{name}_{size}_{epochs}e_coco.yml")
+
+
+# the facts each case's gather reads on a machine without cached release weights, written down: the pure core
+# (plan_of) gives the golden plan from them with no file, network or package look-up
+CASE_FACTS = {
+    "yolov5_readme": Facts(model_config=_model("yolov5", "s")),
+    "yolov5_many_flags": Facts(model_config=_model("yolov5", "n")),
+    "yolov5_img_0_rounds_to_64": Facts(model_config=_model("yolov5", "n")),
+    "yolov5_img_100_rounds_to_128": Facts(model_config=_model("yolov5", "n")),
+    "paddledetection": Facts(resume=Located("output/my/model_final")),
+    "paddledetection_output": Facts(),
+    "ultralytics_train": Facts(model_config=_model("yolov8", "n", 500)),
+    "ultralytics_yolov5": Facts(model_config=_model("yolov5", "s")),
+}
+# the run a bare --resume found (nowhere on disk: plan_of reads no file) and the flags its opt.yaml kept
+RESUMED_RUN = Path("runs/train/exp3")
+RESUMED_RECORD = {"cfg": "yolov5n", "data": "d.yaml", "epochs": 30, "batch": 32, "noval": True, "rect": True,
+                  "cache": "ram", "seed": 5, "logger": ["tb"], "patience": None, "workers": 2, "sync_bn": True}
+ANCHORS = "YOLOv5Head.anchors=[[[9.5, 12.0], [16.0, 30.0], [33.0, 23.0]], [[30.0, 61.0], [62.0, 45.0], " \
+          "[59.0, 119.0]], [[116.0, 90.0], [156.0, 198.0], [373.0, 326.0]]]"
+# cases of the pure core alone: their facts need files or the network, which the wrapper would really read
+CORE_CASES = [
+    ("core_bare_resume_with_record", ["--resume"],
+     Facts(resume=Located(str(RESUMED_RUN), RESUMED_RUN), record=RESUMED_RECORD)),
+    ("core_bare_resume_flags_given_again", ["--resume", "--workers", "4", "--logger", "none"],
+     Facts(resume=Located(str(RESUMED_RUN), RESUMED_RUN), record=RESUMED_RECORD)),
+    # --weights yolov5s.pt, downloaded into the cache: the .pt names the model and carries its own anchors
+    ("core_weights_release_names_the_model", ["--data", "d.yaml", "--weights", "yolov5s.pt", "--img", "320"],
+     Facts(weights="/cache/ppmulti/yolov5s.pt", weights_cfg="yolov5s", weights_overrides=(ANCHORS,),
+           model_config=_model("yolov5", "s"))),
+    # a YOLOv5 line without --weights, the release weights of its model already cached: it starts from them
+    ("core_no_weights_cached_release", ["--data", "d.yaml", "--cfg", "yolov5m"],
+     Facts(weights="/cache/ppmulti/yolov5m.pt", model_config=_model("yolov5", "m"))),
 ]
 
 
@@ -83,19 +125,71 @@ def _resolved(argv: list[str]) -> dict:
     return _plain(json.loads(plan.to_json()))
 
 
+def _core(argv: list[str], facts: Facts) -> RunPlan:
+    args = train_flags.parse(list(argv))
+    with_device(args)
+    return plan_of(args, facts, {})
+
+
+def _core_resolved(argv: list[str], facts: Facts) -> dict:
+    plan = _core(argv, facts)
+    assert RunPlan.from_json(plan.to_json()) == plan
+    return _plain(json.loads(plan.to_json()))
+
+
 def test_a_users_own_cudnn_choice_is_left_alone(neutral_env):
     plan = resolve_script_args(["--cfg", "yolov5n", "--weights", ""], environ={USER_CHOICE[0]: "0"})
     assert plan.switches.mode == "default" and not plan.switches.flags
 
 
 def test_golden_plans(neutral_env, capsys):
+    """Every case through the wrapper (resolve: facts gathered here) and through the pure core (plan_of: the
+    facts written above); both give the golden plan."""
     got = {name: {"argv": _plain(argv), "plan": _resolved(argv)} for name, argv in _all_cases()}
+    got.update({name: {"argv": _plain(argv), "plan": _core_resolved(argv, facts)} for name, argv, facts in CORE_CASES})
     if os.environ.get("WRITE_GOLDEN"):
         GOLDEN_FILE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     golden = json.loads(GOLDEN_FILE.read_text())
     assert sorted(got) == sorted(golden)
     for name in got:
         assert got[name] == golden[name], name
+    assert sorted(CASE_FACTS) == sorted(name for name, _ in _all_cases())
+    for name, argv in _all_cases():
+        assert _core_resolved(argv, CASE_FACTS[name]) == golden[name]["plan"], name
+
+
+def test_the_pure_core_reads_no_file_and_no_network(neutral_env, monkeypatch, tmp_path):
+    """plan_of with facts naming files that do not exist: no open, no socket, and the plan says what they said."""
+    import builtins
+    import socket
+
+    def refused(*args, **kwargs):
+        raise AssertionError(f"I/O in the pure core: {args[:1]}")
+
+    monkeypatch.chdir(tmp_path)   # nothing of runs/train/exp3 here
+    monkeypatch.setattr(builtins, "open", refused)
+    monkeypatch.setattr(socket, "socket", refused)
+    monkeypatch.setattr(Path, "read_text", refused)
+    name, argv, facts = CORE_CASES[0]
+    plan = _core(argv, facts)
+    assert plan.config == str(RESUMED_RUN / "config.yml") and plan.resume == str(RESUMED_RUN)
+    assert (plan.validate, plan.edit.rect, plan.cache, plan.seed, plan.loggers) == (False, True, "ram", 5,
+                                                                                    ("tensorboard",))
+    plan = _core(*CORE_CASES[2][1:])
+    assert plan.weights == "/cache/ppmulti/yolov5s.pt" and plan.edit.cfg == "yolov5s"
+    assert plan.overrides[-1] == ANCHORS and plan.record["weights"] == "/cache/ppmulti/yolov5s.pt"
+
+
+def test_the_pure_core_refuses_what_the_facts_say(neutral_env):
+    resumed = Facts(resume=Located(str(RESUMED_RUN), RESUMED_RUN), record=RESUMED_RECORD,
+                    missing_trackers=frozenset({"tensorboard"}))
+    with pytest.raises(UserError, match="--logger tensorboard: TensorBoard is not installed"):
+        _core(["--resume"], resumed)   # the tracker the resumed run's opt.yaml asks for
+    assert _core(["--resume", "--logger", "none"], resumed).loggers == ()
+    with pytest.raises(UserError, match="give the model once"):
+        _core(["-c", "a.yml", "--cfg", "yolov5s"], Facts(model_config=_model("yolov5", "s")))
+    with pytest.raises(ValueError, match="Facts.model_config"):
+        _core(["--cfg", "yolov5n"], Facts())   # a test that forgets a fact is told, not given a guess
 
 
 def test_img_rounding_is_said_once(neutral_env, capsys):

@@ -53,13 +53,18 @@ def check_event(event: str) -> str:
 
 def parse_spec(text: str) -> CallbackSpec:
     """``--callback on_fit_epoch_end=mymodule:log_metrics`` -> its spec, the function found and callable."""
+    spec = spec_from_text(text)
+    resolve(spec)
+    return spec
+
+
+def spec_from_text(text: str) -> CallbackSpec:
+    """``--callback``'s text -> its spec, the form and the event checked (no import: ``resolve`` finds it)."""
     match = _SPEC.match(text.strip())
     if not match:
         raise UserError(f"--callback {text}: expected EVENT=MODULE:FUNCTION, e.g. "
                         f"on_fit_epoch_end=my_callbacks:log_metrics")
-    spec = CallbackSpec(check_event(match["event"]), match["module"], match["qualname"])
-    resolve(spec)
-    return spec
+    return CallbackSpec(check_event(match["event"]), match["module"], match["qualname"])
 
 
 def resolve(spec: CallbackSpec) -> Callable[..., Any]:

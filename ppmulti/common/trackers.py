@@ -56,8 +56,20 @@ def parse(values: Iterable[str] | None) -> tuple[str, ...] | None:
 def check_installed(trackers: Iterable[str]) -> None:
     """One line naming the extra to install for the first tracker whose package is missing (found without
     importing it: a parent process that only checks flags stays light)."""
+    trackers = tuple(trackers)
+    refuse_missing(trackers, missing(trackers))
+
+
+def missing(trackers: Iterable[str] = TRACKERS) -> frozenset[str]:
+    """The trackers among ``trackers`` whose package is not installed (looked up, not imported)."""
+    return frozenset(t for t in trackers if importlib.util.find_spec(MODULES[t]) is None)
+
+
+def refuse_missing(trackers: Iterable[str], absent: Iterable[str]) -> None:
+    """``check_installed`` without the look-up: the first of ``trackers`` in ``absent`` is one line."""
+    absent = set(absent)
     for tracker in trackers:
-        if importlib.util.find_spec(MODULES[tracker]) is None:
+        if tracker in absent:
             raise UserError(f"--logger {tracker}: {LABELS[tracker]} is not installed; {INSTALL[tracker]}")
 
 

@@ -153,6 +153,10 @@ def _ppdet_config(ns, train_argv: list[str], device: str = "cpu"):
     place_hsv(cfg, device)
     if opts.batch:
         cfg.TrainReader["batch_size"] = int(opts.batch)
+    if opts.edit and opts.edit.rect:   # one process: the global batch is its batch
+        from ppmulti.rank.yolo_config import set_rect_batch
+
+        set_rect_batch(cfg, int(cfg.TrainReader["batch_size"]))
     if opts.workers is not None:
         cfg["worker_num"] = int(opts.workers)
     return opts, cfg

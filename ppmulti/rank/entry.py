@@ -7,27 +7,81 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from typing import Mapping
 
 from ppmulti.common import gpu_switches, ppdet_flags, trackers, train_flags
-from ppmulti.common.callbacks import parse_spec
+from ppmulti.common.callbacks import resolve as resolve_callback
+from ppmulti.common.callbacks import spec_from_text
 from ppmulti.common.errors import UserError
 from ppmulti.rank.engine.lr import NOMINAL_BATCH
+from ppmulti.rank.engine.resume_plan import Located, locate
 from ppmulti.rank.plan import RunPlan
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What resolving a command line reads beyond its flags: files, the network, installed packages. ``gather``
+    reads them; ``plan_of`` builds the plan from them without any I/O (a test writes them down)."""
+
+    resume: Located = Located(None)     # --resume located (a bare --resume: the newest run, its config.yml kept)
+    record: dict | None = None          # that run's opt.yaml (its flags), when it kept one
+    weights: str | None = None          # --weights as a file here (a release downloaded or cached; a YOLOv5 line
+    #                                     without --weights: the cached release weights); None: as given
+    weights_cfg: str | None = None      # the model a --weights .pt names when neither --cfg nor -c is given
+    weights_overrides: tuple[str, ...] = ()   # -o items --weights adds (the .pt's own AutoAnchor anchors)
+    model_config: str | None = None     # --cfg's ppdet config (yolo_config.resolve_cfg)
+    missing_trackers: frozenset[str] = frozenset()   # trackers whose package is not installed
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RunPlan:
     """Parsed train flags as the plan of one run, made once in the launching process; every flag is checked here,
-    before any process starts. Its I/O: a bare --resume's newest run and its opt.yaml, --weights' download, the
-    --cfg model yaml and --hyp file read once (the rank reads them again when it applies the edit); ``environ``
-    (default os.environ): the user's own FLAGS_cudnn_* choices, which --deterministic leaves alone."""
+    before any process starts. The I/O is here (``gather``: a bare --resume's newest run and its opt.yaml,
+    --weights' download, the --cfg model yaml and --hyp read once, installed trackers; --callback functions
+    imported; the --imgsz rounding said); the plan itself is ``plan_of``'s, pure. ``environ`` (default
+    os.environ): the user's own FLAGS_cudnn_* choices, which --deterministic leaves alone."""
+    note = imgsz_note(args)
+    if note:
+        print(f"WARNING: {note}", file=sys.stderr, flush=True)
+    args = checked_values(args)   # a value no run can use is refused before any download
+    plan = plan_of(args, gather(args), os.environ if environ is None else environ)
+    for spec in plan.callbacks:
+        resolve_callback(spec)   # imported as each rank will: a missing module is one line here
+    return plan
+
+
+def gather(args: argparse.Namespace) -> Facts:
+    """The facts ``plan_of`` reads, gathered once in the launching process (files, downloads, package look-ups)."""
+    from ppmulti.common.hyp import load_hyp
+    from ppmulti.rank import yolo_config
+    from ppmulti.rank.engine.pretrained import resolve_weights_flag
+
+    asked = args.output or train_flags.run_output(getattr(args, "project", None), getattr(args, "name", None))
+    located = locate(args.resume, asked)   # a bare --resume's run; a bad -r stem refused
+    record = _read_record(located.run_dir) if located.run_dir is not None else None
+    probe = argparse.Namespace(**vars(args))   # resolve_weights_flag edits what it is given
+    weights_overrides = resolve_weights_flag(probe)   # YOLOv5's --weights: a release downloaded, a .pt's model
+    weights = probe.weights if probe.weights != args.weights else None
+    weights_cfg = probe.cfg if probe.cfg != getattr(args, "cfg", None) else None
+    cfg = getattr(probe, "cfg", None)
+    model_config = yolo_config.resolve_cfg(cfg).config if cfg and not args.config else None
+    if getattr(args, "hyp", None) and train_flags.wants_edit(args):
+        load_hyp(args.hyp)   # a bad --hyp is one line before any rank starts
+    return Facts(resume=located, record=record, weights=weights, weights_cfg=weights_cfg,
+                 weights_overrides=tuple(weights_overrides), model_config=model_config,
+                 missing_trackers=trackers.missing())
+
+
+def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) -> RunPlan:
+    """The RunPlan of parsed train flags and the facts ``gather`` read (pure: no file, network or import; golden
+    cases in tests/test_resolve.py). Every check that needs no I/O is here: a bad value is one UserError line."""
     from ppmulti.rank import yolo_config
 
     args = checked_values(args)
     overrides = [item for group in (args.opt or []) for item in group]
     overrides += ppdet_flags.resolve(args, "train")   # PaddleDetection's flags, as the -o keys they stand for
     check_train_overrides(overrides)
-    loggers = _loggers(args)
+    loggers = _loggers(args, facts.missing_trackers)
     if getattr(args, "enable_ce", None):
         if args.seed != 0:
             raise UserError(f"--enable_ce seeds with 0 (PaddleDetection's continuous evaluation) but --seed "
@@ -36,25 +90,22 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     yolo_style = train_flags.yolo_style(args)
     project, name = getattr(args, "project", None), getattr(args, "name", None)
     asked = args.output or train_flags.run_output(project, name)   # a run directory the user named
-    from ppmulti.rank.engine.resume_plan import locate
-
-    located = locate(args.resume, asked)   # before any rank starts: a bare --resume's run, a bad -r stem refused
-    resume = located.path
+    resume = facts.resume.path
     noval = getattr(args, "noval", False)
-    from ppmulti.rank.engine.pretrained import resolve_weights_flag
-
-    overrides += resolve_weights_flag(args)   # YOLOv5's --weights: a release downloaded, a .pt naming the model
+    args = _with_weights(args, facts)
+    overrides += list(facts.weights_overrides)
     if getattr(args, "cfg", None):
         if args.config:
             raise UserError(f"give the model once: -c {args.config} or --cfg {args.cfg}, not both")
-        config = yolo_config.resolve_cfg(args.cfg).config
-    elif not config and located.run_dir is not None:
+        if facts.model_config is None:
+            raise ValueError(f"--cfg {args.cfg}: Facts.model_config not given (gather resolves it)")
+        config = facts.model_config
+    elif not config and facts.resume.run_dir is not None:
         # YOLOv5's bare --resume needs no other flag: the run's own resolved config (and its opt.yaml) say it all
-        config = str(located.run_dir / "config.yml")
-        record = _read_record(located.run_dir)
-        if record is not None:
-            args = _with_record(args, record)
-            loggers = _loggers(args)
+        config = str(facts.resume.run_dir / "config.yml")
+        if facts.record is not None:
+            args = _with_record(args, facts.record)
+            loggers = _loggers(args, facts.missing_trackers)
             yolo_style, noval = True, bool(getattr(args, "noval", False))
     if not config:
         raise UserError("no config given: pass -c CONFIG (e.g. -c configs/yolo.yml) "
@@ -83,9 +134,19 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
                    image_weights=getattr(args, "image_weights", False),
                    switches=gpu_switches.resolve(getattr(args, "deterministic", None),
                                                  bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
-                                                 os.environ if environ is None else environ),
+                                                 environ),
                    record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
-                   callbacks=tuple(parse_spec(c) for c in getattr(args, "callback", None) or ()))
+                   callbacks=tuple(spec_from_text(c) for c in getattr(args, "callback", None) or ()))
+
+
+def _with_weights(args: argparse.Namespace, facts: Facts) -> argparse.Namespace:
+    """``args`` with --weights as gathered (the file here) and the model its .pt names, as the run records them."""
+    changes = {}
+    if facts.weights is not None:
+        changes["weights"] = facts.weights
+    if facts.weights_cfg is not None:
+        changes["cfg"] = facts.weights_cfg
+    return argparse.Namespace(**{**vars(args), **changes}) if changes else args
 
 
 MAX_STRIDE = 32   # the largest stride of every model ppmulti builds (P5 heads: P3/8, P4/16, P5/32)
@@ -96,15 +157,21 @@ def rounded_imgsz(imgsz: int, stride: int = MAX_STRIDE) -> int:
     return max(math.ceil(imgsz / stride) * stride, 2 * stride)
 
 
+def imgsz_note(args: argparse.Namespace) -> str | None:
+    """What YOLOv5 says when it rounds the training size (``resolve`` prints it once); None: nothing to round."""
+    imgsz = getattr(args, "imgsz", None)
+    if imgsz is None or rounded_imgsz(imgsz) == imgsz:
+        return None
+    return (f"--imgsz {imgsz} must be a multiple of the max stride {MAX_STRIDE} (at least {2 * MAX_STRIDE}); "
+            f"training at --imgsz {rounded_imgsz(imgsz)}")
+
+
 def checked_values(args: argparse.Namespace) -> argparse.Namespace:
-    """The numbers of the train flags checked before any rank starts: a value no run can use is one line naming
-    the flag and the fix; an image size YOLOv5 would round is rounded as it does, saying so on stderr."""
+    """The numbers of the train flags checked before any rank starts (pure): a value no run can use is one line
+    naming the flag and the fix; an image size YOLOv5 would round is rounded as it does (``imgsz_note`` says so)."""
     imgsz = getattr(args, "imgsz", None)
     if imgsz is not None and rounded_imgsz(imgsz) != imgsz:
-        new = rounded_imgsz(imgsz)
-        print(f"WARNING: --imgsz {imgsz} must be a multiple of the max stride {MAX_STRIDE} (at least "
-              f"{2 * MAX_STRIDE}); training at --imgsz {new}", file=sys.stderr, flush=True)
-        args = argparse.Namespace(**{**vars(args), "imgsz": new})
+        args = argparse.Namespace(**{**vars(args), "imgsz": rounded_imgsz(imgsz)})
     at_least_one = {"epochs": "--epochs {}: train at least 1 epoch",
                     "batch": "--batch {}: give the global batch, at least 1, e.g. --batch 64 (AutoBatch, YOLOv5's "
                              "--batch -1, is not implemented: ppmulti splits the global batch across ranks)"}
@@ -136,10 +203,10 @@ def _tuple(value) -> tuple | None:
     return None if value is None else tuple(value)
 
 
-def _loggers(args: argparse.Namespace) -> tuple[str, ...] | None:
-    """--logger's trackers; a missing package is one line here, before any download, process or model."""
+def _loggers(args: argparse.Namespace, missing: frozenset[str]) -> tuple[str, ...] | None:
+    """--logger's trackers; a missing package is one line here, before any process or model."""
     loggers = trackers.parse(getattr(args, "logger", None))
-    trackers.check_installed(loggers or ())
+    trackers.refuse_missing(loggers or (), missing)
     return loggers
 
 

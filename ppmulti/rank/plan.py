@@ -16,7 +16,8 @@ PLAN_FILE = "run_plan.json"   # rank 0 writes the plan the run trained with into
 @dataclass(frozen=True)
 class ConfigEdit:
     """What YOLOv5's flags change on the loaded config, as values (yolo_config.apply_edit applies them in the rank):
-    the model (--cfg), data, image size, hyp, optimizer, schedule, --rect, --mosaic-buffer, label smoothing."""
+    the model (--cfg), data, image size, hyp, optimizer, schedule, --rect (grouped by the batch plan's global
+    batch, set in the builder), --mosaic-buffer, label smoothing."""
 
     cfg: str | None = None
     data: str | None = None
@@ -26,7 +27,6 @@ class ConfigEdit:
     optimizer: str | None = None
     cos_lr: bool = False
     rect: bool = False
-    rect_batch: int | None = None       # --rect's shapes per global batch (--batch; None: batch_size x world)
     mosaic_buffer: int | None = None
     label_smoothing: float | None = None
     every_epoch: bool = False           # YOLOv5 command lines without --noval: validate and save after every epoch

@@ -404,24 +404,26 @@ def apply_mosaic_buffer(cfg, n: int) -> None:
 
 
 # ----------------------------------------------------------------------------- --rect
-def apply_rect(cfg, global_batch: int | None) -> None:
+def apply_rect(cfg) -> None:
     """YOLOv5's --rect: the dataset in aspect-ratio order, batches letterboxed to their own shape, no mosaic,
-    no shuffle. The shapes are computed per global batch (per-rank batch x world, consecutive images), and
-    Paddle's DistributedBatchSampler gives each rank a contiguous slice of every global batch: all ranks'
-    batches of one step share a shape."""
-    from ppmulti.rank import dist
-
+    no shuffle. The shapes are grouped per global batch, which the batch plan decides after this edit
+    (``set_rect_batch``, called by the builder once the plan is made)."""
     if _find_op(cfg, "YOLOv5Mosaic") is None:
         raise UserError("--rect needs the YOLOv5 reader (YOLOv5Mosaic in TrainReader); this config's reader "
                         "has none")
     if cfg["TrainDataset"].get("name") != "YOLODataSet":
         raise UserError("--rect works with YOLOv5 data yamls (--data data.yaml); this dataset is "
                         f"{cfg['TrainDataset'].get('name')}")
-    batch = int(global_batch or int(cfg["TrainReader"]["batch_size"]) * dist.world_size())
     cfg["TrainDataset"]["rect"] = True
-    cfg["TrainDataset"]["rect_batch"] = batch
     cfg["TrainReader"]["shuffle"] = False
     _find_op(cfg, "YOLOv5Mosaic")["rect"] = True
+
+
+def set_rect_batch(cfg, global_batch: int) -> None:
+    """--rect's letterbox shapes per ``global_batch`` consecutive images: the batch plan's global batch (per-rank
+    batch x world; a resumed run keeps its trained one). Paddle's DistributedBatchSampler gives each rank a
+    contiguous slice of every global batch, so all ranks' batches of one step share a shape."""
+    cfg["TrainDataset"]["rect_batch"] = int(global_batch)
 
 
 # ----------------------------------------------------------------------------- --data
@@ -474,14 +476,10 @@ def is_yolov5(cfg) -> bool:
 
 
 def edit_of(args: argparse.Namespace) -> ConfigEdit | None:
-    """YOLOv5's config flags as data (None: none given); the model yaml and --hyp are read here once, so a bad
-    one is refused before any rank starts."""
+    """YOLOv5's config flags as data (None: none given; pure: entry.gather reads the model yaml and --hyp once
+    before, so a bad one is refused before any rank starts)."""
     if not wants_edit(args):
         return None
-    if getattr(args, "cfg", None):
-        resolve_cfg(args.cfg)
-    if getattr(args, "hyp", None):
-        load_hyp(args.hyp)
     if getattr(args, "single_cls", False) and not getattr(args, "data", None):
         raise UserError("--single-cls needs --data (a YOLOv5 data yaml)")
     mosaic_buffer = getattr(args, "mosaic_buffer", None)
@@ -493,7 +491,7 @@ def edit_of(args: argparse.Namespace) -> ConfigEdit | None:
                       single_cls=bool(getattr(args, "single_cls", False)), hyp=getattr(args, "hyp", None),
                       imgsz=int(args.imgsz) if getattr(args, "imgsz", None) else None,
                       optimizer=getattr(args, "optimizer", None), cos_lr=bool(getattr(args, "cos_lr", False)),
-                      rect=bool(getattr(args, "rect", False)), rect_batch=getattr(args, "batch", None),
+                      rect=bool(getattr(args, "rect", False)),
                       mosaic_buffer=mosaic_buffer,
                       label_smoothing=None if smoothing is None else float(smoothing),
                       every_epoch=yolo_style(args) and not getattr(args, "noval", False))
@@ -526,7 +524,7 @@ def apply_edit(cfg, edit: ConfigEdit) -> list[str]:
     if edit.every_epoch:
         cfg["snapshot_epoch"] = 1   # YOLOv5 validates and saves last after every epoch
     if edit.rect:
-        apply_rect(cfg, edit.rect_batch)
+        apply_rect(cfg)   # its shapes' grouping: set_rect_batch, once the batch plan is made
     if edit.mosaic_buffer is not None:
         apply_mosaic_buffer(cfg, int(edit.mosaic_buffer))
     if edit.label_smoothing is not None:

@@ -93,6 +93,7 @@ class _Build:
             stretch_decay(self.cfg, int(self.cfg["epoch"]))
         self.batch = self._batch_plan()
         self.cfg.TrainReader["batch_size"] = self.batch.per_rank
+        self._group_rect()
         self.run_dir = self._make_run_dir()
         record_run_dir(self.run_dir)
         self._setup_logging()
@@ -189,6 +190,14 @@ class _Build:
         return plan_batch(self.world, given, batch=self.opts.batch,
                           accumulate=self.opts.accumulate, nominal=self.opts.nominal_batch,
                           trained=self.resume.plan.trained)
+
+    def _group_rect(self) -> None:
+        """--rect's letterbox shapes grouped by the plan's global batch (a resumed run's kept one, not the
+        config's batch_size x world): the dataset, built after this, reads it."""
+        if self.opts.edit is not None and self.opts.edit.rect:
+            from ppmulti.rank.yolo_config import set_rect_batch
+
+            set_rect_batch(self.cfg, self.batch.global_batch)
 
     def _image_weights_sampler(self):
         """--image-weights: the train loader's batch sampler (data.sampler), None without the flag."""
