@@ -94,6 +94,10 @@ def test_train_on_two_ranks_runs_callbacks_in_each_then_val_predict_export(tmp_p
     fit = [c for c in calls if c["event"] == "on_fit_epoch_end" and c["rank"] == 0]
     assert all("mAP50" in c["metrics"] and c["losses"] for c in fit)
     assert {c["save_dir"] for c in calls if c["rank"] == 0} == {"runs/detect/train"}
+    import yaml   # rank 0 wrote the keys the launching process resolved (the RunPlan's ultra_args)
+
+    args = yaml.safe_load((tmp_path / "runs" / "detect" / "train" / "args.yaml").read_text())
+    assert (args["nproc"], args["epochs"], args["name"], args["save_dir"]) == (2, 2, "train", "runs/detect/train")
 
     val = model.val(data="data/data.yaml", imgsz=64)
     assert set(val) >= {"mAP50", "mAP50_95"}

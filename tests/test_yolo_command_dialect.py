@@ -93,19 +93,19 @@ def test_args_record_has_every_default_yaml_key_resolved():
     assert record["nproc"] == 2   # ppmulti's own key, kept when the line gives it
 
 
-def test_the_started_run_is_the_numbered_one_with_a_fresh_opt_yaml(tmp_path):
-    import os
-    import time
+def test_the_resolved_keys_reach_the_run_plan():
+    """`ppmulti yolo train` hands its keys to the plan (PPMULTI_ULTRA_ARGS -> RunPlan.ultra_args), which rank 0
+    writes as args.yaml; a train command line without it has none."""
+    from ppmulti.common.train_flags import parse
+    from ppmulti.common.ultra_keys import resolve_line
+    from ppmulti.procs.yolo_command import args_environ
+    from ppmulti.rank.entry import Facts, plan_of
+    from ppmulti.rank.plan import RunPlan
 
-    from ppmulti.procs.yolo_command import started_run
-
-    for name in ("train", "train2", "train3", "trainer", "val"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "opt.yaml").write_text("{}")
-    old = time.time() - 100
-    for name in ("train", "train3"):
-        os.utime(tmp_path / name / "opt.yaml", (old, old))
-    since = time.time() - 10
-    assert started_run(str(tmp_path), "train", since) == tmp_path / "train2"
-    assert started_run(str(tmp_path), "exp", since) is None
-    assert started_run(str(tmp_path / "none"), "train", since) is None
+    command = resolve_line(["train", "model=yolo11n.yaml", "data=d.yaml", "epochs=3", "name=mine"])
+    environ = args_environ(command)
+    args = parse(["-c", "configs/yolo11/yolo11_n_500e_coco.yml", "--epochs", "3", "--weights", ""])
+    plan = plan_of(args, Facts(), environ)
+    assert plan.ultra_args["epochs"] == 3 and plan.ultra_args["name"] == "mine"
+    assert RunPlan.from_json(plan.to_json()) == plan   # carried to the ranks as JSON
+    assert plan_of(args, Facts(), {}).ultra_args is None

@@ -130,6 +130,9 @@ PPMULTI_READY_FILE = "PPMULTI_READY_FILE"              # worker.py creates it: t
 # The RunPlan ppmulti launch resolved from the train script's flags (JSON, with those flags): every rank trains it
 # instead of parsing argv again (ppmulti/rank/entry.py plan_from_environ)
 PPMULTI_RUN_PLAN = "PPMULTI_RUN_PLAN"
+# `ppmulti yolo train` / YOLO.train(): ultralytics' keys as resolved (JSON), carried in the RunPlan; rank 0 writes
+# them as the run's args.yaml with its name and save_dir (ppmulti/rank/entry.py plan_of)
+PPMULTI_ULTRA_ARGS = "PPMULTI_ULTRA_ARGS"
 # The ssh fan-out's tag on every process it starts on a node (launcher, Paddle, ranks): the node is cleaned
 # up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
 PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"

@@ -20,7 +20,7 @@ from ppmulti.common.errors import UserError
 from ppmulti.common.paths import ROOT, TRAIN_SCRIPT
 from ppmulti.common.ultra_keys import YoloCommand, resolve_line, ultra_dialect
 from ppmulti.procs import supervisor
-from ppmulti.procs.yolo_command import TOOL_SCRIPTS, ArgsYaml
+from ppmulti.procs.yolo_command import TOOL_SCRIPTS, args_environ
 
 
 @dataclass
@@ -132,8 +132,8 @@ class YOLO:
                 hyp.write_text(yaml.safe_dump(command.hyp, sort_keys=False))
                 argv += ["--hyp", str(hyp)]
             try:
-                with ArgsYaml(command):   # the run's args.yaml, as the command line writes it
-                    result = _last_json(self._run([str(TRAIN_SCRIPT), *argv], env))
+                env.update(args_environ(command))   # the run's args.yaml, as the command line writes it
+                result = _last_json(self._run([str(TRAIN_SCRIPT), *argv], env))
             except UserError as exc:   # the train tool's `--epochs -1` said as the keyword the caller gave
                 raise UserError(ultra_dialect(str(exc), "train", command.keys)) from None
         if result.get("run_dir"):

@@ -96,86 +96,30 @@ class DialectWarnings(io.TextIOBase):
         return self._stream.fileno()
 
 
-def started_run(project: str, name: str, since: float) -> Path | None:
-    """The run directory a training of ``project/name`` started at ``since`` made: ``name``, ``name2``, ... whose
-    opt.yaml (written by rank 0 when the run starts) is at least that recent; the newest such, None before it."""
-    base = Path(project)
-    if not base.is_dir():
-        return None
-    found = []
-    for run in base.iterdir():
-        tail = run.name[len(name):]
-        if run.name.startswith(name) and (tail == "" or tail.isdigit()):
-            opt = run / "opt.yaml"
-            with contextlib.suppress(OSError):
-                if opt.stat().st_mtime >= since:
-                    found.append((opt.stat().st_mtime, run))
-    return max(found)[1] if found else None
+def args_environ(command: YoloCommand) -> dict[str, str]:
+    """The variable that carries ultralytics' keys as resolved into the run's plan (entry.plan_of): rank 0 writes
+    them as the run's args.yaml, with the run's numbered name and place."""
+    import json
 
+    from ppmulti.common.envvars import PPMULTI_ULTRA_ARGS
 
-class ArgsYaml:
-    """Writes the run's ``args.yaml`` (ultra_keys.args_record), atomically, as soon as the run directory appears
-    (a thread polls for it while the training runs in this process or its ranks), and at the end at the latest."""
-
-    POLL = 0.5   # seconds
-
-    def __init__(self, command: YoloCommand):
-        import threading
-
-        self.command = command
-        self.project = str(command.keys.get("project") or DEFAULT_PROJECT)
-        self.name = str(command.keys.get("name") or command.mode)
-        self.written: Path | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ppmulti-args-yaml", daemon=True)
-
-    def __enter__(self) -> "ArgsYaml":
-        import time
-
-        self.since = time.time() - 1.0   # file times may lag the clock by a little
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._write()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.POLL) and self.written is None:
-            self._write()
-
-    def _write(self) -> None:
-        import yaml
-
-        from ppmulti.common.atomic import atomic_write_text
-
-        if self.written is not None:
-            return
-        run = started_run(self.project, self.name, self.since)
-        if run is None:
-            return
-        record = args_record(self.command, str(run))
-        try:
-            atomic_write_text(run / "args.yaml", yaml.safe_dump(record, sort_keys=False, default_flow_style=False))
-        except OSError:
-            return   # the run's own errors say what is wrong with its directory
-        self.written = run
+    place = f"{command.keys.get('project') or DEFAULT_PROJECT}/{command.keys.get('name') or command.mode}"
+    return {PPMULTI_ULTRA_ARGS: json.dumps(args_record(command, place))}
 
 
 def run(args: argparse.Namespace) -> int:
     command = resolve_line(list(args.words), cfg_file_keys(list(args.words)))
     print(f"ppmulti yolo: {command.mode} -> {_shown(command)}", file=sys.stderr, flush=True)
     if command.tool == "train":
-        with ArgsYaml(command):
-            if not command.hyp:
-                return train(tool_argv(command, None), command.keys)
-            import yaml
+        os.environ.update(args_environ(command))   # this process resolves the plan; its ranks inherit it too
+        if not command.hyp:
+            return train(tool_argv(command, None), command.keys)
+        import yaml
 
-            with tempfile.TemporaryDirectory(prefix="ppmulti-yolo-") as tmp:
-                hyp_file = os.path.join(tmp, "hyp.yaml")
-                Path(hyp_file).write_text(yaml.safe_dump(command.hyp, sort_keys=False))
-                return train(tool_argv(command, hyp_file), command.keys)
+        with tempfile.TemporaryDirectory(prefix="ppmulti-yolo-") as tmp:
+            hyp_file = os.path.join(tmp, "hyp.yaml")
+            Path(hyp_file).write_text(yaml.safe_dump(command.hyp, sort_keys=False))
+            return train(tool_argv(command, hyp_file), command.keys)
     script = ROOT / "tools" / TOOL_SCRIPTS[command.tool]
     if not script.is_file():
         raise UserError(f"{script} not found: install ppmulti from a clone with `pip install -e .`")

@@ -136,7 +136,8 @@ def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) 
                                                  bool(getattr(args, "cudnn_benchmark", False)), yolo_style,
                                                  environ),
                    record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
-                   callbacks=tuple(spec_from_text(c) for c in getattr(args, "callback", None) or ()))
+                   callbacks=tuple(spec_from_text(c) for c in getattr(args, "callback", None) or ()),
+                   ultra_args=_ultra_args(environ))
 
 
 def _with_weights(args: argparse.Namespace, facts: Facts) -> argparse.Namespace:
@@ -197,6 +198,20 @@ def checked_values(args: argparse.Namespace) -> argparse.Namespace:
 
 
 options_from_args = resolve   # its former name (evolution, bench probes and tests call it)
+
+
+def _ultra_args(environ: Mapping[str, str]) -> dict | None:
+    """The ultralytics keys `ppmulti yolo train` resolved (PPMULTI_ULTRA_ARGS), for the run's args.yaml."""
+    from ppmulti.common.envvars import PPMULTI_ULTRA_ARGS
+
+    text = environ.get(PPMULTI_ULTRA_ARGS)
+    if not text:
+        return None
+    try:
+        keys = json.loads(text)
+    except ValueError:
+        raise UserError(f"{PPMULTI_ULTRA_ARGS} is not the JSON `ppmulti yolo` writes; unset it") from None
+    return keys if isinstance(keys, dict) else None
 
 
 def _tuple(value) -> tuple | None:

@@ -67,6 +67,7 @@ class RunPlan:
     image_weights: bool = False     # --image-weights: each epoch's images drawn by class weights (YOLOv5's rule)
     loggers: tuple[str, ...] | None = None   # --logger: trackers (hooks/trackers.py); None: VisualDL unless use_vdl off
     callbacks: tuple[CallbackSpec, ...] = ()   # --callback: users' functions called in every rank (hooks/callbacks.py)
+    ultra_args: dict | None = None   # ppmulti yolo runs: ultralytics' keys as resolved, rank 0's args.yaml
 
     def __post_init__(self) -> None:
         # callers (tests, scripts, bench/) may hand lists: the plan keeps tuples, so it is the same after JSON

@@ -121,6 +121,9 @@ class _Build:
 
                     hyp = read_hyp(self.cfg)
                 _write_record(self.run_dir / "hyp.yaml", hyp)
+            if opts.ultra_args is not None:   # ultralytics' args.yaml: its keys, the run's numbered name and place
+                _write_record(self.run_dir / "args.yaml",
+                              {**opts.ultra_args, "name": self.run_dir.name, "save_dir": str(self.run_dir)})
         self._build_parts()
         state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
                                 accumulate=self.batch.accumulate)
