@@ -19,7 +19,7 @@ def test_a_run_directory_is_unstarted_until_it_holds_more_than_its_start(tmp_pat
     run = tmp_path / "exp"
     (run / "weights").mkdir(parents=True)
     (run / "logs").mkdir()
-    for name in ("config.yml", "opt.yaml", "train.log", "logs/rank1.log"):
+    for name in ("config.yml", "opt.yaml", "args.yaml", "run_plan.json", "train.log", "logs/rank1.log"):
         (run / name).write_text("x\n")
     assert unstarted(run)
     (run / "weights" / "last.pdparams").write_bytes(b"w")

@@ -90,7 +90,8 @@ def new_run_dir(base: Path | str, name: str, exist_ok: bool = False, where: str 
 
 
 # What a run writes before its first step: the resolved config, the options, the start of its log, the ranks' logs.
-STARTUP_FILES = ("config.yml", "opt.yaml", "hyp.yaml", "train.log")
+PLAN_FILE = "run_plan.json"   # rank 0 writes the RunPlan the ranks trained into the run directory
+STARTUP_FILES = ("config.yml", "opt.yaml", "hyp.yaml", "args.yaml", PLAN_FILE, "train.log")
 
 
 def unstarted(run_dir: Path | str) -> bool:

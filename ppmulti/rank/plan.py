@@ -9,8 +9,7 @@ from typing import Any
 
 from ppmulti.common.callbacks import CallbackSpec
 from ppmulti.common.gpu_switches import Switches
-
-PLAN_FILE = "run_plan.json"   # rank 0 writes the plan the run trained with into its run directory
+from ppmulti.common.rundir import PLAN_FILE  # noqa: F401  (rank 0 writes the plan into the run directory)
 
 
 @dataclass(frozen=True)
