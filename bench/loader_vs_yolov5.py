@@ -121,7 +121,7 @@ def _ppmulti_worker(argv: list[str]) -> None:
 
     from ppmulti.rank import dist
     from ppmulti.rank.bench_probe import _ppdet_config
-    from ppmulti.rank.config import reader_ops
+    from ppmulti.common.yamlread import reader_ops
     from ppmulti.rank.data.cache import prebuild_cache
 
     flags = ["--cfg", "yolov5s", "--data", a.data, "--hyp", str(REPO / "configs" / "hyps" / HYP), "--img", "640",

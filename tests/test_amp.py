@@ -59,11 +59,11 @@ def test_flags_parse_both_ways():
 
 
 def test_options_carry_the_flag_and_the_yolov5_default():
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
 
-    ppdet = options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "--amp"]))
+    ppdet = resolve(train_flags.parse(["-c", str(DEMO_CONFIG), "--amp"]))
     assert (ppdet.amp, ppdet.amp_default) == (True, False)
-    yolo = options_from_args(train_flags.parse(["--cfg", "yolov5n", "--no-amp"]))
+    yolo = resolve(train_flags.parse(["--cfg", "yolov5n", "--no-amp"]))
     assert (yolo.amp, yolo.amp_default) == (False, True)
 
 

@@ -99,19 +99,19 @@ def test_optimizer_steps_per_epoch(batches, acc, steps):
 ])
 def test_train_flags_reach_the_options(argv, accumulate, nominal):
     from ppmulti.common import train_flags
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
 
-    opts = options_from_args(train_flags.parse(argv))
+    opts = resolve(train_flags.parse(argv))
     assert (opts.accumulate, opts.nominal_batch) == (accumulate, nominal)
     assert opts.multi_scale == opts.image_weights == ("--multi-scale" in argv)
 
 
 def test_bad_accumulate_is_one_error():
     from ppmulti.common import train_flags
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
 
     with pytest.raises(UserError, match="--accumulate 0: give 1"):
-        options_from_args(train_flags.parse(["-c", "configs/yolo.yml", "--accumulate", "0"]))
+        resolve(train_flags.parse(["-c", "configs/yolo.yml", "--accumulate", "0"]))
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -9,6 +9,7 @@ import pytest
 
 from ppmulti.rank import config as config_mod
 from ppmulti.common.errors import UserError, first_line
+from ppmulti.common.flags import parse_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yml")
@@ -105,7 +106,7 @@ def test_unknown_override_key_is_named(bad):
 
 def test_override_without_equals():
     with pytest.raises(UserError, match="key=value"):
-        config_mod.parse_overrides(["epoch"])
+        parse_overrides(["epoch"])
 
 
 def test_missing_config_file(tmp_path):

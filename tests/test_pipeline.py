@@ -43,13 +43,13 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
 
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
     from ppmulti.rank.yolo_config import apply_edit
 
     args = build_parser().parse_args(["--cfg", "yolov5n", "--data", str(data_yaml), "--img", str(img),
                                       "--hyp", str(REPO / "configs/hyps/hyp.scratch-low.yaml"), "--batch", "16",
                                       "--workers", "0"])
-    opts = options_from_args(args)
+    opts = resolve(args)
     cfg = config_mod.load(opts.config, opts.overrides)
     if old:
         for key, value in OLD_READER.items():
@@ -195,12 +195,12 @@ def _rect_loader(data_yaml, batch: int, extra=()):
 
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
     from ppmulti.rank.yolo_config import apply_edit, set_rect_batch
 
     args = build_parser().parse_args(["--cfg", "yolov5n", "--data", str(data_yaml), "--img", "128", "--rect",
                                       "--batch", str(batch), "--workers", "0", *extra])
-    opts = options_from_args(args)
+    opts = resolve(args)
     cfg = config_mod.load(opts.config, opts.overrides)
     apply_edit(cfg, opts.edit)
     set_rect_batch(cfg, batch)   # as the builder does from its batch plan (one process: the global batch)

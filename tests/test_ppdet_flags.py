@@ -16,6 +16,7 @@ import pytest
 from conftest import DEMO_CONFIG, REPO, demo_overrides, one_line_error, run_tool, tool_module
 from ppmulti.common import ppdet_flags, train_flags
 from ppmulti.common.errors import UserError
+from ppmulti.common.flags import parse_overrides
 from ppmulti.rank import config as config_mod
 
 
@@ -46,7 +47,7 @@ def test_ppdet_flags_map_onto_config_keys(tool, argv, expected):
     assert extra == []
     assert ppdet_flags.resolve(args, tool) == expected
     # each item is a valid -o item: the keys land at the top level with the intended values
-    parsed = config_mod.parse_overrides(expected)
+    parsed = parse_overrides(expected)
     assert all(k in config_mod.HONOURED_KEYS for k in parsed)
 
 
@@ -85,17 +86,17 @@ def test_every_ppdet_flag_of_every_tool_is_honoured_or_refused():
 def test_train_options_from_ppdet_flags():
     from ppmulti.rank import entry
 
-    opts = entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "--use_vdl", "false", "--fleet",
+    opts = entry.resolve(train_flags.parse(["-c", str(DEMO_CONFIG), "--use_vdl", "false", "--fleet",
                                                       "--enable_ce", "True", "-o", "epoch=3"]))
     assert opts.overrides == ("epoch=3", "use_vdl=false") and opts.seed == 0
     with pytest.raises(UserError, match="--enable_ce.*--seed 3"):
-        entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "--enable_ce", "--seed", "3"]))
+        entry.resolve(train_flags.parse(["-c", str(DEMO_CONFIG), "--enable_ce", "--seed", "3"]))
     with pytest.raises(UserError, match="--save_prediction_only.*tools/eval.py"):
-        entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "--save_prediction_only"]))
+        entry.resolve(train_flags.parse(["-c", str(DEMO_CONFIG), "--save_prediction_only"]))
     with pytest.raises(UserError, match="-o save_prediction_only=True.*tools/eval.py"):
-        entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "-o", "save_prediction_only=true"]))
+        entry.resolve(train_flags.parse(["-c", str(DEMO_CONFIG), "-o", "save_prediction_only=true"]))
     # -o save_prediction_only=false asks for nothing
-    entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG), "-o", "save_prediction_only=false"]))
+    entry.resolve(train_flags.parse(["-c", str(DEMO_CONFIG), "-o", "save_prediction_only=false"]))
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -260,7 +261,7 @@ def _ppdet_kind(tmp_path, *files) -> Path:
 def test_resume_path_kinds(tmp_path):
     """-r PATH: a run directory or a stem with ppmulti's .pdstate is ppmulti's resume; a stem with .pdparams and
     .pdopt (and no .pdstate) is PaddleDetection's; .pdparams alone is refused, naming --weights."""
-    from ppmulti.rank.engine.hooks.resume import PpdetCheckpoint, ppdet_checkpoint
+    from ppmulti.rank.engine.resume_plan import PpdetCheckpoint, ppdet_checkpoint
 
     root = _ppdet_kind(tmp_path, "output/cfg/3.pdparams", "output/cfg/3.pdopt", "output/cfg/model_final.pdparams",
                        "output/cfg/model_final.pdopt", "output/cfg/model_final.pdema", "run/weights/last.pdparams",

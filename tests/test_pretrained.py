@@ -416,16 +416,16 @@ def test_weights_pt_downloads_and_names_the_model(env, monkeypatch, state):
 def test_a_checkpoints_own_anchors_come_with_it(env, capsys, state):
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
 
     W.save({"epoch": 9, "model": module_tree({**state, "model.24.anchors": GRID * 1.5}), "ema": None,
             "optimizer": {"state": {}, "param_groups": []}}, env / "last.pt")
-    opts = options_from_args(build_parser().parse_args(["--weights", "last.pt", "--epochs", "1"]))
+    opts = resolve(build_parser().parse_args(["--weights", "last.pt", "--epochs", "1"]))
     assert "its own anchors replace yolov5n's" in capsys.readouterr().err
     cfg = config_mod.load(opts.config, opts.overrides)
     assert cfg["YOLOv5Head"]["anchors"][0] == [[15.0, 19.5], [24.0, 45.0], [49.5, 34.5]]
     release(env / "rel.pt", state)   # YOLOv5's own anchors: nothing to say, nothing changed
-    opts = options_from_args(build_parser().parse_args(["--weights", "rel.pt", "--epochs", "1"]))
+    opts = resolve(build_parser().parse_args(["--weights", "rel.pt", "--epochs", "1"]))
     assert "anchors" not in capsys.readouterr().err and not any("anchors" in o for o in opts.overrides)
 
 
@@ -449,10 +449,10 @@ def test_no_weights_on_a_yolov5_command_line_is_said_in_one_line(env, capsys, st
 
 def test_weights_pt_as_a_train_flag_reaches_the_trainer_options(env, state):
     from ppmulti.common.train_flags import build_parser
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
 
     release(env / "mine.pt", state)
-    opts = options_from_args(build_parser().parse_args(["--weights", "mine.pt", "--epochs", "1"]))
+    opts = resolve(build_parser().parse_args(["--weights", "mine.pt", "--epochs", "1"]))
     assert opts.weights == "mine.pt" and opts.config.endswith("yolov5_n_300e_coco.yml")
 
 

@@ -67,7 +67,8 @@ def _replanned_lrs(total_epochs: int, epoch: int, batches: int = 4) -> list[floa
     """YOLOv5's linear decay (lrf 0.01, base lr 0.01) planned for ``total_epochs``, at each batch of ``epoch``
     (0-based): the lr counts batches on a YOLOv5 command line, and its warmup (here 3 epochs, at least 100 batches,
     at most a third of the run) ends before the decay starts."""
-    from ppmulti.rank.engine.lr import LinearDecay, yolov5_warmup_batches
+    from ppmulti.rank.engine.lr import yolov5_warmup_batches
+    from ppmulti.rank.ppdet_bridge import LinearDecay
 
     total = total_epochs * batches
     start = yolov5_warmup_batches(3.0, batches, total)

@@ -17,9 +17,9 @@ from ppmulti.procs.launch.flags import build_plan, describe, launch_env, parse_l
 
 
 def _options(*argv):
-    from ppmulti.rank.entry import options_from_args
+    from ppmulti.rank.entry import resolve
 
-    return options_from_args(build_parser().parse_args(list(argv)))
+    return resolve(build_parser().parse_args(list(argv)))
 
 
 def _path(p) -> str:

@@ -58,8 +58,8 @@ def test_logger_flag_reaches_the_options(tmp_path):
 
     args = train_flags.parse(["-c", str(DEMO_CONFIG), "--logger", "tb", "--logger", "mlflow,visualdl"])
     assert args.logger == ["tb", "mlflow,visualdl"]
-    assert entry.options_from_args(args).loggers == ("visualdl", "tensorboard", "mlflow")
-    assert entry.options_from_args(train_flags.parse(["-c", str(DEMO_CONFIG)])).loggers is None
+    assert entry.resolve(args).loggers == ("visualdl", "tensorboard", "mlflow")
+    assert entry.resolve(train_flags.parse(["-c", str(DEMO_CONFIG)])).loggers is None
 
 
 @pytest.mark.parametrize("module,line", [

@@ -86,7 +86,7 @@ class Record(Hook):
 def _warm_trainer(batches, epochs, accumulate, warmup, hooks=(), momentum=0.9, base_lr=0.01):
     from ppdet.optimizer.optimizer import LinearWarmup
 
-    from ppmulti.rank.engine.lr import LinearDecay
+    from ppmulti.rank.ppdet_bridge import LinearDecay
 
     paddle.seed(0)
     model = ToyModel()

@@ -13,8 +13,8 @@ from conftest import REPO
 from ppmulti.rank import yolo_config as yolo_flags
 from ppmulti.common.errors import UserError
 from ppmulti.common.train_flags import build_parser, parse
-from ppmulti.rank.config import reader_ops
-from ppmulti.rank.entry import options_from_args
+from ppmulti.common.yamlread import reader_ops
+from ppmulti.rank.entry import resolve
 from ppmulti.rank.yolo_config import apply_edit
 
 
@@ -26,7 +26,7 @@ def _edited(*argv):
     from ppmulti.rank import config
 
     args = _args(*argv)
-    opts = options_from_args(args)
+    opts = resolve(args)
     cfg = config.load(opts.config, opts.overrides)
     notes = apply_edit(cfg, opts.edit) if opts.edit else []
     return cfg, opts, notes
@@ -103,15 +103,15 @@ def test_sgd_cos_lr_and_ppyoloe_scaling(repo):
 
 
 def test_run_dir_flags_and_weights_from_scratch():
-    opts = options_from_args(_args("--cfg", "yolov5s", "--project", "p", "--name", "n", "--weights", "",
+    opts = resolve(_args("--cfg", "yolov5s", "--project", "p", "--name", "n", "--weights", "",
                                    "--noval", "--nosave", "--save-period", "3", "--freeze", "10"))
     assert opts.output.replace("\\", "/") == "p/n" and "pretrain_weights=" in opts.overrides
     assert not opts.validate and opts.nosave and opts.save_period == 3 and opts.freeze == (10,)
-    assert options_from_args(_args("--cfg", "yolov5s", "--name", "x")).output.replace("\\", "/") == "runs/train/x"
+    assert resolve(_args("--cfg", "yolov5s", "--name", "x")).output.replace("\\", "/") == "runs/train/x"
     with pytest.raises(UserError, match="not both"):
-        options_from_args(_args("-c", "a.yml", "--cfg", "yolov5s"))
+        resolve(_args("-c", "a.yml", "--cfg", "yolov5s"))
     with pytest.raises(UserError, match="--patience needs validation"):
-        options_from_args(_args("--cfg", "yolov5s", "--noval", "--patience", "5"))
+        resolve(_args("--cfg", "yolov5s", "--noval", "--patience", "5"))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -127,7 +127,7 @@ def test_cache_flag_as_yolov5_spells_it():
     assert parse(["--cfg", "yolov5n"]).cache is None
     assert parse(["--cfg", "yolov5n", "--cache"]).cache == "ram"       # bare --cache is ram, as in YOLOv5
     assert parse(["--cfg", "yolov5n", "--cache", "disk"]).cache == "disk"
-    assert options_from_args(_args("--cfg", "yolov5n", "--cache", "ram")).cache == "ram"
+    assert resolve(_args("--cfg", "yolov5n", "--cache", "ram")).cache == "ram"
     with pytest.raises(SystemExit):
         parse(["--cfg", "yolov5n", "--cache", "gpu"])
 
@@ -163,7 +163,7 @@ def test_bad_hyp_file(tmp_path):
 
 
 def test_linear_decay_ends_at_lrf():
-    from ppmulti.rank.engine.lr import LinearDecay
+    from ppmulti.rank.ppdet_bridge import LinearDecay
 
     sched = LinearDecay(max_epochs=2, min_lr_ratio=0.1)(1.0, [1, 2], [0.0, 0.5, 1.0], 5)
     seen = []

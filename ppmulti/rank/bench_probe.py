@@ -47,7 +47,7 @@ def _size_fix(one_size: int):
 def _fix_size(cfg, size: int) -> None:
     """Train at one size: the readers' random multi-scale makes steps differ up to 6x in work, so ten steps
     of two runs would compare the sizes each happened to draw instead of the loops."""
-    from ppmulti.rank.config import reader_ops
+    from ppmulti.common.yamlread import reader_ops
 
     for body in reader_ops(cfg, "BatchRandomResize"):
         body["target_size"], body["random_size"] = [size], True

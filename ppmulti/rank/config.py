@@ -10,10 +10,9 @@ from typing import Any, Iterable
 import yaml
 
 from ppmulti.common.errors import UserError, first_line
-from ppmulti.common.flags import parse_overrides  # noqa: F401  (re-exported)
-from ppmulti.common.numbers import NUMERIC_KEYS, check_numbers  # noqa: F401  (re-exported)
+from ppmulti.common.flags import parse_overrides
+from ppmulti.common.numbers import check_numbers
 from ppmulti.common.paths import IMAGE_SUFFIXES
-from ppmulti.common.yamlread import reader_ops  # noqa: F401  (re-exported)
 from ppmulti.rank import zoo
 
 # Top-level keys a config file may not set that -o accepts, each with where it takes effect (tests/

@@ -197,7 +197,6 @@ def checked_values(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-options_from_args = resolve   # its former name (evolution, bench probes and tests call it)
 
 
 def _ultra_args(environ: Mapping[str, str]) -> dict | None:
@@ -267,7 +266,8 @@ TRAIN_REFUSED_KEYS = {
 
 def check_train_overrides(overrides: list[str]) -> None:
     """Refuse, by name, -o keys whose meaning training cannot honour (a false value asks for nothing)."""
-    from ppmulti.rank.config import check_numbers, parse_overrides
+    from ppmulti.common.flags import parse_overrides
+    from ppmulti.common.numbers import check_numbers
 
     parsed = parse_overrides(overrides)
     check_numbers(parsed)   # -o TrainReader.batch_size=abc: one line here, before any rank imports Paddle

@@ -149,7 +149,7 @@ def docs_reference(config: str | os.PathLike) -> Reference | None:
 def _override(overrides: Iterable[str] | dict | None):
     if isinstance(overrides, dict):
         return overrides.get("ref_batch")
-    from ppmulti.rank.config import parse_overrides
+    from ppmulti.common.flags import parse_overrides
 
     return parse_overrides(list(overrides or [])).get("ref_batch")
 

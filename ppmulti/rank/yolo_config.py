@@ -12,7 +12,7 @@ from ppmulti.common.errors import UserError, first_line
 from ppmulti.common.hyp import HYP_NEUTRAL, HYP_NO_EQUIVALENT, load_hyp
 from ppmulti.common.train_flags import OPTIMIZERS, wants_edit, yolo_style
 from ppmulti.common.paths import CONFIGS
-from ppmulti.rank.config import reader_ops
+from ppmulti.common.yamlread import reader_ops
 from ppmulti.rank.plan import ConfigEdit
 
 log = logging.getLogger("ppmulti")

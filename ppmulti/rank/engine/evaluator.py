@@ -246,7 +246,7 @@ class CocoEvaluator:
         detections moved into the input's pixels (the letterbox keeps the top left: scale_factor alone)."""
         import numpy as np
 
-        from ppmulti.rank.config import reader_ops
+        from ppmulti.common.yamlread import reader_ops
         from ppmulti.rank.engine import pictures
 
         norm = (reader_ops(self.cfg, "NormalizeImage", "EvalReader") or [{}])[-1]

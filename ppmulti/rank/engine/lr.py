@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppmulti.common.errors import UserError
-from ppmulti.rank.ppdet_bridge import LinearDecay  # noqa: F401  (re-exported: the decay registered into ppdet)
 
 NOMINAL_BATCH = 64   # YOLOv5's nbs: its runs accumulate gradients up to this many images per optimizer step
 

@@ -114,7 +114,7 @@ def _draw_train_batch(trainer, data: dict, names: list[str], path: Path) -> None
     mean and std), the padded ground truth (x1, y1, x2, y2 in input pixels) as boxes."""
     import numpy as np
 
-    from ppmulti.rank.config import reader_ops
+    from ppmulti.common.yamlread import reader_ops
     from ppmulti.rank.engine import pictures
 
     image = data["image"].numpy() if hasattr(data["image"], "numpy") else np.asarray(data["image"])

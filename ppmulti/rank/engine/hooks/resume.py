@@ -12,7 +12,6 @@ from ppmulti.common.rundir import RUN_DIR_MARKER
 from ppmulti.rank.engine import checkpoint as ckpt
 from ppmulti.rank.engine.hooks.base import Hook
 from ppmulti.rank.engine.resume_plan import PPDET_EMA, PPDET_OPTIMIZER, PpdetCheckpoint, decide, look
-from ppmulti.rank.engine.resume_plan import ppdet_checkpoint  # noqa: F401  (its home before resume_plan)
 
 log = logging.getLogger("ppmulti")
 
