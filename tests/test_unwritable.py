@@ -128,9 +128,8 @@ def test_tools_and_launch_refuse_unwritable_places_before_any_rank_starts(locked
                                   "e.g. -o LearningRate.base_lr=0.01"),
 ])
 def test_a_number_that_is_not_one_is_named_with_what_is_expected(item, line):
-    from ppmulti.common.numbers import check_number_items
     from ppmulti.common.flags import parse_overrides
-    from ppmulti.common.numbers import check_numbers
+    from ppmulti.common.numbers import check_number_items, check_numbers
 
     with pytest.raises(UserError) as exc:
         check_numbers(parse_overrides([item]))
