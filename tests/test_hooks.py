@@ -240,17 +240,20 @@ def test_early_stop_hook_ends_a_toy_run_and_the_last_metrics_are_the_stopped_epo
 def test_checkpoint_hook_writes_last_and_best_atomically(tmp_path):
     import paddle
 
-    from ppmulti.rank.engine.checkpoint import load_state
+    from ppmulti.rank.engine.checkpoint import Progress, load_state, read_progress
 
     ckpt_hook = CheckpointHook()
     trainer = toy_trainer(epochs=3, steps=2, run_dir=tmp_path, validate=True,
                           hooks=[ScriptedEvaluation([0.2, 0.5, 0.3]), ckpt_hook])
     trainer.train()
     weights = tmp_path / "weights"
-    assert sorted(p.name for p in weights.iterdir()) == ["best.pdparams", "best.pdstate", "last.pdparams",
-                                                         "last.pdstate"]   # no temp file left beside them
+    assert sorted(p.name for p in weights.iterdir()) == ["best.json", "best.pdparams", "best.pdstate", "last.json",
+                                                         "last.pdparams", "last.pdstate"]   # no temp file left
     last, best = load_state(weights / "last.pdstate"), load_state(weights / "best.pdstate")
     assert last["train"]["epoch"] == 3 and best["train"]["epoch"] == 2       # best: the 0.5 of epoch 2
+    # each state's sidecar, read without Paddle by a later --resume's launching process (no ResumeHook: no plan)
+    assert read_progress(weights / "last.pdstate") == Progress(3, False, None)
+    assert read_progress(weights / "best.pdstate") == Progress(2, False, None)
     assert best["hooks"]["checkpoint"] == {"best_map": 0.5} and ckpt_hook.best_map == 0.5 == trainer.best_map
     saved = paddle.load(str(weights / "last.pdparams"))
     assert all((saved[k].numpy() == v.numpy()).all() for k, v in trainer.model.state_dict().items())

@@ -168,6 +168,20 @@ def test_dry_run_and_nodes_only_flags_through_the_cli(capsys):
                                                "or drop --ssh-port")
 
 
+def test_a_nodes_result_json_is_read_here_only_when_this_run_wrote_it(tmp_path):
+    """Node i's launch writes LOG_DIR/node{i}/result.json under --remote-cwd: seen here on one file system."""
+    plan = plan_of("--nodes", "10.0.0.1,10.0.0.2", "--log_dir", "logs", "t.py", cwd=str(tmp_path), root=None)
+    own = tmp_path / "logs" / "node1" / "result.json"
+    own.parent.mkdir(parents=True)
+    own.write_text('{"state": "SUCCEEDED", "exit_code": 0}\n')
+    written = own.stat().st_mtime
+    assert N.node_result(plan, 1, written - 1) == {"state": "SUCCEEDED", "exit_code": 0}
+    assert N.node_result(plan, 1, written + 1) is None     # an earlier run's file
+    assert N.node_result(plan, 0, 0) is None               # not there: the ssh exit says
+    own.write_text('{"state": ')
+    assert N.node_result(plan, 1, 0) is None
+
+
 # --- preflight pieces (pure or local) --------------------------------------------------------------------
 def test_script_data_args():
     assert N.script_data_args(["-c", "a.yml", "--eval", "-o", "x=1", "y=2", "--data=d.yaml"]) == \
@@ -410,6 +424,12 @@ def test_two_nodes_over_ssh_all_reduce_prefixed_output_and_node_logs(ssh_hosts, 
     assert node1 and all(line.startswith("[node1 127.0.0.3] ") for line in node1)
     assert any("node 1: all 2 nodes joined" in line for line in node1)
     assert (tmp_path / "log" / "node1" / "workerlog.0").exists()      # Paddle's own logs, one folder per node
+    # the fan-out's combined result beside them, each node's read from its own result.json (one file system here)
+    combined = json.loads((tmp_path / "log" / "result.json").read_text())
+    assert (combined["state"], combined["exit_code"], combined["cause"]) == ("SUCCEEDED", 0, None), combined
+    assert [(n["node"], n["state"], n["exit_code"], n["source"]) for n in combined["nodes"]] == [
+        ("node0 127.0.0.2", "SUCCEEDED", 0, "result.json"), ("node1 127.0.0.3", "SUCCEEDED", 0, "result.json")]
+    assert 0 < max(n["duration"] for n in combined["nodes"]) <= combined["duration"]
     assert time.time() - t < 120
 
 
@@ -507,6 +527,12 @@ def test_a_failing_node_stops_the_others_and_is_named(ssh_hosts, fan, tmp_path):
     assert "stopping the other nodes" in errors[0] and "[node1 127.0.0.3] node 1 fails on purpose" in messages
     pid0 = int((out / "pid0").read_text())
     assert wait_gone(job, 10) == [], f"processes of {job} outlived the fan-out"
+    combined = json.loads((tmp_path / "log" / "result.json").read_text())
+    assert (combined["state"], combined["exit_code"], combined["job"]) == ("FAILED", code, job), combined
+    node0, node1 = combined["nodes"]
+    assert (node1["state"], node1["exit_code"], node1["source"]) == ("FAILED", code, "result.json"), combined
+    assert combined["cause"] == f"node1 127.0.0.3: {node1['cause']}" and "exited with code 3" in node1["cause"]
+    assert node0["state"] == "INTERRUPTED" and node0["ssh_exit"] != 0, combined   # stopped by the fan-out
     assert not Path(f"/proc/{pid0}/cmdline").exists() or not Path(f"/proc/{pid0}/cmdline").read_bytes()
 
 
@@ -528,6 +554,9 @@ def test_stopping_the_fan_out_leaves_nothing_on_any_node(ssh_hosts, fan, tmp_pat
         proc.send_signal(signal.SIGINT)   # to the fan-out only, as a terminal's Ctrl-C would reach it
         assert fan.wait(proc, 40) == 130
         assert "SIGINT: stopping every node" in fan.texts(proc)[1]
+        combined = json.loads((tmp_path / "log" / "result.json").read_text())
+        assert (combined["state"], combined["exit_code"], combined["signal"]) == ("INTERRUPTED", 130, "SIGINT")
+        assert [n["state"] for n in combined["nodes"]] == ["INTERRUPTED", "INTERRUPTED"], combined
     else:
         proc.kill()
         proc.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ppmulti.procs.launch.rendezvous import Agreed, NodeRendezvous, Rendezvous
-from ppmulti.procs.launch.result import FINAL, MOVES, Launch, LaunchState, RunResult, final_state
+from ppmulti.procs.launch.result import FINAL, MOVES, Launch, LaunchState, NodeEnd, RunResult, combine, final_state
 
 S = LaunchState
 
@@ -90,6 +90,72 @@ def test_result_json_is_plain_and_written_atomically(tmp_path):
         "state": "FAILED", "exit_code": 1, "ranks": {"0": "SIGTERM", "1": "SIGKILL"}, "restarts": 2,
         "duration": 3.142, "cause": "rank 1 died", "run_dir": "/runs/exp", "signal": None}
     assert [p.name for p in (tmp_path / "log").iterdir()] == ["result.json"]   # no temporary file left
+
+
+# --- the fan-out's combined result (ppmulti launch --nodes): nodes' ends -> one result ---------------------------
+N0, N1 = "node0 10.0.0.1", "node1 10.0.0.2"
+
+
+def _own(state: str, code: int, cause: str | None = None, restarts: int = 0, duration: float = 5.0) -> dict:
+    """A node's result.json as its launcher writes it (RunResult.to_json)."""
+    return json.loads(RunResult(S(state), code, {}, restarts, duration, cause, "/runs/exp" if code == 0 else None,
+                                None).to_json())
+
+
+# (case, the nodes' ends, the exit code, the node that failed, the signal; the state, the cause, each node's
+# (state, exit code, source))
+COMBINED = [
+    ("both succeed, each read from its result.json",
+     [NodeEnd(N0, 0, 6.0, result=_own("SUCCEEDED", 0)), NodeEnd(N1, 0, 6.1, result=_own("SUCCEEDED", 0))],
+     0, None, None, "SUCCEEDED", None, [("SUCCEEDED", 0, "result.json"), ("SUCCEEDED", 0, "result.json")]),
+    ("node 1's rank exits 3: node 1's cause, node 0 stopped (its launcher saw SIGTERM)",
+     [NodeEnd(N0, 143, 4.0, stopped=True, result=_own("INTERRUPTED", 143, "rank 0 got SIGTERM")),
+      NodeEnd(N1, 3, 3.0, result=_own("FAILED", 3, "rank 1 failed: exited with code 3"))],
+     3, 1, None, "FAILED", f"{N1}: rank 1 failed: exited with code 3",
+     [("INTERRUPTED", 143, "result.json"), ("FAILED", 3, "result.json")]),
+    ("a node's result.json not seen here (another machine): its ssh exit",
+     [NodeEnd(N0, 0, 6.0, result=_own("SUCCEEDED", 0)), NodeEnd(N1, 0, 6.2)],
+     0, None, None, "SUCCEEDED", None, [("SUCCEEDED", 0, "result.json"), ("SUCCEEDED", 0, "ssh")]),
+    ("a node refuses its input (exit 2, no result.json here): REFUSED",
+     [NodeEnd(N0, 130, 1.0, stopped=True), NodeEnd(N1, 2, 0.5)],
+     2, 1, None, "REFUSED", f"{N1}: its launch refused its input (exit 2)",
+     [("INTERRUPTED", 130, "ssh"), ("REFUSED", 2, "ssh")]),
+    ("node 1 hung (the watchdog): HUNG",
+     [NodeEnd(N0, 143, 9.0, stopped=True), NodeEnd(N1, 1, 9.0, result=_own("HUNG", 1, "rank 1 hung: no progress"))],
+     1, 1, None, "HUNG", f"{N1}: rank 1 hung: no progress", [("INTERRUPTED", 143, "ssh"), ("HUNG", 1, "result.json")]),
+    ("the ssh connection to node 1 is lost",
+     [NodeEnd(N0, 143, 7.0, stopped=True), NodeEnd(N1, 255, 7.0)],
+     255, 1, None, "FAILED", f"{N1}: ssh exit 255: the connection failed or was lost",
+     [("INTERRUPTED", 143, "ssh"), ("FAILED", 255, "ssh")]),
+    ("an older run's result.json that disagrees with the ssh exit is not this run's",
+     [NodeEnd(N0, 143, 2.0, stopped=True), NodeEnd(N1, 3, 2.0, result=_own("SUCCEEDED", 0))],
+     3, 1, None, "FAILED", f"{N1}: exited with code 3", [("INTERRUPTED", 143, "ssh"), ("FAILED", 3, "ssh")]),
+    ("Ctrl-C on the fan-out: INTERRUPTED",
+     [NodeEnd(N0, 130, 8.0, stopped=True, result=_own("INTERRUPTED", 130)), NodeEnd(N1, None, 8.0, stopped=True)],
+     130, None, "SIGINT", "INTERRUPTED", "SIGINT: the fan-out stopped every node",
+     [("INTERRUPTED", 130, "result.json"), ("INTERRUPTED", None, "ssh")]),
+]
+
+
+@pytest.mark.parametrize("case,ends,code,failed,signame,state,cause,nodes", COMBINED, ids=[c[0][:40] for c in COMBINED])
+def test_combined_result_golden(case, ends, code, failed, signame, state, cause, nodes):
+    result = combine(ends, code, 10.0, failed, signame, "ppm1-ab")
+    assert (result.state.value, result.exit_code, result.cause, result.signal) == (state, code, cause, signame)
+    assert [(n["state"], n["exit_code"], n["source"]) for n in result.nodes] == nodes
+
+
+def test_combined_result_json_whole(tmp_path):
+    ends = [NodeEnd(N0, 143, 4.0004, stopped=True, result=_own("INTERRUPTED", 143, "rank 0 got SIGTERM", 0, 3.9)),
+            NodeEnd(N1, 3, 3.0, result=_own("FAILED", 3, "rank 1 failed: exited with code 3", 1, 2.5))]
+    path = combine(ends, 3, 10.12345, 1, None, "ppm1-ab").write(str(tmp_path / "log"))
+    assert json.loads(Path(path).read_text()) == {
+        "state": "FAILED", "exit_code": 3, "duration": 10.123, "cause": f"{N1}: rank 1 failed: exited with code 3",
+        "signal": None, "job": "ppm1-ab", "nodes": [
+            {"node": N0, "state": "INTERRUPTED", "exit_code": 143, "ssh_exit": 143, "restarts": 0, "duration": 3.9,
+             "cause": "rank 0 got SIGTERM", "run_dir": None, "source": "result.json"},
+            {"node": N1, "state": "FAILED", "exit_code": 3, "ssh_exit": 3, "restarts": 1, "duration": 2.5,
+             "cause": "rank 1 failed: exited with code 3", "run_dir": None, "source": "result.json"}]}
+    assert [p.name for p in (tmp_path / "log").iterdir()] == ["result.json"]   # atomic: no temporary file left
 
 
 def test_the_fixed_rendezvous_is_a_rendezvous():

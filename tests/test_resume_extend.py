@@ -1,7 +1,8 @@
 """--resume with more epochs extends a finished run (issue 47, item 3): a 1-epoch YOLOv5n run (64 px, 16 images)
 resumed with --epochs 2 or -o epoch=2 trains epoch 2 in the same run directory, results.csv gains its row, the lr
 schedule is planned again for 2 epochs (each step of epoch 2 takes that schedule's lr) and one log line says so;
-fewer epochs than done is one line. Once on 2 ranks under ``ppmulti launch``."""
+fewer epochs than done is one line, from the launching process (weights/last.json). Once on 2 ranks under
+``ppmulti launch``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from conftest import REPO
 from launching import launch_env
+from ppmulti.rank.engine.checkpoint import Progress, read_progress
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +55,7 @@ def one_epoch(data, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("one_epoch") / "exp"
     proc = _train(data, run)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert read_progress(run / "weights" / "last.pdstate") == Progress(1, False, 1)   # the launching process's
     return run
 
 
@@ -92,6 +95,8 @@ def _check_extended(first: Path, run: Path, proc: subprocess.CompletedProcess) -
     assert json.loads((run / "metrics.json").read_text())["epochs"] == 2
     assert [p for p in run.parent.iterdir() if (p / "weights").is_dir()] == [run]   # the same run, no new one
     assert "epoch: 2" in (run / "config.yml").read_text().splitlines()   # a bare --resume later trains to 2
+    # the sidecar the launching process reads (no Paddle there): 2 done of 2 planned, so fewer is refused at once
+    assert read_progress(run / "weights" / "last.pdstate") == Progress(2, False, 2)
 
 
 @pytest.mark.parametrize("flags,fewer", [(["--epochs", "2"], ["-o", "epoch=1"]),
@@ -102,7 +107,7 @@ def test_resume_with_more_epochs_extends_the_run_and_replans_its_lr(one_epoch, t
     shutil.copytree(one_epoch, run)
     _check_extended(one_epoch, run, _resume(run, *flags))
     proc = _resume(run, *fewer)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: --resume {run}: the run has 2 epoch(s) done, but this start trains to 1 (--epochs / -o epoch=); "
         f"give 2 or more (more extends the run), or leave it out"), proc.stderr[-3000:]

@@ -4,11 +4,16 @@ facts read from run directories as --resume names them, and the batch plan kept 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from conftest import REPO, clean_env
 from ppmulti.common.errors import UserError
+from ppmulti.rank.engine.checkpoint import Progress, copy_checkpoint, read_progress, write_progress
 from ppmulti.rank.engine.lr import Trained, plan_batch
 from ppmulti.rank.engine.resume_plan import (NONE, PPDET, RESTART, RUN, Found, Located, ResumePlan, decide, locate,
                                              look, planned_epochs)
@@ -169,3 +174,71 @@ def test_batch_on_resume_that_does_not_divide_the_effective_batch_is_one_line():
     plan = decide(Found("r", state_file=STATE, train=DONE3, planned=3), 3)
     with pytest.raises(UserError, match="--resume with --batch 6: .* effective batch of 16 .* divides 16"):
         plan_batch(2, 4, batch=6, trained=plan.trained)
+
+
+# --resume with fewer epochs than done, refused by the launching process from the checkpoint's sidecar
+# (weights/last.json), by the same rule and words as decide's in the rank
+
+def test_the_sidecar_says_what_its_own_state_file_holds(tmp_path):
+    run = _run(tmp_path)
+    last = run / "weights" / "last"
+    assert read_progress(f"{last}.pdstate") is None   # a run written before sidecars: the rank decides
+    write_progress(last, Progress(3, False, 3))
+    assert read_progress(f"{last}.pdstate") == read_progress(last) == Progress(3, False, 3)
+    copy_checkpoint(last, run / "weights" / "best")   # the copy is another file: its own sidecar names it
+    assert read_progress(run / "weights" / "best.pdstate") == Progress(3, False, 3)
+    # a crash between a new state file and its sidecar leaves the older sidecar: it names another file, ignored
+    (run / "weights" / "last.pdstate").write_bytes(b"the next save")
+    assert read_progress(f"{last}.pdstate") is None
+    (run / "weights" / "best.json").write_text('{"epochs_done": 3')   # torn by hand (writes are atomic)
+    assert read_progress(run / "weights" / "best.pdstate") is None
+
+
+@pytest.mark.parametrize("progress,wanted", [(Progress(3, False, 3), 2), (Progress(1, True, 3), 1)])
+def test_locate_refuses_fewer_epochs_than_done_in_decides_words(tmp_path, progress, wanted):
+    run = _run(tmp_path)
+    write_progress(run / "weights" / "last", progress)
+    located = locate(str(run), None)
+    assert located == Located(str(run), run, progress)
+    train = {**DONE3, "epoch": progress.epochs_done, "step_in_epoch": 2 if progress.mid_epoch else 0}
+    with pytest.raises(UserError) as early:
+        located.check_epochs(wanted)
+    with pytest.raises(UserError) as late:
+        decide(Found(str(run), state_file=STATE, train=train, planned=3), wanted)
+    assert str(early.value) == str(late.value)
+    located.check_epochs(progress.epochs_done + progress.mid_epoch)   # enough: no word
+    located.check_epochs(None)   # the config's epochs: the rank reads them
+
+
+def test_epochs_wanted_is_epochs_else_the_last_o_epoch():
+    from ppmulti.rank.entry import epochs_wanted
+
+    assert epochs_wanted(4, ["epoch=9"]) == 4   # --epochs wins, as the builder applies it after -o
+    assert epochs_wanted(None, ["epoch=9", "a.b=1", "epoch=2"]) == 2
+    assert epochs_wanted(None, ["epoch=true"]) is None and epochs_wanted(None, []) is None
+
+
+def test_the_launching_process_refuses_fewer_epochs_in_one_line_without_paddle(tmp_path):
+    """tools/train.py and ``ppmulti launch`` on a run written here (no training): exit 2, one line, no log/ (no
+    rank started), within a second or so; a `paddle` on PYTHONPATH that kills the process if imported proves
+    the refusal imports none."""
+    run = _run(tmp_path)
+    (run / "weights" / "last.pdstate").write_bytes(b"never loaded")
+    write_progress(run / "weights" / "last", Progress(3, False, 3))
+    fake = tmp_path / "fake" / "paddle"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os\nos._exit(97)\n")
+    env = clean_env()
+    env["PYTHONPATH"] = f"{fake.parent}{os.pathsep}{env['PYTHONPATH']}"
+    said = (f"error: --resume {run}: the run has 3 epoch(s) done, but this start trains to {{}} (--epochs / -o "
+            f"epoch=); give 3 or more (more extends the run), or leave it out")
+    for head, flags, wanted in [([], ["--epochs", "1"], 1),
+                                (["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", "--device", "cpu"],
+                                 ["-o", "epoch=2"], 2)]:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, *head, str(REPO / "tools" / "train.py"), "--resume", str(run),
+                               *flags], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+        took = time.monotonic() - started
+        assert proc.returncode == 2 and took < 5, (took, proc.returncode, proc.stderr)
+        assert proc.stderr.strip().splitlines() == [said.format(wanted)]
+        assert not (tmp_path / "log").exists()

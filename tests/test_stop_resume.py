@@ -64,6 +64,7 @@ def _rows(run_dir: Path) -> list[dict]:
 def test_a_toy_run_stopped_mid_epoch_and_resumed_ends_as_an_uninterrupted_one(tmp_path, accumulate):
     import paddle
 
+    from ppmulti.rank.engine.checkpoint import read_progress
     from ppmulti.rank.engine.hooks import Interrupted
 
     whole = _toy(tmp_path / "whole", accumulate=accumulate)
@@ -76,6 +77,8 @@ def test_a_toy_run_stopped_mid_epoch_and_resumed_ends_as_an_uninterrupted_one(tm
     # stopped right after the signal's step (accumulating by 2: back to the last optimizer step, step 2 is redone)
     assert (state["epoch"], state["step_in_epoch"]) == (1, 3 if accumulate == 1 else 2)
     assert set(state["loss_sums"]) == {"loss", "loss_mse"}
+    progress = read_progress(tmp_path / "cut" / "weights" / "last.pdstate")   # the sidecar a launch reads
+    assert (progress.epochs_done, progress.mid_epoch) == (1, True), progress
     assert [r["epoch"] for r in _rows(tmp_path / "cut")] == ["1"]
     resumed = _toy(tmp_path / "cut", resume=str(tmp_path / "cut"), accumulate=accumulate)
     resumed.train()

@@ -91,6 +91,7 @@ def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) 
     project, name = getattr(args, "project", None), getattr(args, "name", None)
     asked = args.output or train_flags.run_output(project, name)   # a run directory the user named
     resume = facts.resume.path
+    facts.resume.check_epochs(epochs_wanted(args.epochs, overrides))   # fewer than done: before any rank starts
     noval = getattr(args, "noval", False)
     args = _with_weights(args, facts)
     overrides += list(facts.weights_overrides)
@@ -138,6 +139,17 @@ def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) 
                    record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
                    callbacks=tuple(spec_from_text(c) for c in getattr(args, "callback", None) or ()),
                    ultra_args=_ultra_args(environ))
+
+
+def epochs_wanted(epochs: int | None, overrides: list[str]) -> int | None:
+    """The epochs a start trains to as its flags say: --epochs, else the last ``-o epoch=N`` (None: the config's,
+    which the rank reads)."""
+    if epochs is not None:
+        return int(epochs)
+    from ppmulti.common.flags import parse_overrides
+
+    value = parse_overrides(overrides).get("epoch")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _with_weights(args: argparse.Namespace, facts: Facts) -> argparse.Namespace:

@@ -31,6 +31,12 @@ one line each, and nothing starts.
 Output. Each node's lines are prefixed ``[node{i} ADDR]`` and written to ``LOG_DIR/nodes/node{i}.log``
 here; node 0's also go to the console. Paddle's own worker logs on node i go to ``LOG_DIR/node{i}`` there,
 so nodes sharing a file system (NFS home directories) do not overwrite each other's ``workerlog.N``.
+
+Result. Each node's launch writes its ``LOG_DIR/node{i}/result.json`` there; once the fan-out has started, this
+side writes ``LOG_DIR/result.json`` here (``result.combine``): the overall state and exit code, and per node its
+state, exit code, restarts and duration, read from the node's own result.json when this machine sees it (the
+same file system: loopback nodes, a shared home) and it was written by this run, else from the ssh exit status.
+A preflight that refuses starts nothing and writes nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from ppmulti.procs import supervisor
 from ppmulti.procs.launch.flags import FLAGS, build_parser, split_argv
 from ppmulti.procs.launch.plan import DEFAULT_MASTER_PORT, check_master_port, check_port
 from ppmulti.procs.launch.rendezvous import new_token
+from ppmulti.procs.launch.result import RESULT_FILE, NodeEnd, combine, signal_name
 
 DEFAULT_SSH_TIMEOUT = 10.0
 DEFAULT_LOG_DIR = "log"                  # Paddle's own default for --log_dir
@@ -518,6 +525,9 @@ class _Node:
     def __init__(self, plan: NodesPlan, i: int, argv: list[str], console: TextIO | None, lock: threading.Lock,
                  token: str):
         self.i, self.name = i, plan.name(i)
+        self.started_at, self.started = time.time(), time.monotonic()
+        self.ended: float | None = None    # when this side first saw the session end
+        self.stopped = False               # this side stopped it (another node failed, or a signal)
         self.log_path = plan.node_log(i)
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         self.log = open(self.log_path, "w", encoding="utf-8")
@@ -545,6 +555,19 @@ class _Node:
                 with lock:
                     print(line, file=console, flush=True)
 
+    def poll(self) -> int | None:
+        """The session's exit status (None: running), noting when it ended."""
+        code = self.proc.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return code
+
+    def end(self, plan: NodesPlan) -> NodeEnd:
+        """How the session ended, with the node's own result.json when it can be read here."""
+        code = self.poll()
+        return NodeEnd(self.name, code, (self.ended or time.monotonic()) - self.started, self.stopped,
+                       node_result(plan, self.i, self.started_at))
+
     def hang_up(self) -> None:
         """Close the session's stdin: the node's supervisor sees EOF and stops its launch."""
         try:
@@ -561,10 +584,12 @@ class _Node:
 def _stop_nodes(plan: NodesPlan, nodes: list[_Node], out: TextIO) -> None:
     """Hang up every session, give the nodes REMOTE_GRACE to stop, then sweep each node by its tag."""
     for node in nodes:
+        node.stopped = node.stopped or node.poll() is None
         node.hang_up()
     deadline = time.monotonic() + REMOTE_GRACE + 5
     for node in nodes:
         node.proc.wait(max(0.1, deadline - time.monotonic()))
+        node.poll()
 
     def sweep(i: int) -> tuple[int | None, str, str]:
         return _ssh_run(plan, i, ["--kill", plan.tag(i)], plan.ssh.timeout + 15)
@@ -583,6 +608,7 @@ def _stop_nodes(plan: NodesPlan, nodes: list[_Node], out: TextIO) -> None:
 def run_nodes(plan: NodesPlan, console: TextIO | None = None, out: TextIO | None = None) -> int:
     """Preflight every node, start them all, stream their output, stop them all on a failure or a signal."""
     console, out = console or sys.stdout, out or sys.stderr
+    started = time.monotonic()
     _log(f"preflight of {len(plan.nodes)} node(s): {', '.join(plan.nodes)}", out)
     problems = preflight(plan)
     if problems:
@@ -595,7 +621,7 @@ def run_nodes(plan: NodesPlan, console: TextIO | None = None, out: TextIO | None
     nodes: list[_Node] = []
     try:
         with supervisor.forward_signals(lambda _signum: stop.set(), HANGUP_SIGNALS) as caught:
-            return _fan_out(plan, nodes, stop, caught, console, out)
+            return _fan_out(plan, nodes, stop, caught, console, out, started)
     finally:
         for node in nodes:
             if node.proc.poll() is None:  # only on an unexpected error above: do not leave sessions behind
@@ -604,8 +630,9 @@ def run_nodes(plan: NodesPlan, console: TextIO | None = None, out: TextIO | None
 
 
 def _fan_out(plan: NodesPlan, nodes: list[_Node], stop: threading.Event, caught: list[int], console: TextIO,
-             out: TextIO) -> int:
-    """Start every node (into ``nodes``), wait for all to finish, one to fail, or a signal; stop them all then."""
+             out: TextIO, started: float) -> int:
+    """Start every node (into ``nodes``), wait for all to finish, one to fail, or a signal; stop them all then;
+    write the combined ``LOG_DIR/result.json``."""
     lock = threading.Lock()
     # one secret for the whole run: the user's, else a fresh one; every node proves it knows it in the rendezvous
     token = (os.environ.get(E.PPMULTI_RDZV_TOKEN) or "").strip() or new_token()
@@ -616,7 +643,7 @@ def _fan_out(plan: NodesPlan, nodes: list[_Node], stop: threading.Event, caught:
             _log(f"{plan.name(i)}: output in {plan.node_log(i)}", out)
     failed: _Node | None = None
     while not stop.is_set():
-        codes = [n.proc.poll() for n in nodes]
+        codes = [n.poll() for n in nodes]
         failed = next((n for n, c in zip(nodes, codes) if c not in (None, 0)), None)
         if failed or all(c == 0 for c in codes):
             break
@@ -625,6 +652,7 @@ def _fan_out(plan: NodesPlan, nodes: list[_Node], stop: threading.Event, caught:
         for node in nodes:
             node.finish()
         _log(f"all {len(nodes)} node(s) finished", out)
+        _keep_result(plan, nodes, 0, started, None, None, out)
         return 0
     if failed is not None:
         code = failed.proc.returncode
@@ -641,8 +669,36 @@ def _fan_out(plan: NodesPlan, nodes: list[_Node], stop: threading.Event, caught:
     for node in nodes:
         node.finish()
     if failed is not None:
-        return failed.proc.returncode if 0 < failed.proc.returncode < 256 else 1
-    return 128 + caught[0]
+        code = failed.proc.returncode if 0 < failed.proc.returncode < 256 else 1
+    else:
+        code = 128 + caught[0]
+    _keep_result(plan, nodes, code, started, None if failed is None else failed.i,
+                 None if failed is not None else signal_name(caught[0]), out)
+    return code
+
+
+def node_result(plan: NodesPlan, i: int, since: float) -> dict | None:
+    """Node i's own result.json as this machine sees it (its launch's log directory under --remote-cwd), when it
+    was written since ``since`` (a file of an earlier run is not this run's); None when it cannot be read here."""
+    path = os.path.join(os.path.expanduser(plan.remote_cwd), plan.log_dir, f"node{i}", RESULT_FILE)
+    try:
+        if os.stat(path).st_mtime < since:
+            return None
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _keep_result(plan: NodesPlan, nodes: list[_Node], code: int, started: float, failed: int | None,
+                 signame: str | None, out: TextIO) -> None:
+    """The combined result in this side's log directory; a directory that cannot be written is said, not fatal."""
+    result = combine([n.end(plan) for n in nodes], code, time.monotonic() - started, failed, signame, plan.job)
+    try:
+        result.write(plan.log_dir)
+    except OSError as exc:
+        _log(f"could not write {os.path.join(plan.log_dir, RESULT_FILE)}: {exc.strerror or exc}", out)
 
 
 def package_root() -> str | None:

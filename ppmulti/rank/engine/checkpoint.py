@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ppmulti.common.atomic import atomic_save
+from ppmulti.common.atomic import atomic_save, atomic_write_text
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import STATE, WEIGHTS  # noqa: F401  (file kinds, shared with run management)
 
@@ -73,8 +74,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_scheduler, state: TrainState,
          hooks: dict[str, dict[str, Any]]) -> None:
-    """Write ``stem.pdparams`` (weights to use) and ``stem.pdstate`` (resume: the loop's state and each
-    hook's, by hook name) atomically."""
+    """Write ``stem.pdparams`` (weights to use), ``stem.pdstate`` (resume: the loop's state and each hook's, by
+    hook name) and ``stem.json`` (its progress, for the launching process: ``Progress``) atomically."""
     import paddle
 
     stem = str(stem)
@@ -88,6 +89,51 @@ def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_
         "hooks": hooks,
     }
     atomic_save(stem + STATE, lambda tmp: paddle.save(payload, tmp))
+    planned = (hooks.get("resume") or {}).get("epochs")
+    write_progress(stem, Progress(int(state.epoch), int(state.step_in_epoch or 0) > 0,
+                                  None if planned is None else int(planned)))
+
+
+PROGRESS = ".json"   # beside a .pdstate: its epochs done and planned, readable without Paddle (``Progress``)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a .pdstate holds of a run's progress, read from its small JSON sidecar by the launching process
+    (which imports no Paddle), so that ``--resume RUN --epochs N`` with fewer than done is refused before any
+    rank starts."""
+
+    epochs_done: int
+    mid_epoch: bool               # saved on a stop, with steps of the next epoch done
+    epochs_planned: int | None    # None: unknown (a Trainer from parts)
+
+
+def write_progress(stem: str | os.PathLike, progress: Progress) -> None:
+    """``stem.json`` for the ``stem.pdstate`` just written. It names that file by size and mtime: the sidecar is
+    written after the state, so a crash between the two leaves a sidecar naming an older state file, which
+    ``read_progress`` ignores (the rank, which loads the state, then decides), never one that says too much."""
+    held = os.stat(str(stem) + STATE)
+    atomic_write_text(str(stem) + PROGRESS, json.dumps(
+        {"epochs_done": progress.epochs_done, "mid_epoch": progress.mid_epoch,
+         "epochs_planned": progress.epochs_planned,
+         "state_bytes": held.st_size, "state_mtime_ns": held.st_mtime_ns}) + "\n")
+
+
+def read_progress(state_file: str | os.PathLike) -> Progress | None:
+    """The progress of ``state_file`` (a .pdstate) from its sidecar; None when there is none (a run written before
+    sidecars, a PaddleDetection checkpoint), it cannot be read, or it describes another version of the file."""
+    state_file = str(state_file)
+    stem = state_file[: -len(STATE)] if state_file.endswith(STATE) else state_file
+    try:
+        held = os.stat(stem + STATE)
+        record = json.loads(Path(stem + PROGRESS).read_text())
+        if (record["state_bytes"], record["state_mtime_ns"]) != (held.st_size, held.st_mtime_ns):
+            return None
+        planned = record.get("epochs_planned")
+        return Progress(int(record["epochs_done"]), bool(record["mid_epoch"]),
+                        None if planned is None else int(planned))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def copy_checkpoint(src_stem: str | os.PathLike, dst_stem: str | os.PathLike, state: bool = True) -> None:
@@ -97,6 +143,9 @@ def copy_checkpoint(src_stem: str | os.PathLike, dst_stem: str | os.PathLike, st
         src = str(src_stem) + suffix
         if os.path.exists(src):
             atomic_save(str(dst_stem) + suffix, lambda tmp, s=src: shutil.copyfile(s, tmp))
+    progress = read_progress(str(src_stem) + STATE) if state else None
+    if progress is not None:   # the copy is another file: its sidecar names it
+        write_progress(dst_stem, progress)
 
 
 def resolve_resume(path: str | os.PathLike) -> Path:

@@ -29,18 +29,29 @@ class Located:
 
     path: str | None
     run_dir: Path | None = None
+    progress: ckpt.Progress | None = None   # the checkpoint's sidecar (None: none, as older runs have)
+
+    def check_epochs(self, wanted: int | None) -> None:
+        """``check_epochs`` before any rank starts, when the sidecar says what was done (else the rank decides)."""
+        if self.progress is not None and self.path is not None:
+            check_epochs(self.path, self.progress.epochs_done, self.progress.mid_epoch, wanted)
 
 
 def locate(resume: str | bool | None, asked_output: str | None) -> Located:
     """Which run or checkpoint ``--resume`` names (bare: the newest run under the user's --project/--name, else
-    runs/train and output/); a PaddleDetection stem without its .pdopt is refused here, before any rank starts."""
+    runs/train and output/) and what its checkpoint's sidecar says was done; a PaddleDetection stem without its
+    .pdopt is refused here, before any rank starts."""
     if resume is None or resume is False or resume == "":
         return Located(None)
     path = str(newest_run(asked_output)) if resume is True else str(resume)
     if ppdet_checkpoint(path) is not None:
         return Located(path)
     run = run_of(path)
-    return Located(path, run if (run / "config.yml").is_file() else None)
+    try:
+        progress = ckpt.read_progress(ckpt.resolve_resume(path))
+    except UserError:   # no training state there: the rank says so (look), as before
+        progress = None
+    return Located(path, run if (run / "config.yml").is_file() else None, progress)
 
 
 @dataclass(frozen=True)
@@ -111,18 +122,25 @@ def _ppmulti(found: Found, source: str, state_file: str, wanted: int | None, not
     run_dir = str(Path(state_file).parent.parent)
     planned = found.planned
     notes = [note] if note else []
-    if wanted is not None and done is not None and (wanted < done or (wanted == done and mid_epoch)):
-        # mid-epoch, ``done`` epochs are complete and one more is under way: it needs done + 1
-        need = done + 1 if mid_epoch else done
-        raise UserError(f"--resume {found.asked or run_dir}: the run has {done} epoch(s) done"
-                        f"{' and the next under way' if mid_epoch else ''}, but this start trains to {wanted} "
-                        f"(--epochs / -o epoch=); give {need} or more (more extends the run), or leave it out")
+    check_epochs(found.asked or run_dir, done, mid_epoch, wanted)
     extends = wanted is not None and planned is not None and wanted > planned
     if extends:
         notes.append(f"extending {run_dir} from {planned} to {wanted} epochs ({done} done): the lr schedule is "
                      f"re-planned for {wanted} epochs")
     return ResumePlan(source, checkpoint=state_file, run_dir=run_dir, trained=trained, epochs_done=done,
                       epochs_planned=planned, epochs_wanted=wanted, extends=extends, notes=tuple(notes))
+
+
+def check_epochs(asked: str, done: int | None, mid_epoch: bool, wanted: int | None) -> None:
+    """The one rule for a ppmulti run resumed with fewer epochs than it has done: a UserError line. ``decide``
+    applies it in the rank (from the loaded checkpoint); the launching process applies it before any rank starts
+    when the checkpoint's sidecar says what was done (``locate``'s ``progress``)."""
+    if wanted is not None and done is not None and (wanted < done or (wanted == done and mid_epoch)):
+        # mid-epoch, ``done`` epochs are complete and one more is under way: it needs done + 1
+        need = done + 1 if mid_epoch else done
+        raise UserError(f"--resume {asked}: the run has {done} epoch(s) done"
+                        f"{' and the next under way' if mid_epoch else ''}, but this start trains to {wanted} "
+                        f"(--epochs / -o epoch=); give {need} or more (more extends the run), or leave it out")
 
 
 def look(resume: str | None, restart: int = 0, launch_dir: str | None = None,
