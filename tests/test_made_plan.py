@@ -12,7 +12,7 @@ from ppmulti.common.errors import UserError
 from ppmulti.rank import dist
 from ppmulti.rank.engine.lr import BatchPlan, LRPlan
 from ppmulti.rank.engine.made_plan import (MadePlan, config_digest, plan_file_text, read_made,
-                                           refuse_differing)
+                                           refuse_differing, refuse_other_data)
 from ppmulti.rank.plan import ConfigEdit, RunPlan
 
 MADE = MadePlan(batch=BatchPlan(16, 8, 2, 4, "YOLOv5's nominal batch 64; --accumulate N overrides"),
@@ -49,6 +49,13 @@ def test_refuse_differing_names_the_ranks_and_keys():
     assert "\n" not in line
     assert line.startswith("the config of ranks 1, 3 differs from rank 0's in TrainDataset: every machine must "
                            "read the same configs/x.yml"), line
+
+
+def test_refuse_other_data_names_the_ranks_and_their_counts():
+    refuse_other_data([48, 48])
+    with pytest.raises(UserError, match=r"^the training set \(TrainDataset\) has 48 images on rank 0 but rank 2 40: "
+                                        r"every machine must read the same dataset"):
+        refuse_other_data([48, 48, 40])
 
 
 def _world(n: int, body, timeout: float = 10.0) -> list[tuple[str, object]]:

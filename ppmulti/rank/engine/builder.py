@@ -286,7 +286,8 @@ class _Build:
         self._agree_classes()   # before the model is built: it may take num_classes from the data
         prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
         # rank 0 makes the rest of the plan from its loader; the others follow it (the same edits, its numbers)
-        self.made = dist.made_on_main(self._plan_training, follow=self._plan_training)
+        self.made = dist.made_on_main(self._plan_training, follow=self._plan_training,
+                                      mine=len(self.dataset.roidbs), check=made_plan.refuse_other_data)
         steps_per_epoch = self.made.steps_per_epoch
         if self.opts.nominal_batch:
             self._yolov5_weight_decay(int(self.opts.nominal_batch))

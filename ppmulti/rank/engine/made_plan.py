@@ -78,3 +78,15 @@ def refuse_differing(digests: list[dict[str, str]], config: str) -> None:
     raise UserError(f"the config of rank{'s' if len(differ) > 1 else ''} {ranks} differs from rank 0's in {shown}: "
                     f"every machine must read the same {config} (and the files it names: _BASE_, --data, --cfg, "
                     f"--hyp); copy rank 0's files to every node")
+
+
+def refuse_other_data(sizes: list[int], section: str = "TrainDataset") -> None:
+    """One line, the same on every rank, when a rank loaded another number of training images than rank 0
+    (``sizes``: every rank's count, by rank): its loader would run another number of steps than rank 0's plan
+    counts, and the ranks' collectives would wait for each other at the end of an epoch."""
+    differ = [rank for rank, n in enumerate(sizes) if n != sizes[0]]
+    if differ:
+        which = ", ".join(f"rank {r} {sizes[r]}" for r in differ)
+        raise UserError(f"the training set ({section}) has {sizes[0]} images on rank 0 but {which}: every machine "
+                        f"must read the same dataset (the same annotation file and images); copy rank 0's to every "
+                        f"node")
