@@ -21,6 +21,7 @@ from ppmulti.common.errors import UserError
 from ppmulti.common.gpu_switches import USER_CHOICE
 from ppmulti.common.paths import ROOT
 from ppmulti.common.ultra_keys import resolve_line
+from ppmulti.rank.engine.made_plan import read_made
 from ppmulti.rank.plan import ConfigEdit, RunPlan
 from ppmulti.common import train_flags
 from ppmulti.common.paths import CONFIGS
@@ -285,8 +286,16 @@ def test_two_ranks_train_the_launchers_plan(small_demo, tmp_path):
     proc = _launch(["-c", str(DEMO_CONFIG), "-o", *demo_overrides(small_demo), "--batch", "8", "--epochs", "1",
                     "--img", "100", "--output", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    saved = RunPlan.from_json((out / "run_plan.json").read_text())
+    text = (out / "run_plan.json").read_text()
+    saved = RunPlan.from_json(text)
     assert (saved.epochs, saved.batch, saved.edit.imgsz, saved.output) == (1, 8, 128, str(out))
+    # beside it, what rank 0 made once the world and the data were known, and both ranks trained with it
+    made = read_made(text)
+    assert (made.batch.global_batch, made.batch.per_rank, made.batch.world_size) == (8, 4, 2), made
+    assert made.lr.effective_batch == made.batch.effective_batch and made.steps_per_epoch == 6, made  # 48 / 8
+    for log_file in (out / "train.log", out / "logs" / "rank1.log"):
+        plan_line = next(line for line in log_file.read_text().splitlines() if "world size 2, " in line)
+        assert made.batch.describe() in plan_line and made.lr.describe() in plan_line, (log_file, plan_line)
     texts = [proc.stdout, proc.stderr] + [p.read_text(errors="replace") for p in (tmp_path / "log").rglob("*")
                                           if p.is_file()]
     warnings = sum(text.count("WARNING: --imgsz 100") for text in texts)

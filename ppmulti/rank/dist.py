@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
+from ppmulti.common.errors import UserError
 from ppmulti.rank import compat
 from ppmulti.common.cpus import choose_cpu_threads, usable_cores
 from ppmulti.rank import heartbeat
 
 _INITIALISED = False
+T = TypeVar("T")
 
 
 def world_size() -> int:
@@ -90,6 +92,39 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list[Any] = []
     dist.all_gather_object(out, obj)
     return out
+
+
+def made_on_main(make: Callable[[], T], follow: Callable[[T], Any] | None = None, mine: Any = None,
+                 check: Callable[[list[Any]], None] | None = None, *,
+                 gather: Callable[[Any], list[Any]] | None = None, main: bool | None = None) -> T:
+    """Rank 0's ``make()``, handed to every rank in one gather: what needs the world is made once, where every
+    rank would otherwise make its own. Every rank sends ``mine`` too, and ``check(every rank's mine)`` runs on
+    each before rank 0's value is used (the ranks' config digests: the same refusal on every rank). The other
+    ranks then call ``follow(value)`` (rank 0 did that work inside ``make``).
+
+    A UserError in ``make`` is the same one line on every rank, raised after the gather: no rank is left waiting
+    for one that stopped. ``gather`` / ``main``: all_gather_object and is_main() unless given (tests)."""
+    main = is_main() if main is None else main
+    made, said, failure = None, None, None   # said: (a user's error?, its line), what the other ranks raise
+    if main:
+        try:
+            made = make()
+        except UserError as exc:
+            failure, said = exc, (True, str(exc))
+        except Exception as exc:   # our own failure: said to the others so that they stop too
+            failure, said = exc, (False, f"rank 0 stopped while making the plan ({type(exc).__name__}: {exc}); "
+                                         f"see its log")
+    gathered = (gather or all_gather_object)((mine, made, said))
+    if check is not None:
+        check([g[0] for g in gathered])
+    if failure is not None:
+        raise failure
+    _, made, said = gathered[0]
+    if said is not None:
+        raise UserError(said[1]) if said[0] else RuntimeError(said[1])
+    if not main and follow is not None:
+        follow(made)
+    return made
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:

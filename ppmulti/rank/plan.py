@@ -11,6 +11,10 @@ from ppmulti.common.callbacks import CallbackSpec
 from ppmulti.common.gpu_switches import Switches
 from ppmulti.common.rundir import PLAN_FILE  # noqa: F401  (rank 0 writes the plan into the run directory)
 
+# run_plan.json's section for what rank 0 made of the plan once the ranks' world and data were known (the batch and
+# LR plans: engine/made_plan.py), beside the RunPlan's own fields; from_dict reads the RunPlan around it
+MADE_SECTION = "made"
+
 
 @dataclass(frozen=True)
 class ConfigEdit:
@@ -85,6 +89,7 @@ class RunPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunPlan":
         data = dict(data)
+        data.pop(MADE_SECTION, None)
         if data.get("edit") is not None:
             data["edit"] = ConfigEdit(**data["edit"])
         data["switches"] = Switches(**data.get("switches") or {})

@@ -23,6 +23,7 @@ from ppmulti.rank.data import voc
 from ppmulti.rank.data.cache import apply_cache, prebuild_cache
 from ppmulti.rank.data.device import place_hsv
 from ppmulti.rank.engine import checkpoint as ckpt
+from ppmulti.rank.engine import made_plan
 from ppmulti.rank.engine import ultra_recipe
 from ppmulti.rank.engine.hooks import (CheckpointHook, EarlyStopHook, EMAHook, EvaluationHook, LossWatchHook,
                                        ResumeHook, StopOnSignalHook)
@@ -31,6 +32,7 @@ from ppmulti.rank.engine.hooks.amp import request as amp_request
 from ppmulti.rank.engine.hooks.resume import record_run_dir
 from ppmulti.rank.engine.lr import (Accumulation, BatchPlan, LRPlan, linear_warmup, optimizer_steps, plan_batch,
                                     scale_lr, yolov5_warmup_batches, yolov5_weight_decay)
+from ppmulti.rank.engine.made_plan import MadePlan, plan_file_text
 from ppmulti.rank.plan import PLAN_FILE, RunPlan
 from ppmulti.rank.engine.trainer import Trainer, freeze_backbone
 
@@ -91,7 +93,7 @@ class _Build:
         self.resume = ResumeHook(opts, int(self.cfg["epoch"]))
         if self.resume.plan.extends:   # the lr decay ends with the new last epoch, whichever flag asked for it
             stretch_decay(self.cfg, int(self.cfg["epoch"]))
-        self.batch = self._batch_plan()
+        self.batch = self._shared_batch_plan()
         self.cfg.TrainReader["batch_size"] = self.batch.per_rank
         self._group_rect()
         self.run_dir = self._make_run_dir()
@@ -125,6 +127,8 @@ class _Build:
                 _write_record(self.run_dir / "args.yaml",
                               {**opts.ultra_args, "name": self.run_dir.name, "save_dir": str(self.run_dir)})
         self._build_parts()
+        if dist.is_main():   # what rank 0 made for every rank, beside what they were asked
+            atomic_write_text(self.run_dir / PLAN_FILE, plan_file_text(opts.to_json(), self.made))
         state = ckpt.TrainState(epoch=0, global_step=0, world_size=self.world, global_batch=self.batch.global_batch,
                                 accumulate=self.batch.accumulate)
         hooks = [EMAHook(), self.amp, self.resume, EvaluationHook(), EarlyStopHook(opts.patience), CheckpointHook(),
@@ -184,6 +188,14 @@ class _Build:
                  f"set {', '.join(f'{k}={switches.flags[k]}' for k in done)}" if done else "nothing to set",
                  f"; this Paddle build has no {', '.join(absent)}" if absent else "")
 
+    def _shared_batch_plan(self) -> BatchPlan:
+        """Rank 0's batch plan, for every rank (dist.made_on_main), once every rank's edited config has been
+        found the same as rank 0's (made_plan.refuse_differing): the plan is needed before the dataset is built,
+        the rest of the plan (made_plan.MadePlan) once it is loaded."""
+        digest = made_plan.config_digest(config_mod.resolved(self.cfg))
+        return dist.made_on_main(self._batch_plan, mine=digest,
+                                 check=lambda digests: made_plan.refuse_differing(digests, str(self.opts.config)))
+
     def _batch_plan(self) -> BatchPlan:
         """--batch, --accumulate, YOLOv5's nominal batch and a resumed run's effective batch (lr.plan_batch)."""
         given = self.cfg.TrainReader["batch_size"]
@@ -227,27 +239,21 @@ class _Build:
     def _make_run_dir(self) -> Path:
         """Rank 0 makes the run directory and tells the others; a file in its way (``runs``, ``output``) is one
         line on every rank, so that no rank waits for a directory that never comes."""
-        path, error = None, None
         # the flag that moves the run elsewhere, in the dialect of the command line
         yolo = self.opts.record is not None
         where = ("--project DIR (or --output DIR)" if yolo else "--output DIR" if self.opts.output
                  else "-o save_dir=DIR (or --output DIR)")
-        if dist.is_main():
-            try:
-                if self.resume.run_dir is not None:
-                    path = str(self.resume.run_dir)
-                elif self.opts.output:
-                    path = str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
-                                           exist_ok=bool(self.opts.exist_ok), where=where))
-                else:
-                    path = str(new_run_dir(Path(self.cfg.get("save_dir", "output")), self.cfg["filename"],
-                                           exist_ok=self.opts.exist_ok, where=where))
-            except UserError as exc:
-                error = str(exc)
-        path, error = dist.all_gather_object((path, error))[0]
-        if error:
-            raise UserError(error)
-        run_dir = Path(path)
+
+        def make() -> str:
+            if self.resume.run_dir is not None:
+                return str(self.resume.run_dir)
+            if self.opts.output:
+                return str(new_run_dir(Path(self.opts.output).parent, Path(self.opts.output).name,
+                                       exist_ok=bool(self.opts.exist_ok), where=where))
+            return str(new_run_dir(Path(self.cfg.get("save_dir", "output")), self.cfg["filename"],
+                                   exist_ok=self.opts.exist_ok, where=where))
+
+        run_dir = Path(dist.made_on_main(make))
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         return run_dir
 
@@ -279,14 +285,10 @@ class _Build:
             raise explained from None
         self._agree_classes()   # before the model is built: it may take num_classes from the data
         prebuild_cache(self.dataset, cfg)   # --cache: built here, before the loader's workers fork
-        if len(self.loader) < 1:
-            self._small_set()
-        self.plan_notes += ultra_recipe.choose_for_run(cfg, self.dataset.roidbs, self.batch, self.opts.nominal_batch)
-        # a YOLOv5 command line warms up as YOLOv5 does, batch by batch (hooks.warmup): its lr counts batches
-        self.warmup_batches = self._yolov5_warmup() if self.opts.nominal_batch else 0
-        steps_per_epoch = (len(self.loader) if self.warmup_batches else
-                           optimizer_steps(len(self.loader), self.batch.accumulate))   # what the lr counts
-        self.lr_plan = self._scale_lr(len(self.dataset.roidbs), steps_per_epoch)
+        # rank 0 makes the rest of the plan from its loader; the others follow it (the same edits, its numbers)
+        self.made = dist.made_on_main(self._plan_training, follow=self._plan_training,
+                                      mine=len(self.dataset.roidbs), check=made_plan.refuse_other_data)
+        steps_per_epoch = self.made.steps_per_epoch
         if self.opts.nominal_batch:
             self._yolov5_weight_decay(int(self.opts.nominal_batch))
 
@@ -337,23 +339,48 @@ class _Build:
             if dist.is_main():
                 config_mod.dump(cfg, self.run_dir / "config.yml")
 
-    def _small_set(self) -> None:
+    def _plan_training(self, made: MadePlan | None = None) -> MadePlan:
+        """The rest of the plan, once the training set is loaded: the batch a set smaller than the batch trains
+        with, YOLOv5's recipe and warmup, the steps the lr counts and the LR plan, with the config edits they
+        bring. Rank 0 makes it (``made`` None); the other ranks follow rank 0's ``made``: the same config edits
+        (ppdet's workspace is per process) with rank 0's numbers."""
+        if (len(self.loader) < 1) if made is None else (made.batch != self.batch):
+            self._small_set(None if made is None else made.batch)
+        self.plan_notes += ultra_recipe.choose_for_run(self.cfg, self.dataset.roidbs, self.batch,
+                                                       self.opts.nominal_batch)
+        # a YOLOv5 command line warms up as YOLOv5 does, batch by batch (hooks.warmup): its lr counts batches
+        self.warmup_batches = (self._yolov5_warmup(None if made is None else made.warmup_batches)
+                               if self.opts.nominal_batch else 0)
+        if made is None:
+            steps_per_epoch = (len(self.loader) if self.warmup_batches else
+                               optimizer_steps(len(self.loader), self.batch.accumulate))   # what the lr counts
+        else:
+            steps_per_epoch = made.steps_per_epoch
+        self.lr_plan = self._scale_lr(len(self.dataset.roidbs), steps_per_epoch, None if made is None else made.lr)
+        return MadePlan(self.batch, self.lr_plan, self.warmup_batches, steps_per_epoch)
+
+    def _small_set(self, made: BatchPlan | None = None) -> None:
         """A training set smaller than the batch trains as YOLOv5 trains it: one smaller batch. Each rank's
         batch becomes its shard (the sampler pads every shard to the same size, so every rank runs the same
-        one step and the collectives stay in step); the lr is scaled for the batch actually used."""
+        one step and the collectives stay in step); the lr is scaled for the batch actually used. ``made``:
+        rank 0's smaller batch, which the other ranks take."""
         from ppdet.core.workspace import create
 
         from ppmulti.rank import compat
         from ppmulti.rank.ranklog import prints_to_log
 
         images = len(self.dataset.roidbs)
-        if images < self.world:
-            raise UserError(f"the training set has {images} image(s), fewer than the {self.world} ranks: every "
-                            f"rank needs at least one; train on {images or 1} rank(s) or add images")
-        shard = getattr(compat.batch_sampler(self.loader), "num_samples", None) or math.ceil(images / self.world)
-        shard = min(int(shard), self.batch.per_rank)
         asked = self.batch
-        self.batch = dataclasses.replace(asked, global_batch=shard * self.world, per_rank=shard)
+        if made is None:
+            if images < self.world:
+                raise UserError(f"the training set has {images} image(s), fewer than the {self.world} ranks: "
+                                f"every rank needs at least one; train on {images or 1} rank(s) or add images")
+            shard = getattr(compat.batch_sampler(self.loader), "num_samples", None) or math.ceil(images / self.world)
+            shard = min(int(shard), self.batch.per_rank)
+            self.batch = dataclasses.replace(asked, global_batch=shard * self.world, per_rank=shard)
+        else:
+            self.batch = made
+            shard = made.per_rank
         # the accumulation stays as planned from the batch asked for, as YOLOv5 computes it from --batch-size
         self.cfg.TrainReader["batch_size"] = shard
         self.image_weights = self._image_weights_sampler()
@@ -366,7 +393,8 @@ class _Build:
         if dist.is_main():
             config_mod.dump(self.cfg, self.run_dir / "config.yml")
 
-    def _scale_lr(self, dataset_size: int, steps_per_epoch: int) -> LRPlan:
+    def _scale_lr(self, dataset_size: int, steps_per_epoch: int, made: LRPlan | None = None) -> LRPlan:
+        """The LR plan (rank 0's ``made`` on the other ranks) and its edits of the config's LearningRate."""
         lr_cfg = self.cfg["LearningRate"]
         base_lr = float(lr_cfg["base_lr"])
         ref = ref_batch_mod.resolve(self.cfg.get("ref_batch"), self.opts.config, self.opts.overrides)
@@ -376,15 +404,19 @@ class _Build:
             if dist.is_main():
                 config_mod.dump(self.cfg, self.run_dir / "config.yml")
         warmup = linear_warmup(lr_cfg.get("schedulers") or [])
-        plan = scale_lr(base_lr, ref_batch, self.batch.effective_batch, dataset_size,
-                        warmup_steps=None if warmup is None else warmup.get("steps", 500),
-                        warmup_epochs=None if warmup is None else warmup.get("epochs"),
-                        total_steps=steps_per_epoch * int(self.cfg["epoch"]))
-        plan = dataclasses.replace(plan, ref_source=ref.source)
+        if made is None:
+            plan = scale_lr(base_lr, ref_batch, self.batch.effective_batch, dataset_size,
+                            warmup_steps=None if warmup is None else warmup.get("steps", 500),
+                            warmup_epochs=None if warmup is None else warmup.get("epochs"),
+                            total_steps=steps_per_epoch * int(self.cfg["epoch"]))
+            plan = dataclasses.replace(plan, ref_source=ref.source)
+            if self.warmup_batches:
+                plan = dataclasses.replace(plan, warmup_steps=self.warmup_batches, yolov5_warmup=True)
+        else:
+            plan = made
         if self.warmup_batches:
             from ppmulti.rank.engine.hooks.warmup import START_FACTOR
 
-            plan = dataclasses.replace(plan, warmup_steps=self.warmup_batches, yolov5_warmup=True)
             warmup["start_factor"] = START_FACTOR
         lr_cfg["base_lr"] = plan.lr
         if warmup is not None:
@@ -405,10 +437,10 @@ class _Build:
                                + (f", momentum from {momentum:g} (warmup_momentum)" if sgd else ""))
         return YOLOv5WarmupHook(self.warmup_batches, bias_lr, momentum)
 
-    def _yolov5_warmup(self) -> int:
+    def _yolov5_warmup(self, made: int | None = None) -> int:
         """YOLOv5's warmup length in batches (lr.yolov5_warmup_batches: at least 100, at most a third of the run),
         from the config's LinearWarmup epochs (hyp warmup_epochs); YOLOv5 warms up even with none, so a missing
-        LinearWarmup is added."""
+        LinearWarmup is added. ``made``: rank 0's length, which the other ranks take."""
         scheds = self.cfg["LearningRate"].setdefault("schedulers", [])
         warmup = next((s for s in scheds if isinstance(s, dict) and s.get("name") == "LinearWarmup"), None)
         if warmup is None:
@@ -417,6 +449,8 @@ class _Build:
             for sched in scheds:
                 if isinstance(sched, dict) and "use_warmup" in sched:
                     sched["use_warmup"] = True
+        if made is not None:
+            return made
         batches = len(self.loader)
         epochs = warmup.get("epochs")
         if epochs is None:   # a warmup given in optimizer steps at the reference batch
