@@ -202,8 +202,9 @@ def _score_raw(anno: Path, detections: list[dict]) -> tuple[float, float]:
 
 def test_the_evaluation_scores_against_the_ground_truth_the_scan_checked(tmp_path, user_cache):
     """A perfect model (one detection on each box the scan kept, as the loader gives them) scores 1.0 against the
-    scan's ground truth; against the file as written the same detections score 0.5 (mAP50 and mAP50-95): the box of width 0 can never be matched, the box reaching outside is matched by no detection inside
-    the image (IoU 0.48), the boxes of the unusable images are missed. One WARNING line says so."""
+    scan's ground truth; against the file as written the same detections score 0.5 (mAP50 and mAP50-95): the box
+    of width 0 can never be matched, the box reaching outside is matched by no detection inside the image (IoU
+    0.48), the boxes of the unusable images are missed. One WARNING line says so."""
     from ppmulti.rank.engine.evaluator import CocoEvaluator
 
     root = tmp_path / "set"
