@@ -275,7 +275,8 @@ def test_a_cut_annotation_file_stops_the_training_entry_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_faulty_coco_set_trains_one_step_with_each_fault_said_once(tmp_path):
     """tools/train.py on the faulty set: one step, the scan's three lines on the console, nothing from ppdet's
-    Decode about sizes, no traceback; a second start (scan cache) prints the same three lines."""
+    Decode about sizes, no traceback; a second start (scan cache) prints the same three lines. The evaluation
+    says that it scores against the checked annotations."""
     root = tmp_path / "set"
     write_set(root)
     args = ["-c", str(DEMO_CONFIG), "--epochs", "1", "-o", *demo_overrides(root, 64), "TrainReader.batch_size=6",
@@ -291,7 +292,11 @@ def test_a_faulty_coco_set_trains_one_step_with_each_fault_said_once(tmp_path):
     # the validation set (the same json and images) is checked too: its unusable images, its sizes
     val = [line.replace("instances_train", "instances_val").replace("images/train", "images/val")
            for line in expected_lines(root)]
-    assert seen[0] == seen[1] == expected_lines(root) + [val[0], val[2]], out[-3000:]
+    # and its evaluation scores against the ground truth the scan checked: the same drops, clipping and skips
+    scored = (f"{root}/annotations/instances_val.json: evaluated against the annotations as the scan checked them, "
+              f"not as written: 2 box(es) of zero or negative width or height dropped, 1 box(es) clipped to their "
+              f"image, 2 image(s) with boxes skipped (see the scan's lines)")
+    assert seen[0] == seen[1] == expected_lines(root) + [val[0], val[2], scored], out[-3000:]
 
 
 # ----------------------------------------------------------------------------------------------------------- VOC
