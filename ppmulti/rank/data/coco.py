@@ -1,5 +1,6 @@
 """COCO-json datasets checked and cached at the scan: ppdet's COCODataSet, its json and images checked (a broken
-json, unusable images, boxes of no size or outside the image, sizes that disagree), parsed once per node and json."""
+json, unusable images, boxes of no size or outside the image, sizes that disagree), parsed once per node and json;
+the ground truth an evaluation scores against, cleaned as the scan cleaned the records."""
 
 from __future__ import annotations
 
