@@ -182,6 +182,78 @@ def test_a_broken_annotation_file_is_one_line_naming_where(tmp_path, user_cache,
     assert message.endswith(": the file is cut short or damaged; restore or regenerate it")
 
 
+def _score_raw(anno: Path, detections: list[dict]) -> tuple[float, float]:
+    """(mAP50-95, mAP50) of detections against the annotation file as written, by pycocotools alone: what the
+    evaluator scored against before it took the scan's ground truth."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(anno))
+        ev = COCOeval(gt, gt.loadRes([dict(d) for d in detections]), "bbox")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return float(ev.stats[0]), float(ev.stats[1])
+
+
+def test_the_evaluation_scores_against_the_ground_truth_the_scan_checked(tmp_path, user_cache):
+    """A perfect model (one detection on each box the scan kept, as the loader gives them) scores 1.0 against the
+    scan's ground truth; against the file as written the same detections score 0.5 (mAP50 and mAP50-95): the box
+    of width 0 can never be matched, the box reaching outside is matched by no detection inside the image (IoU
+    0.48), the boxes of the unusable images are missed. One WARNING line says so."""
+    from ppmulti.rank.engine.evaluator import CocoEvaluator
+
+    root = tmp_path / "set"
+    anno = write_set(root)
+    from ppmulti.rank import compat
+
+    compat.import_ppdet()
+    from ppmulti.rank.data import coco
+
+    coco._REPORTED.clear()
+    # as evaluation configs read a COCO set (configs/datasets/coco_detection.yml): images only, empty ones kept
+    ds = coco.register_source()(dataset_dir=str(root), image_dir="images/train",
+                                anno_path="annotations/instances_train.json", allow_empty=True)
+    ds.parse_dataset()
+    assert sorted(Path(r["im_file"]).name for r in ds.roidbs) == ["0.jpg", "1.jpg", "2.jpg", "3.jpg", "4.jpg",
+                                                                  "photo.jpg"]
+    data = json.loads(anno.read_text())
+    kept = {int(r["im_id"][0]) for r in ds.roidbs}
+    detections = []
+    for a in data["annotations"]:
+        x, y, w, h = a["bbox"]
+        if a["image_id"] in kept and w > 0 and h > 0:
+            x1, y1 = max(x, 0), max(y, 0)   # 2.jpg's box as the image holds it
+            detections.append({"image_id": a["image_id"], "category_id": 1, "bbox": [x1, y1, x + w - x1, y + h - y1],
+                               "score": 0.9})
+    raw = _score_raw(anno, detections)
+    assert raw == pytest.approx((0.5, 0.5), abs=1e-3), raw   # measured: pycocotools 2.0.11 and 2.0.10
+
+    ev = CocoEvaluator.__new__(CocoEvaluator)   # the scoring alone: no model, no loader
+    ev.dataset, ev.anno_file, ev._coco_gt, ev._labels = ds, ds.get_anno(), None, None
+    ev.catid2clsid = dict(ds.catid2clsid)
+    ev.clsid2catid = {v: k for k, v in ev.catid2clsid.items()}
+    seen = _Warnings()
+    logger = logging.getLogger("ppmulti")
+    logger.addHandler(seen)
+    try:
+        m50_95, m50, _ = ev.score(detections)
+        ev.score(detections)   # said once
+    finally:
+        logger.removeHandler(seen)
+    assert (m50_95, m50) == (1.0, 1.0)
+    assert ev.diagnose(detections).means()["recall"] == 1.0   # YOLOv5's table reads the same ground truth
+    assert seen.lines == [f"{anno}: evaluated against the annotations as the scan checked them, not as written: "
+                          f"2 box(es) of zero or negative width or height dropped, 1 box(es) clipped to their "
+                          f"image, 2 image(s) with boxes skipped (see the scan's lines)"]
+    assert ev._gt().loadAnns(ev._gt().getAnnIds(imgIds=[3]))[0]["bbox"] == [0.0, 0.0, 12.0, 16.0]
+    assert json.loads(anno.read_text()) == data   # the file is left as it is
+
+
 def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     from launching import launch_env
 
@@ -203,7 +275,8 @@ def test_a_cut_annotation_file_stops_the_training_entry_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_faulty_coco_set_trains_one_step_with_each_fault_said_once(tmp_path):
     """tools/train.py on the faulty set: one step, the scan's three lines on the console, nothing from ppdet's
-    Decode about sizes, no traceback; a second start (scan cache) prints the same three lines."""
+    Decode about sizes, no traceback; a second start (scan cache) prints the same three lines. The evaluation
+    says that it scores against the checked annotations."""
     root = tmp_path / "set"
     write_set(root)
     args = ["-c", str(DEMO_CONFIG), "--epochs", "1", "-o", *demo_overrides(root, 64), "TrainReader.batch_size=6",
@@ -219,7 +292,11 @@ def test_a_faulty_coco_set_trains_one_step_with_each_fault_said_once(tmp_path):
     # the validation set (the same json and images) is checked too: its unusable images, its sizes
     val = [line.replace("instances_train", "instances_val").replace("images/train", "images/val")
            for line in expected_lines(root)]
-    assert seen[0] == seen[1] == expected_lines(root) + [val[0], val[2]], out[-3000:]
+    # and its evaluation scores against the ground truth the scan checked: the same drops, clipping and skips
+    scored = (f"{root}/annotations/instances_val.json: evaluated against the annotations as the scan checked them, "
+              f"not as written: 2 box(es) of zero or negative width or height dropped, 1 box(es) clipped to their "
+              f"image, 2 image(s) with boxes skipped (see the scan's lines)")
+    assert seen[0] == seen[1] == expected_lines(root) + [val[0], val[2], scored], out[-3000:]
 
 
 # ----------------------------------------------------------------------------------------------------------- VOC

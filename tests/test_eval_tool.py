@@ -170,5 +170,38 @@ def test_bad_eval_input_is_one_line(yolo_run, small_demo, tmp_path):
         (["--weights", str(bare)], ["no config.yml in its run directory", "--data"]),
         (["--data", str(data), "--weights", str(bare), "--img", "100"], ["--imgsz 100", "multiple of 32"]),
     ]
+    # a COCO set (the demo's val split in COCO form, copied to be broken) goes through the scan as training's does
+    coco = tmp_path / "coco"
+    shutil.copytree(small_demo / "images" / "val", coco / "images" / "val")
+    shutil.copytree(small_demo / "annotations", coco / "annotations")
+    anno = coco / "annotations" / "instances_val.json"
+    text = anno.read_text()
+    anno.write_text(text[:len(text) // 2])
+    sets = tmp_path / "coco.yml"
+    sets.write_text(f"metric: COCO\nnum_classes: 3\nEvalDataset: {{name: COCODataSet, dataset_dir: {coco}, "
+                    f"image_dir: images/val, anno_path: annotations/instances_val.json, allow_empty: true}}\n")
+    cases.append((["--data", str(sets), "--weights", str(bare)],
+                  [f"{anno}: not valid JSON at line", "the file is cut short or damaged"]))
     for argv, needles in cases:
         one_line_error(run_tool([str(REPO / "tools/eval.py"), *argv], cwd=tmp_path), *needles)
+
+    # a text file named .jpg (before: tracebacks from the loader, then a hang) and a box of width 0: the scan's lines,
+    # and the evaluation scores against the ground truth the scan checked (the unusable image's boxes out)
+    data = json.loads(text)
+    bad = data["images"][0]["file_name"]
+    (coco / "images" / "val" / bad).write_text("not a picture\n")
+    data["annotations"].append({"id": 10 ** 6, "image_id": data["images"][1]["id"], "bbox": [5, 5, 0, 10],
+                                "category_id": data["categories"][0]["id"], "area": 0, "iscrowd": 0})
+    anno.write_text(json.dumps(data))
+    proc = run_tool([str(REPO / "tools/eval.py"), "--data", str(sets), "--weights", str(bare), "--img", "128"],
+                    cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    warnings = [ln.split(" - ", 1)[1] for ln in proc.stderr.splitlines() if "WARNING" in ln]
+    with_boxes = int(any(a["image_id"] == data["images"][0]["id"] for a in data["annotations"]))
+    assert warnings == [
+        f"{anno}: skipped 1 image(s) that cannot be used: {coco}/images/val/{bad} (unreadable "
+        f"(UnidentifiedImageError))",
+        f"{anno}: evaluated against the annotations as the scan checked them, not as written: 1 box(es) of zero or "
+        f"negative width or height dropped, 0 box(es) clipped to their image, {with_boxes} image(s) with boxes "
+        f"skipped (see the scan's lines)"], proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["images"] == 15

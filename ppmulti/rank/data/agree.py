@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -45,14 +44,10 @@ class Origin:
 
 # ----------------------------------------------------------------------------- reading the data's classes
 def _read_json(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable COCO json ({type(exc).__name__}: {str(exc)[:120]})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: a COCO json must be a mapping with images, annotations and categories")
-    return data
+    """The json read as the scan reads it: a broken one is the scan's line (where it breaks), whichever reads first."""
+    from ppmulti.rank.data.coco import load_json
+
+    return load_json(path)
 
 
 def coco_classes(data: dict, where: str) -> DataClasses:

@@ -1,5 +1,6 @@
 """COCO-json datasets checked and cached at the scan: ppdet's COCODataSet, its json and images checked (a broken
-json, unusable images, boxes of no size or outside the image, sizes that disagree), parsed once per node and json."""
+json, unusable images, boxes of no size or outside the image, sizes that disagree), parsed once per node and json;
+the ground truth an evaluation scores against, cleaned as the scan cleaned the records."""
 
 from __future__ import annotations
 
@@ -159,14 +160,81 @@ def check_records(records: list[dict], notes: ScanNotes, threads: int | None = N
     return kept
 
 
+def eval_ground_truth(data: dict, records: list[dict]) -> tuple[dict, ScanNotes]:
+    """The ground truth an evaluation scores against, as the scan cleaned it: the json ``data`` (not changed)
+    restricted to the images of ``records`` (the scan's usable ones, at their size as read), its boxes of no size
+    dropped (ppdet's rule: no area, width or height) and the others clipped to their image, crowd boxes included.
+    Returns the cleaned copy and what changed: images left out that had a box, boxes dropped and clipped."""
+    notes = ScanNotes()
+    kept = {}
+    for rec in records:
+        im_id = int(np.asarray(rec["im_id"]).reshape(-1)[0])
+        kept[im_id] = (float(rec["w"]), float(rec["h"])) if "w" in rec and "h" in rec else None
+    images = []
+    for im in data.get("images") or []:
+        if not isinstance(im, dict) or im.get("id") not in kept:
+            continue
+        size = kept[im["id"]]
+        images.append(dict(im, width=round(size[0]), height=round(size[1])) if size else im)
+    boxed: dict = {}   # images left out -> their file, when they had a box that counts
+    files = {im.get("id"): im.get("file_name") for im in data.get("images") or [] if isinstance(im, dict)}
+    annotations = []
+    for inst in data.get("annotations") or []:
+        if not isinstance(inst, dict):
+            continue
+        box = inst.get("bbox")
+        try:
+            x, y, w, h = (float(v) for v in box)
+            area = float(inst.get("area", w * h))
+        except (TypeError, ValueError):
+            x = y = w = h = area = 0.0
+        sized = area > 0 and w > EPS and h > EPS
+        im_id = inst.get("image_id")
+        if im_id not in kept:
+            if sized and im_id in files:
+                boxed[im_id] = files[im_id]
+            continue
+        if not sized:
+            notes.dropped += 1
+            continue
+        if kept[im_id] is not None:
+            iw, ih = kept[im_id]
+            x1, x2 = (min(max(v, 0.0), iw) for v in (x, x + w))
+            y1, y2 = (min(max(v, 0.0), ih) for v in (y, y + h))
+            if (x1, y1, x2, y2) != (x, y, x + w, y + h):
+                if not (x2 - x1 > EPS and y2 - y1 > EPS):
+                    notes.dropped += 1
+                    continue
+                notes.clipped += 1
+                # the area pycocotools ranks boxes by shrinks with the box (a segment's area in proportion)
+                inst = dict(inst, bbox=[x1, y1, x2 - x1, y2 - y1], area=area * (x2 - x1) * (y2 - y1) / (w * h))
+        annotations.append(inst)
+    notes.skipped = [(str(f), "skipped at the scan") for f in boxed.values()]
+    return dict(data, images=images, annotations=annotations), notes
+
+
+def eval_line(notes: ScanNotes, anno: str) -> str | None:
+    """The one line saying that an evaluation's ground truth is not the annotation file as written."""
+    if not (notes.dropped or notes.clipped or notes.skipped):
+        return None
+    return (f"{anno}: evaluated against the annotations as the scan checked them, not as written: "
+            f"{notes.dropped} box(es) of zero or negative width or height dropped, {notes.clipped} box(es) clipped "
+            f"to their image, {len(notes.skipped)} image(s) with boxes skipped (see the scan's lines)")
+
+
 _REPORTED: set[tuple[str, str]] = set()   # (json, what was said): an evaluation builds its dataset more than once
 
 
 def report(notes: ScanNotes, where: str) -> None:
     for line in notes.lines(where):
-        if (where, line) not in _REPORTED:
-            _REPORTED.add((where, line))
-            log.warning("%s", line)
+        report_line(line, where)
+
+
+def report_line(line: str, where: str = "") -> None:
+    """A WARNING line of the scan, said once per process."""
+    if (where, line) not in _REPORTED:
+        _REPORTED.add((where, line))
+        log.warning("%s", line)
 
 
 def _to_arrays(dataset, records: list[dict], empty: list[dict], notes: ScanNotes) -> dict[str, np.ndarray]:
@@ -251,6 +319,13 @@ def _dataset_class():
                 if not self.allow_empty and "gt_bbox" in self.data_fields:   # as ppdet's parse leaves them out
                     self.roidbs = [r for r in self.roidbs if len(r["gt_bbox"])]
             return notes
+
+        def ground_truth(self) -> tuple[dict, str | None]:
+            """What an evaluation scores against (eval_ground_truth of the json and this set's records) and the
+            line saying how it differs from the file, or None."""
+            anno = os.path.join(self.dataset_dir, self.anno_path)
+            data, notes = eval_ground_truth(load_json(anno), self.roidbs)
+            return data, eval_line(notes, anno)
 
         def parse_dataset(self):
             fields = set(self.data_fields)

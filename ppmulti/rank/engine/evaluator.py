@@ -287,11 +287,24 @@ class CocoEvaluator:
         return self._labels.get(int(im_id), np.zeros((0, 5)))
 
     def _gt(self):
+        """pycocotools' ground truth: the annotations as the scan checked them when the data set was scanned (its
+        dropped and clipped boxes, its skipped images: what training and the loader see), else the file."""
         if self._coco_gt is None:
             from pycocotools.coco import COCO
 
+            checked = getattr(self.dataset, "ground_truth", None)   # coco.CachedCOCODataSet's
             with contextlib.redirect_stdout(io.StringIO()):
-                self._coco_gt = COCO(self.anno_file)
+                if checked is None:
+                    self._coco_gt = COCO(self.anno_file)
+                else:
+                    data, line = checked()
+                    self._coco_gt = COCO()
+                    self._coco_gt.dataset = data
+                    self._coco_gt.createIndex()
+            if checked is not None and line and dist.is_main():
+                from ppmulti.rank.data.coco import report_line
+
+                report_line(line)
         return self._coco_gt
 
     def score(self, detections: list[dict]) -> tuple[float, float, str]:

@@ -84,6 +84,10 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
     from ppmulti.rank.engine.evaluator import make_evaluator
 
     cfg, model = build_model(config, overrides, weights, edit)
+    from ppmulti.rank.data import coco, voc
+
+    coco.swap_in(cfg)   # the data checked at the scan as training checks it: one line for a broken file, bad
+    voc.swap_in(cfg)    # images skipped and named, the ground truth scored as the scan cleaned it
     if not cfg.get("use_gpu", False):   # training's kernels (ppmulti's oneDNN convolution and SiLU), so that its own
         from ppmulti.rank.ops.cpu import setup_cpu_ops   # evaluation is reproduced on any CPU, not within rounding
 
