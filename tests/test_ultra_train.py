@@ -66,6 +66,11 @@ def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
     assert (args["optimizer"], args["epochs"], args["imgsz"], args["save_dir"]) == ("auto", 1, 64,
                                                                                      "runs/detect/auto")
     _config_names_the_optimizer_chosen(tiny / "runs" / "detect" / "auto" / "config.yml")
+    from test_ultra_results import YOLO11_HEADER   # ultralytics' own columns (YOLOv8 has YOLO11's loss items)
+
+    (row,) = list(csv.DictReader((tiny / "runs" / "detect" / "auto" / "results.csv").open()))
+    assert list(row) == YOLO11_HEADER
+    assert float(row["train/box_loss"]) > 0 and float(row["lr/pg0"]) > 0 and row["metrics/mAP50(B)"] != ""
     sgd = run_tool(base + ["name=sgd", "optimizer=SGD"], cwd=tiny, timeout=600)
     assert sgd.returncode == 0, sgd.stdout[-3000:] + sgd.stderr[-3000:]
     out = sgd.stdout + sgd.stderr
