@@ -62,11 +62,11 @@ def test_plots_and_status_read_an_ultralytics_file_by_ppmulti_names(tmp_path):
     assert math.isnan(cols["val/box_loss"][0])
 
 
-def _write_epoch(tmp_path, ultra_args, losses, bias_lr=None):
+def _write_epoch(tmp_path, ultra_args, losses, bias_lr=None, model=None):
     from ppmulti.rank.engine.hooks.results import ResultsHook
     from ppmulti.rank.engine.trainer import EpochStats
 
-    trainer = SimpleNamespace(run_dir=tmp_path, opts=SimpleNamespace(ultra_args=ultra_args), model=None,
+    trainer = SimpleNamespace(run_dir=tmp_path, opts=SimpleNamespace(ultra_args=ultra_args), model=model,
                               state=SimpleNamespace(epoch=0))
     hook = ResultsHook()
     hook.before_train(trainer)
@@ -85,3 +85,12 @@ def test_the_hook_writes_ultralytics_columns_only_for_ultralytics_lines(tmp_path
     (row,) = _write_epoch(tmp_path / "v5", None, losses)   # a YOLOv5 command line: unchanged
     assert list(row) == ["epoch", "loss", "lr", "mAP50", "mAP50_95", "images_per_s", "epoch_seconds", "loss_box",
                          "loss_cls", "loss_dfl", "metrics/precision", "metrics/recall"]
+
+
+def test_a_yolo26_run_names_its_distance_term_as_ultralytics_does(tmp_path):
+    """The hook finds YOLO26's reg_max 1 in the model it trains: l1_loss, as ultralytics' v8DetectionLoss names it."""
+    from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+    losses = {"loss": 3.0, "loss_box": 1.0, "loss_cls": 1.5, "loss_dfl": 0.5}
+    (row,) = _write_epoch(tmp_path, {"epochs": 1}, losses, model=UltraDetectionModel("yolo26n.yaml"))
+    assert list(row) == YOLO26_HEADER and row["train/l1_loss"] == "0.50000"
