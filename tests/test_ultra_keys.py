@@ -110,6 +110,11 @@ REFUSED = [
     ("train model=a.yaml fraction=0.5", "fraction=0.5: training on part of the set"),
     ("train model=a.yaml device=-1", "device=-1 (pick idle GPUs) is not implemented"),
     ("train model=a.yaml lr0=fast", "lr0=fast: expected a number"),
+    # numbers the tools' parsers read: refused here, by key, before a tool says `--epochs: invalid int value`
+    ("train model=a.yaml epochs=2.5", "epochs=2.5: expected a whole number, e.g. epochs=100"),
+    ("train model=a.yaml close_mosaic=last", "close_mosaic=last: expected a whole number, e.g. close_mosaic=10"),
+    ("val model=a.pdparams iou=high", "iou=high: expected a number, e.g. iou=0.7"),
+    ("predict model=a.pt imgsz=big", "imgsz=big: expected a size in pixels, e.g. imgsz=640"),
     ("predict model=a.pt show=True", "show=True: a window on screen"),
     ("train model=a.yaml multi_scale=0.25", "multi_scale=0.25: ppmulti's multi-scale draws sizes in [0.5, 1.5]"),
     ("train val model=a.yaml", "'val' given twice or after the mode"),

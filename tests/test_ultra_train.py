@@ -65,9 +65,30 @@ def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
     args = yaml.safe_load((tiny / "runs" / "detect" / "auto" / "args.yaml").read_text())   # as ultralytics keeps it
     assert (args["optimizer"], args["epochs"], args["imgsz"], args["save_dir"]) == ("auto", 1, 64,
                                                                                      "runs/detect/auto")
+    _config_names_the_optimizer_chosen(tiny / "runs" / "detect" / "auto" / "config.yml")
+    from test_ultra_results import YOLO11_HEADER   # ultralytics' own columns (YOLOv8 has YOLO11's loss items)
+
+    (row,) = list(csv.DictReader((tiny / "runs" / "detect" / "auto" / "results.csv").open()))
+    assert list(row) == YOLO11_HEADER
+    assert float(row["train/box_loss"]) > 0 and float(row["lr/pg0"]) > 0 and row["metrics/mAP50(B)"] != ""
     sgd = run_tool(base + ["name=sgd", "optimizer=SGD"], cwd=tiny, timeout=600)
     assert sgd.returncode == 0, sgd.stdout[-3000:] + sgd.stderr[-3000:]
     out = sgd.stdout + sgd.stderr
     assert "optimizer=auto" not in out and "lr 0.01 = base_lr 0.01" in out
     assert "optimizer: {type: Momentum, momentum: 0.937, use_nesterov: true}" in (
         tiny / "runs" / "detect" / "sgd" / "config.yml").read_text()
+
+
+def _config_names_the_optimizer_chosen(path):
+    """The run's config.yml (its last dump) holds what optimizer=auto chose, not `auto`, and ppdet's
+    OptimizerBuilder, as the run's tools and PaddleDetection's read that file, builds it."""
+    import paddle
+    import yaml
+    from ppdet.optimizer import OptimizerBuilder
+
+    cfg = yaml.safe_load(path.read_text())
+    section = cfg["OptimizerBuilder"]
+    assert section["optimizer"] == {"type": "AdamW", "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0005}
+    assert cfg["LearningRate"]["base_lr"] == pytest.approx(0.001429) and cfg["warmup_bias_lr"] == 0.0
+    opt = OptimizerBuilder(**section)(cfg["LearningRate"]["base_lr"], paddle.nn.Linear(2, 2))
+    assert type(opt).__name__ == "AdamW" and opt._beta1 == 0.9

@@ -82,6 +82,9 @@ class Record(Hook):
     def after_step(self, trainer, epoch, step, outputs, lr, data_time):
         self.rows.append((trainer.optimizer_stepped, trainer.lr.last_epoch))
 
+    def after_epoch(self, trainer, stats):
+        self.rows_bias = [*getattr(self, "rows_bias", []), stats.bias_lr]
+
 
 def _warm_trainer(batches, epochs, accumulate, warmup, hooks=(), momentum=0.9, base_lr=0.01):
     from ppdet.optimizer.optimizer import LinearWarmup
@@ -122,6 +125,8 @@ def test_warmup_in_the_loop_is_yolov5s_batch_by_batch():
         assert momentum == pytest.approx(0.8 + 0.1 * frac, rel=1e-6)
     assert all(f == 1.0 and m == 0.9 for _, f, m in rec.seen[21:])
     assert trainer.model.linear.bias.optimize_attr["learning_rate"] == 1.0
+    # each epoch's biases' lr at its last batch while the warmup sets it (results.csv's lr/pg2), then none
+    assert rec.rows_bias == [pytest.approx(0.1 - 0.09 * 9 / 20), pytest.approx(0.1 - 0.09 * 19 / 20), None, None]
 
 
 def test_the_bias_lr_and_momentum_reach_the_update():

@@ -15,7 +15,7 @@ def test_the_table_comes_from_the_keys_emitters_with_the_parsers_aliases():
     table = flag_keys("train")
     assert table["--epochs"] == FlagKey("epochs")
     assert table["--data"] == FlagKey("data")
-    assert table["--imgsz"] == table["--img"] == table["--img-size"] == FlagKey("imgsz")
+    assert table["--imgsz"] == table["--img"] == table["--img-size"] == FlagKey("imgsz", many=True)   # [h, w]
     assert table["--batch"] == table["--batch-size"] == FlagKey("batch")
     assert table["--cfg"] == table["--weights"] == FlagKey("model")
     assert table["--noval"] == FlagKey("val", False) and table["--nosave"] == FlagKey("save", False)
@@ -75,6 +75,62 @@ def test_a_ppmulti_yolo_run_names_the_key_as_typed(tmp_path, words, said):
     warning = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING: ")]
     assert warning == ["WARNING: imgsz=100 must be a multiple of the max stride 32 (at least 64); training at "
                        "imgsz=128"], proc.stderr
+
+
+# ----------------------------------------------------------------------------- val, predict, export
+@pytest.mark.parametrize("mode, tool, ultra", [
+    # the messages tools/eval.py, detect.py and export.py print, as they read today
+    ("val", "--conf-thres 2.0: use a value in [0, 1]", "conf=2.0: use a value in [0, 1]"),
+    ("val", "--batch-size 0: use a value of at least 1", "batch=0: use a value of at least 1"),
+    ("val", "--weights x.pdparams: file not found", "model=x.pdparams: file not found"),
+    ("val", "--imgsz 640 480: give one size (square inputs only), e.g. --imgsz 640",
+     "imgsz=640,480: give one size (square inputs only), e.g. imgsz=640"),
+    ("predict", "--max-det 0: use a value of at least 1", "max_det=0: use a value of at least 1"),
+    ("predict", "--source .: no images found", "source=.: no images found"),
+    ("predict", "--classes 0 2: no such class", "classes=0,2: no such class"),
+    ("export", "--simplify applies to ONNX: add --include onnx (or --format onnx with -c)",
+     "simplify=True applies to ONNX: add format=onnx (or --format onnx with -c)"),
+    ("export", "--include tflite: unknown format; use onnx or paddle",
+     "format=tflite: unknown format; use onnx or paddle"),
+])
+def test_golden_messages_of_the_other_modes(mode, tool, ultra):
+    assert ultra_dialect(tool, mode, {"format": "tflite"}) == ultra
+
+
+def test_the_tools_speak_the_dialect_only_when_ppmulti_yolo_asks():
+    """as_typed: the dialect PPMULTI_ULTRA_DIALECT names (what `ppmulti yolo` sets before it execs the tool); no
+    variable, or one that is not its JSON, leaves the message as written."""
+    from ppmulti.common.ultra_keys import as_typed, dialect_environ, resolve_line
+
+    environ = dialect_environ(resolve_line(["predict", "model=w.pdparams", "conf=2"]))
+    assert as_typed("--conf-thres 2.0: use a value in [0, 1]", environ) == "conf=2.0: use a value in [0, 1]"
+    assert as_typed("--conf-thres 2.0: x", {}) == "--conf-thres 2.0: x"
+    assert as_typed("--conf-thres 2.0: x", {"PPMULTI_ULTRA_DIALECT": "{not json"}) == "--conf-thres 2.0: x"
+
+
+@pytest.mark.parametrize("words, said", [
+    # each fails in the tool `ppmulti yolo` execs, before any model is read (about 0.5 s each)
+    (["val", "model=w.pdparams", "conf=2"], "error: conf=2.0: use a value in [0, 1]"),
+    (["val", "model=missing.pdparams"], "error: model=missing.pdparams: file not found"),
+    (["val", "model=w.pdparams", "device=0,1"], "error: device=0,1: one process evaluates on one GPU"),
+    (["predict", "model=w.pdparams", "source=nope"], "error: source=nope: no such file or folder"),
+    (["predict", "model=w.pdparams", "max_det=0"], "error: max_det=0: use a value of at least 1"),
+    (["export", "model=w.pdparams", "format=paddle", "simplify=True"],
+     "error: simplify=True applies to ONNX: add format=onnx"),
+    # refused by ppmulti yolo itself, before a tool's parser meets a word where it reads a number
+    (["predict", "model=w.pdparams", "conf=abc"], "error: conf=abc: expected a number, e.g. conf=0.25"),
+    (["val", "model=w.pdparams", "imgsz=[640,480]"],
+     "error: imgsz=640,480: give one size (square inputs only), e.g. imgsz=640"),
+])
+def test_val_predict_export_name_the_key_as_typed(tmp_path, words, said):
+    (tmp_path / "w.pdparams").write_bytes(b"")
+    proc = _yolo(*words, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(said), last
+    assert "Traceback" not in proc.stderr
+    mode = words[0]
+    assert not any(w.startswith("--") and w.split("=")[0] in flag_keys(mode) for w in last.split()), last
 
 
 # ----------------------------------------------------------------------------- args.yaml

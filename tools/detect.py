@@ -11,6 +11,7 @@ from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.flags import Flag, add, refusal, refusals
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
+from ppmulti.common.ultra_keys import as_typed   # `ppmulti yolo`'s line: errors name its keys
 from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
 # YOLOv5 detect.py flags without an equivalent here; each is a row refused by name rather than ignored.
@@ -172,7 +173,7 @@ def _detect(args, frames) -> int:
 
 
 def main(argv=None) -> int:
-    return exit_on_user_error(lambda a: run(parse(a)), argv)
+    return exit_on_user_error(lambda a: run(parse(a)), argv, said=as_typed)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from ppmulti.common.ppdet_flags import add_ppdet_flags
 from ppmulti.common.ppdet_flags import resolve as resolve_ppdet
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
+from ppmulti.common.ultra_keys import as_typed   # `ppmulti yolo`'s line: errors name its keys
 from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
 # YOLOv5 val.py flags without an equivalent here; each is a row refused by name rather than ignored.
@@ -114,7 +115,7 @@ def run(args) -> int:
 
 
 def main(argv=None, prog: str = "tools/eval.py") -> int:
-    return exit_on_user_error(lambda a: run(parse(a, prog)), argv)
+    return exit_on_user_error(lambda a: run(parse(a, prog)), argv, said=as_typed)
 
 
 if __name__ == "__main__":

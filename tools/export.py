@@ -12,6 +12,7 @@ from ppmulti.common.errors import UserError, exit_on_user_error
 from ppmulti.common.flags import Flag, add, refusal, refusals
 from ppmulti.common.stack import check_stack
 from ppmulti.common.train_flags import parse_device
+from ppmulti.common.ultra_keys import as_typed   # `ppmulti yolo`'s line: errors name its keys
 from ppmulti.rank.tool_args import add_model_args, overrides, refuse_extra
 
 FORMATS = ("paddle", "onnx")
@@ -218,7 +219,7 @@ def run_yolov5(args, opts) -> int:
 
 
 def main(argv=None) -> int:
-    return exit_on_user_error(lambda a: run(parse(a)), argv)
+    return exit_on_user_error(lambda a: run(parse(a)), argv, said=as_typed)
 
 
 if __name__ == "__main__":

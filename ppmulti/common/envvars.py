@@ -133,6 +133,9 @@ PPMULTI_RUN_PLAN = "PPMULTI_RUN_PLAN"
 # `ppmulti yolo train` / YOLO.train(): ultralytics' keys as resolved (JSON), carried in the RunPlan; rank 0 writes
 # them as the run's args.yaml with its name and save_dir (ppmulti/rank/entry.py plan_of)
 PPMULTI_ULTRA_ARGS = "PPMULTI_ULTRA_ARGS"
+# `ppmulti yolo val|predict|export`: the mode and the keys of the line (JSON) that the tool it execs says its errors
+# in (`conf=2`, not `--conf-thres 2`: ppmulti/common/errors.py as_typed)
+PPMULTI_ULTRA_DIALECT = "PPMULTI_ULTRA_DIALECT"
 # The ssh fan-out's tag on every process it starts on a node (launcher, Paddle, ranks): the node is cleaned
 # up by finding it in /proc/*/environ. Deliberately not launch state: a launch nested in a rank keeps it.
 PPMULTI_NODES_JOB = "PPMULTI_NODES_JOB"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 
 class UserError(Exception):
@@ -19,10 +20,11 @@ def first_line(exc: BaseException) -> str:
     return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
-def exit_on_user_error(func, *args, **kwargs) -> int:
-    """Run ``func``; turn a UserError into one line on stderr and its exit code."""
+def exit_on_user_error(func, *args, said: Callable[[str], str] | None = None, **kwargs) -> int:
+    """Run ``func``; turn a UserError into one line on stderr and its exit code. ``said``: the message as the
+    user's command line speaks (ultra_keys.as_typed in the tools `ppmulti yolo` execs)."""
     try:
         return func(*args, **kwargs) or 0
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {said(str(exc)) if said else exc}", file=sys.stderr)
         return exc.exit_code

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ppmulti.common.errors import UserError
 
@@ -162,7 +162,7 @@ KEYS: dict[str, Key] = {
     "time": Key(None, refuse="a time limit in hours: " + _FIXED + "; give epochs="),
     "patience": Key(100, _all(TRAIN, _flag("--patience"))),
     "batch": Key(16, {"train": _batch, "val": _batch}),
-    "imgsz": Key(640, _all((*TRAIN, *VAL, *PREDICT, *EXPORT), _flag("--img"))),
+    "imgsz": Key(640, _all((*TRAIN, *VAL, *PREDICT, *EXPORT), _seq("--img"))),   # [h, w]: --img H W
     "save": Key(True, {"train": _switch("--nosave", False), "predict": _switch("--nosave", False)}),
     "save_period": Key(-1, _all(TRAIN, _flag("--save-period"))),
     "cache": Key(False, {"train": _cache}),
@@ -362,6 +362,7 @@ def resolve_line(argv: list[str], defaults: dict[str, Value] | None = None) -> Y
         if name in ("model", "cfg"):
             continue
         spec = KEYS[name]
+        _check_type(name, value)
         if name in HYP_KEYS:
             if mode == "train" and value is not None:
                 hyp[name] = _number(name, value)
@@ -398,6 +399,31 @@ def args_record(command: YoloCommand, save_dir: str) -> dict[str, Value]:
     return keys
 
 
+# Keys whose values ppmulti's tools read as numbers (their argparse types): checked here, so that a wrong type is
+# refused in the line's dialect (conf=abc) instead of by a tool's parser (--conf-thres: invalid float value).
+# ultralytics checks the same kinds (cfg/__init__.py: integer-only keys, fractions and floats).
+_WHOLE_KEYS = ("epochs", "patience", "workers", "seed", "close_mosaic", "max_det", "vid_stride", "line_width",
+               "save_period", "opset", "nproc")
+_NUMBER_KEYS = ("conf", "iou")
+_EXAMPLES = {"conf": 0.25, "iou": 0.7, "line_width": 3, "opset": 17, "nproc": 2}
+
+
+def _check_type(name: str, value: Value) -> None:
+    """A value of the wrong kind for ``name`` (a word for a number, 2.5 epochs), refused by name."""
+    if value is None:
+        return
+    example = _EXAMPLES.get(name, KEYS[name].default)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if name in _WHOLE_KEYS and not whole:
+        raise UserError(f"{name}={value}: expected a whole number, e.g. {name}={example}")
+    if name in _NUMBER_KEYS and not (whole or isinstance(value, float)):
+        raise UserError(f"{name}={value}: expected a number, e.g. {name}={example}")
+    if name == "imgsz":
+        sizes = value if isinstance(value, list) else [value]
+        if not sizes or not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+            raise UserError(f"imgsz={value}: expected a size in pixels, e.g. imgsz=640")
+
+
 def _number(name: str, value: Value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(f"{name}={value}: expected a number, e.g. {name}={KEYS[name].default}")
@@ -409,7 +435,7 @@ def _number(name: str, value: Value) -> float:
 # line they are said back as the user typed them, `epochs=-1`. The table comes from KEYS' own emitters (what each
 # key becomes), with the train parser's aliases of the same flag (--img, --img-size for --imgsz).
 _MODEL_FLAGS = ("--cfg", "--weights")    # _model_argv: model= becomes one of these
-_PROBES: tuple[Value, ...] = (True, False, 7, "v", "SGD", "disk")
+_PROBES: tuple[Value, ...] = (True, False, 7, "v", "SGD", "disk", "onnx")
 _PUNCT = ":;,.)"
 
 
@@ -447,6 +473,8 @@ def flag_keys(mode: str = "train") -> dict[str, FlagKey]:
                 table.setdefault(items[0], FlagKey(name, many=len(_emitted(emit, [1, 2])) == 3))
     if mode == "train":
         _add_aliases(table)
+    else:
+        _add_shared_aliases(table)
     return table
 
 
@@ -465,6 +493,54 @@ def _add_aliases(table: dict[str, FlagKey]) -> None:
         for option in action.option_strings:
             if option.startswith("--"):
                 table.setdefault(option, known[0])
+
+
+def _add_shared_aliases(table: dict[str, FlagKey]) -> None:
+    """The val, predict and export tools' other spellings of a flag (--imgsz and --img-size beside --img,
+    --batch-size beside --batch, --conf_thres beside --conf-thres), from the flags' shared table."""
+    from ppmulti.common.flags import BY_NAME, twins
+
+    for flag in list(table):
+        for spelling in BY_NAME[flag].spellings if flag in BY_NAME else twins((flag,)):
+            if spelling.startswith("--"):
+                table.setdefault(spelling, table[flag])
+
+
+def dialect_environ(command: YoloCommand) -> dict[str, str]:
+    """The variable that has the tool `ppmulti yolo` execs (val, predict, export) say its errors in the line's
+    dialect (``errors.as_typed``): the mode and the keys as the user gave them."""
+    import json
+
+    from ppmulti.common.envvars import PPMULTI_ULTRA_DIALECT
+
+    return {PPMULTI_ULTRA_DIALECT: json.dumps({"mode": command.mode, "given": command.keys}, default=str)}
+
+
+def as_typed(message: str, environ: Mapping[str, str] | None = None) -> str:
+    """``message`` in the dialect of the line that started this process: in a tool that `ppmulti yolo val|predict|
+    export` execs (PPMULTI_ULTRA_DIALECT set), the keys typed (``conf=2``) where the tool names its flags
+    (``--conf-thres 2``); elsewhere as written."""
+    import os
+
+    from ppmulti.common.envvars import PPMULTI_ULTRA_DIALECT
+
+    text = (os.environ if environ is None else environ).get(PPMULTI_ULTRA_DIALECT)
+    return dialect_of_environ(message, text) if text else message
+
+
+def dialect_of_environ(message: str, text: str) -> str:
+    """``message`` said in the dialect ``text`` (the PPMULTI_ULTRA_DIALECT value ``dialect_environ`` wrote)
+    describes; unchanged when ``text`` is not that JSON (a message is never lost to a bad variable)."""
+    import json
+
+    try:
+        spec = json.loads(text)
+        mode, given = str(spec["mode"]), dict(spec.get("given") or {})
+    except (ValueError, TypeError, KeyError):
+        return message
+    if mode not in MODE_TOOLS:
+        return message
+    return ultra_dialect(message, mode, given)
 
 
 def ultra_dialect(message: str, mode: str = "train", given: dict[str, Value] | None = None,
@@ -505,7 +581,8 @@ def ultra_dialect(message: str, mode: str = "train", given: dict[str, Value] | N
             i += 1
             continue
         values, tail, i = [], "", i + 1
-        if i < len(words) and not _value_like(words[i], given.get(entry.key)):
+        if i < len(words) and not _value_like(words[i], given.get(entry.key), KEYS[entry.key].to.get(mode)
+                                              if entry.key in KEYS else None):
             out.append(f"{entry.key}=")
             continue
         while i < len(words) and words[i] and not words[i].startswith("--"):
@@ -520,19 +597,23 @@ def ultra_dialect(message: str, mode: str = "train", given: dict[str, Value] | N
     return " ".join(out)
 
 
-def _value_like(word: str, given: Value) -> bool:
-    """Whether ``word`` (after a flag in a message) is the flag's value rather than the sentence going on."""
-    value = word.rstrip(_PUNCT)
+def _value_like(word: str, given: Value, emit: Emit | None = None) -> bool:
+    """Whether ``word`` (after a flag in a message) is the flag's value rather than the sentence going on: the
+    value given, one that looks like a value, or one of the key's own closed set (format=onnx, as ``emit`` takes
+    it while refusing any word)."""
+    value, _ = _split_tail(word)
     if not value or value.startswith("--"):
         return False
     if given is not None and value == _text(given):
+        return True
+    if emit is not None and _emitted(emit, value) and not _emitted(emit, "\x00 not a value"):
         return True
     return _is_number(value) or any(c in value for c in "/.,\\=[") or value in ("True", "False", "None")
 
 
 def _split_tail(word: str) -> tuple[str, str]:
     """``missing.yaml:`` -> (``missing.yaml``, ``:``): the punctuation that ends a value in a sentence."""
-    value = word.rstrip(_PUNCT)
+    value = word.rstrip(_PUNCT) or word.rstrip(_PUNCT.replace(".", ""))   # "." alone is a path: "--source .:"
     return value, word[len(value):]
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from ppmulti.common.callbacks import CallbackSpec, spec_of
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import ROOT, TRAIN_SCRIPT
-from ppmulti.common.ultra_keys import YoloCommand, resolve_line, ultra_dialect
+from ppmulti.common.ultra_keys import YoloCommand, dialect_environ, resolve_line, ultra_dialect
 from ppmulti.procs import supervisor
 from ppmulti.procs.yolo_command import TOOL_SCRIPTS, args_environ
 
@@ -146,7 +146,8 @@ class YOLO:
     def val(self, **kwargs: Any) -> dict:
         """ultralytics' ``val(data=..., imgsz=..., conf=..., iou=...)``: the metrics (mAP50, mAP50_95, ...)."""
         command = self._command("val", kwargs)
-        self.metrics = _last_json(self._run([str(ROOT / "tools" / TOOL_SCRIPTS["eval"]), *command.argv]))
+        self.metrics = _last_json(self._run([str(ROOT / "tools" / TOOL_SCRIPTS["eval"]), *command.argv],
+                                            _dialect(command)))
         return self.metrics
 
     def predict(self, source: str | os.PathLike, **kwargs: Any) -> list[Results]:
@@ -161,19 +162,24 @@ class YOLO:
                 kwargs.update(project=tmp, name="predict", exist_ok=True)
             kwargs.update(source=str(source), save_txt=True, save_conf=True, save=save)
             command = self._command("predict", kwargs)
-            lines = self._run([str(ROOT / "tools" / TOOL_SCRIPTS["detect"]), *command.argv])
+            lines = self._run([str(ROOT / "tools" / TOOL_SCRIPTS["detect"]), *command.argv], _dialect(command))
             saved = [ln.split("Results saved to ", 1)[1].strip() for ln in lines if ln.startswith("Results saved to ")]
             return _read_predictions(Path(saved[-1]) / "labels", source)
 
     def export(self, format: str = "onnx", **kwargs: Any) -> str:
         """ultralytics' ``export(format="onnx", half=..., simplify=..., dynamic=...)``: the exported file's path."""
         command = self._command("export", {**kwargs, "format": format})
-        self._run([str(ROOT / "tools" / TOOL_SCRIPTS["export"]), *command.argv])
+        self._run([str(ROOT / "tools" / TOOL_SCRIPTS["export"]), *command.argv], _dialect(command))
         weights = Path(kwargs.get("model", self.model))
         out = weights.with_suffix(".onnx") if format == "onnx" else weights.parent / (weights.stem + "_paddle_model")
         if not out.exists():
             raise UserError(f"export finished but {out} is not there")
         return str(out)
+
+
+def _dialect(command: YoloCommand) -> dict:
+    """The tool's environment: this one, with the dialect its errors are said in (``conf=2``, as the keyword given)."""
+    return {**os.environ, **dialect_environ(command)}
 
 
 def _import_root(func: Callable[..., Any]) -> str:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ppmulti.common.errors import UserError
 from ppmulti.common.paths import ROOT
-from ppmulti.common.ultra_keys import DEFAULT_PROJECT, HELP, YoloCommand, args_record, resolve_line, ultra_dialect
+from ppmulti.common.ultra_keys import (DEFAULT_PROJECT, HELP, YoloCommand, args_record, dialect_environ, resolve_line,
+                                      ultra_dialect)
 
 TOOL_SCRIPTS = {"eval": "eval.py", "detect": "detect.py", "export": "export.py"}
 
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise UserError(f"{script} not found: install ppmulti from a clone with `pip install -e .`")
     sys.stdout.flush()
+    os.environ.update(dialect_environ(command))   # the tool's errors name the keys typed (conf=2), not its flags
     os.execv(sys.executable, [sys.executable, str(script), *tool_argv(command, None)])
     return 0   # not reached
 

@@ -346,8 +346,13 @@ class _Build:
         (ppdet's workspace is per process) with rank 0's numbers."""
         if (len(self.loader) < 1) if made is None else (made.batch != self.batch):
             self._small_set(None if made is None else made.batch)
-        self.plan_notes += ultra_recipe.choose_for_run(self.cfg, self.dataset.roidbs, self.batch,
-                                                       self.opts.nominal_batch)
+        chosen = ultra_recipe.choose_for_run(self.cfg, self.dataset.roidbs, self.batch, self.opts.nominal_batch)
+        self.plan_notes += chosen
+        if chosen and dist.is_main():
+            # optimizer=auto decided: config.yml names the optimizer, lr and momentum chosen (ppdet's
+            # OptimizerBuilder, which the run's tools and a resume build from it, has no `auto`); dumped before
+            # _scale_lr edits base_lr, which stays the lr at ref_batch as every dump keeps it
+            config_mod.dump(self.cfg, self.run_dir / "config.yml")
         # a YOLOv5 command line warms up as YOLOv5 does, batch by batch (hooks.warmup): its lr counts batches
         self.warmup_batches = (self._yolov5_warmup(None if made is None else made.warmup_batches)
                                if self.opts.nominal_batch else 0)

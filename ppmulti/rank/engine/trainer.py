@@ -35,6 +35,7 @@ class EpochStats:
     per_rank_images_per_s: list[float] = field(default_factory=list)   # [hooks: VisualDL per-rank figure]
     pr_curve: object | None = None   # rank 0, evaluated epochs: engine.plots.PRCurve (PlotsHook)
     amp: dict | None = None          # float16 AMP: skipped_steps, loss_scale (MixedPrecisionHook)
+    bias_lr: float | None = None     # the biases' lr at the epoch's last batch while a warmup gives them their own
 
 
 @dataclass

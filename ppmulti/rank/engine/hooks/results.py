@@ -1,4 +1,5 @@
-"""results.csv (a row per epoch) and metrics.json (the finished run), written by rank 0."""
+"""results.csv (a row per epoch: YOLOv5's columns, or ultralytics' on a `ppmulti yolo` run) and metrics.json (the
+finished run), written by rank 0."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from ppmulti.common.atomic import atomic_write_text
+from ppmulti.common.metrics import ultra_header, ultra_row
 from ppmulti.rank import dist
 from ppmulti.rank.engine.hooks.base import Hook
 
@@ -20,7 +22,9 @@ VAL_LOSS_FIELDS = {"loss_box": "val/box_loss", "loss_obj": "val/obj_loss", "loss
 
 
 class ResultsHook(Hook):
-    """Rank 0 keeps ``results.csv`` (a row per epoch) and writes ``metrics.json`` at the end."""
+    """Rank 0 keeps ``results.csv`` (a row per epoch) and writes ``metrics.json`` at the end. A run that
+    `ppmulti yolo` or YOLO() started (its plan has ``ultra_args``) writes ultralytics' columns instead
+    (common.metrics.ultra_header), as its users read them."""
 
     priority = 70   # after the checkpoint (metrics.json names its best mAP); plots draw from this csv next
 
@@ -28,6 +32,9 @@ class ResultsHook(Hook):
         self.path = Path(trainer.run_dir) / "results.csv"
         self.rows: list[dict] = []
         self.started = time.time()
+        opts = getattr(trainer, "opts", None)
+        self.ultra = getattr(opts, "ultra_args", None) is not None
+        self.l1 = self.ultra and _reg_max(trainer.model) == 1   # YOLO26: ultralytics' l1_loss, not dfl_loss
         if self.path.exists():  # resume: keep the rows of the epochs already done
             with open(self.path, newline="") as f:
                 self.rows = [r for r in csv.DictReader(f) if int(r["epoch"]) <= trainer.state.epoch]
@@ -49,8 +56,12 @@ class ResultsHook(Hook):
         for key, column in VAL_LOSS_FIELDS.items():
             if key in val_losses:
                 row[column] = f"{val_losses[key]:.5f}"
-        self.rows.append(row)
         fields = list(RESULT_FIELDS)
+        if self.ultra:
+            parts = [k for k in stats.losses if k != "loss"]
+            row = ultra_row(row, parts, self.l1, time.time() - self.started, stats.bias_lr)
+            fields = ultra_header(parts, self.l1)
+        self.rows.append(row)
         for r in self.rows:
             fields.extend(k for k in r if k not in fields)
         buf = io.StringIO()
@@ -69,3 +80,11 @@ class ResultsHook(Hook):
         if best_map >= 0:
             metrics["best_mAP50_95"] = best_map
         atomic_write_text(Path(trainer.run_dir) / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+
+
+def _reg_max(model) -> int | None:
+    """The DFL bins of an ultralytics-family head in ``model`` (1: YOLO26's direct distances), None without one."""
+    from ppmulti.rank.models.ultra_head import UltraDetect
+
+    sublayers = model.sublayers(include_self=True) if hasattr(model, "sublayers") else []
+    return next((int(layer.reg_max) for layer in sublayers if isinstance(layer, UltraDetect)), None)

@@ -40,6 +40,7 @@ class YOLOv5WarmupHook(Hook):
         self._optimizer = None
         self._base_momentum: float | None = None   # the optimizer's own (None: not a Momentum optimizer)
         self._active = False
+        self._bias_now: float | None = None   # the biases' lr of the last batch, while the warmup sets it
 
     def before_train(self, trainer) -> None:
         self._biases = bias_parameters(trainer.model)
@@ -50,6 +51,7 @@ class YOLOv5WarmupHook(Hook):
     def before_step(self, trainer, epoch, step) -> None:
         ni = epoch * trainer.steps_per_epoch + step
         if ni > self.batches:
+            self._bias_now = None
             if self._active:
                 self._restore()
             return
@@ -60,9 +62,14 @@ class YOLOv5WarmupHook(Hook):
         bias = self.bias_lr + (target - self.bias_lr) * frac
         for param, factor in zip(self._biases, self._factors):
             param.optimize_attr["learning_rate"] = factor * bias / lr if lr > 0 else factor
+        self._bias_now = bias
         if self._base_momentum is not None:
             compat.set_optimizer_momentum(self._optimizer,
                                           self.momentum_start + (self._base_momentum - self.momentum_start) * frac)
+
+    def after_epoch(self, trainer, stats) -> None:
+        if self._bias_now is not None:   # results.csv's lr/pg2 on a `ppmulti yolo` run
+            stats.bias_lr = self._bias_now
 
     def _restore(self) -> None:
         for param, factor in zip(self._biases, self._factors):
