@@ -12,7 +12,7 @@ from ppmulti.common.metrics import read_results, ultra_header, ultra_row
 # ultralytics 8.4.190's header for YOLO11n and YOLO26n detection (BaseTrainer.save_metrics: epoch, time, the
 # criterion's loss items under train/, DetMetrics.keys, the items under val/, lr/pg0-2), as written by
 # `yolo detect train model=yolo11n.yaml|yolo26n.yaml data=<3 classes> epochs=1 imgsz=64 batch=8 device=cpu`
-# in /work/venvs/ultra-ref (ultralytics 8.4.190, torch 2.13.0 CPU).
+# in a venv with ultralytics 8.4.190 and torch 2.13.0 (CPU).
 YOLO11_HEADER = ["epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)",
                  "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
                  "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2"]
