@@ -39,6 +39,17 @@ def _ask(study, storage):
     return trial, hyp
 
 
+def test_trial_0_is_the_base_hyp_even_when_another_process_finished_first():
+    """Trial 0 made, then trial 1 (another process's) made and finished before trial 0 draws its hyps: trial 0 still
+    trains the --hyp as given (CI saw trial 0 bred once three processes raced)."""
+    storage, study = _study(seed=3)
+    trial0 = storage.get_trial(storage.create_new_trial(study._study_id))
+    _finish(study, [({**BASE, "lr0": 0.02}, (0.5, 0.3))])
+    sampler = S.YOLOv5Sampler(BASE, mutated_bounds(), 3)
+    space = sampler.infer_relative_search_space(study, trial0)
+    assert trial0.number == 0 and sampler.sample_relative(study, trial0, space) == {k: BASE[k] for k in space}
+
+
 def test_first_trial_is_the_base_hyp_then_yolov5_mutation_draws_as_breed():
     storage, study = _study(seed=7)
     first, hyp = _ask(study, storage)

@@ -242,9 +242,12 @@ class YOLOv5Sampler(_sampler_base()):
 
         if not search_space:
             return {}
-        rows = study_rows(study, list(self.base_hyp))
-        if trial.number == 0 and not rows:   # YOLOv5 trains the --hyp as given first (trial numbers are unique)
+        # YOLOv5 trains the --hyp as given first. Trial numbers are unique, and a study started from an evolve.csv
+        # holds its rows as trials 0.., so only a new study asks trial 0; it may ask after another process's trial 1
+        # has finished, so the rows do not decide it
+        if trial.number == 0:
             return {k: self.base_hyp[k] for k in search_space if k in self.base_hyp}
+        rows = study_rows(study, list(self.base_hyp))
         rng = np.random.RandomState([self.seed, trial.number])
         parent, child = breed(rows, self.base_hyp, rng, self.bounds)
         study._storage.set_trial_system_attr(trial._trial_id, PARENT_ATTR, parent)
