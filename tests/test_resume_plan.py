@@ -232,9 +232,12 @@ def test_the_launching_process_refuses_fewer_epochs_in_one_line_without_paddle(t
     env["PYTHONPATH"] = f"{fake.parent}{os.pathsep}{env['PYTHONPATH']}"
     said = (f"error: --resume {run}: the run has 3 epoch(s) done, but this start trains to {{}} (--epochs / -o "
             f"epoch=); give 3 or more (more extends the run), or leave it out")
+    (tmp_path / "base.yml").write_text("epoch: 2\n")   # a -c config whose _BASE_ sets fewer epochs than done
+    (tmp_path / "mine.yml").write_text("_BASE_: [base.yml]\narchitecture: YOLOv3\n")
     for head, flags, wanted in [([], ["--epochs", "1"], 1),
                                 (["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", "--device", "cpu"],
-                                 ["-o", "epoch=2"], 2)]:
+                                 ["-o", "epoch=2"], 2),
+                                ([], ["-c", str(tmp_path / "mine.yml")], 2)]:
         started = time.monotonic()
         proc = subprocess.run([sys.executable, *head, str(REPO / "tools" / "train.py"), "--resume", str(run),
                                *flags], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)

@@ -32,6 +32,7 @@ class Facts:
     weights_overrides: tuple[str, ...] = ()   # -o items --weights adds (the .pt's own AutoAnchor anchors)
     model_config: str | None = None     # --cfg's ppdet config (yolo_config.resolve_cfg)
     missing_trackers: frozenset[str] = frozenset()   # trackers whose package is not installed
+    config_epoch: int | None = None     # a resumed start's -c config's own ``epoch`` (with its _BASE_ files)
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RunPlan:
@@ -69,7 +70,24 @@ def gather(args: argparse.Namespace) -> Facts:
         load_hyp(args.hyp)   # a bad --hyp is one line before any rank starts
     return Facts(resume=located, record=record, weights=weights, weights_cfg=weights_cfg,
                  weights_overrides=tuple(weights_overrides), model_config=model_config,
-                 missing_trackers=trackers.missing())
+                 missing_trackers=trackers.missing(),
+                 config_epoch=_config_epoch(args.config) if located.progress is not None else None)
+
+
+def _config_epoch(config: str | None) -> int | None:
+    """The ``epoch`` a -c config file sets (its _BASE_ files merged), or None: no file, no such key, or a file the
+    rank will refuse in its own words."""
+    import yaml
+
+    from ppmulti.common.yamlread import load_config_chain
+
+    if not config or not os.path.isfile(config):
+        return None
+    try:
+        value = load_config_chain(config)[0].get("epoch")
+    except (UserError, OSError, yaml.YAMLError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) -> RunPlan:
@@ -91,7 +109,9 @@ def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) 
     project, name = getattr(args, "project", None), getattr(args, "name", None)
     asked = args.output or train_flags.run_output(project, name)   # a run directory the user named
     resume = facts.resume.path
-    facts.resume.check_epochs(epochs_wanted(args.epochs, overrides))   # fewer than done: before any rank starts
+    wanted = epochs_wanted(args.epochs, overrides)
+    # fewer than done (the flags', else the -c config's own epoch): refused before any rank starts
+    facts.resume.check_epochs(wanted if wanted is not None else facts.config_epoch)
     noval = getattr(args, "noval", False)
     args = _with_weights(args, facts)
     overrides += list(facts.weights_overrides)
