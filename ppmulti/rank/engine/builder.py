@@ -336,8 +336,6 @@ class _Build:
             compat.set_reader_num_classes(self.loader, int(cfg["num_classes"]))   # built with the old one
             if self.image_weights is not None:
                 self.image_weights.nc = int(cfg["num_classes"])
-            if dist.is_main():
-                config_mod.dump(cfg, self.run_dir / "config.yml")
 
     def _plan_training(self, made: MadePlan | None = None) -> MadePlan:
         """The rest of the plan, once the training set is loaded: the batch a set smaller than the batch trains
@@ -346,13 +344,10 @@ class _Build:
         (ppdet's workspace is per process) with rank 0's numbers."""
         if (len(self.loader) < 1) if made is None else (made.batch != self.batch):
             self._small_set(None if made is None else made.batch)
-        chosen = ultra_recipe.choose_for_run(self.cfg, self.dataset.roidbs, self.batch, self.opts.nominal_batch)
-        self.plan_notes += chosen
-        if chosen and dist.is_main():
-            # optimizer=auto decided: config.yml names the optimizer, lr and momentum chosen (ppdet's
-            # OptimizerBuilder, which the run's tools and a resume build from it, has no `auto`); dumped before
-            # _scale_lr edits base_lr, which stays the lr at ref_batch as every dump keeps it
-            config_mod.dump(self.cfg, self.run_dir / "config.yml")
+        # optimizer=auto decided: config.yml names the optimizer, lr and momentum chosen (ppdet's OptimizerBuilder,
+        # which the run's tools and a resume build from it, has no `auto`)
+        self.plan_notes += ultra_recipe.choose_for_run(self.cfg, self.dataset.roidbs, self.batch,
+                                                       self.opts.nominal_batch)
         # a YOLOv5 command line warms up as YOLOv5 does, batch by batch (hooks.warmup): its lr counts batches
         self.warmup_batches = (self._yolov5_warmup(None if made is None else made.warmup_batches)
                                if self.opts.nominal_batch else 0)
@@ -395,8 +390,6 @@ class _Build:
             raise RuntimeError(f"training loader still empty with a per-rank batch of {shard}")
         log.warning("the training set has %d images, fewer than the batch %d: training with batch %d "
                     "(%d per rank), as YOLOv5 does", images, asked.global_batch, self.batch.global_batch, shard)
-        if dist.is_main():
-            config_mod.dump(self.cfg, self.run_dir / "config.yml")
 
     def _scale_lr(self, dataset_size: int, steps_per_epoch: int, made: LRPlan | None = None) -> LRPlan:
         """The LR plan (rank 0's ``made`` on the other ranks) and its edits of the config's LearningRate."""
@@ -406,8 +399,10 @@ class _Build:
         ref_batch = ref.ref_batch or self.batch.effective_batch
         if ref.from_docs is not None:   # kept in the run's config.yml, which a bare --resume reads
             self.cfg["ref_batch"] = ref_batch
-            if dist.is_main():
-                config_mod.dump(self.cfg, self.run_dir / "config.yml")
+        if dist.is_main():
+            # the run's config.yml again, as planned: the classes agreed with the data, a small set's batch, the
+            # optimizer=auto choice, the ref_batch; before base_lr is scaled (every dump keeps the lr at ref_batch)
+            config_mod.dump(self.cfg, self.run_dir / "config.yml")
         warmup = linear_warmup(lr_cfg.get("schedulers") or [])
         if made is None:
             plan = scale_lr(base_lr, ref_batch, self.batch.effective_batch, dataset_size,
