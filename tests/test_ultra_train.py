@@ -46,6 +46,16 @@ def test_trains_on_two_ranks(tiny, cfg, summary):
     proc = _train(tiny, cfg, summary, 2, ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2"])
     out = proc.stdout + proc.stderr
     assert f"{summary} summary" in out and "world size 2" in out
+    # the validation losses (engine.val_loss) of each evaluated epoch, both ranks' shards gathered
+    run = tiny / "runs" / "train" / summary
+    for row in csv.DictReader((run / "results.csv").open()):
+        for column in ("val/box_loss", "val/cls_loss", "val/dfl_loss"):
+            assert math.isfinite(float(row[column])) and float(row[column]) > 0, (column, row)
+    import json
+
+    val_losses = json.loads((run / "metrics.json").read_text())["val_losses"]
+    assert set(val_losses) == {"loss_box", "loss_cls", "loss_dfl"}
+    assert val_losses["loss_box"] == pytest.approx(float(row["val/box_loss"]), abs=1e-5)   # the last epoch's
 
 
 def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
