@@ -81,6 +81,7 @@ def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
     (row,) = list(csv.DictReader((tiny / "runs" / "detect" / "auto" / "results.csv").open()))
     assert list(row) == YOLO11_HEADER
     assert float(row["train/box_loss"]) > 0 and float(row["lr/pg0"]) > 0 and row["metrics/mAP50(B)"] != ""
+    assert all(math.isfinite(float(row[f"val/{n}_loss"])) for n in ("box", "cls", "dfl"))   # under its names
     sgd = run_tool(base + ["name=sgd", "optimizer=SGD"], cwd=tiny, timeout=600)
     assert sgd.returncode == 0, sgd.stdout[-3000:] + sgd.stderr[-3000:]
     out = sgd.stdout + sgd.stderr
