@@ -38,7 +38,7 @@ def test_a_row_moves_under_ultralytics_names_and_invents_nothing():
     assert row == {"epoch": "3", "time": "12.3457", "train/box_loss": "1.00000", "train/cls_loss": "1.50000",
                    "train/dfl_loss": "0.50000", "metrics/precision(B)": "0.60000", "metrics/recall(B)": "0.55000",
                    "metrics/mAP50(B)": "0.41000", "metrics/mAP50-95(B)": "0.20000",
-                   "val/box_loss": "", "val/cls_loss": "", "val/dfl_loss": "",   # not computed for this family
+                   "val/box_loss": "", "val/cls_loss": "", "val/dfl_loss": "",   # not in this row: left empty
                    "lr/pg0": "0.00125", "lr/pg1": "0.00125", "lr/pg2": "0.0421"}
     assert ultra_row(own, ULTRA_PARTS, False, 1.0)["lr/pg2"] == "0.00125"   # after the warmup: the weights' lr
     # an epoch not evaluated, and the YOLOv5 family's validation losses where its evaluation gives them
@@ -62,7 +62,7 @@ def test_plots_and_status_read_an_ultralytics_file_by_ppmulti_names(tmp_path):
     assert math.isnan(cols["val/box_loss"][0])
 
 
-def _write_epoch(tmp_path, ultra_args, losses, bias_lr=None, model=None):
+def _write_epoch(tmp_path, ultra_args, losses, bias_lr=None, model=None, val_losses=None):
     from ppmulti.rank.engine.hooks.results import ResultsHook
     from ppmulti.rank.engine.trainer import EpochStats
 
@@ -72,7 +72,7 @@ def _write_epoch(tmp_path, ultra_args, losses, bias_lr=None, model=None):
     hook.before_train(trainer)
     hook.after_epoch(trainer, EpochStats(epoch=0, losses=losses, lr=0.002, images_per_s=10.0, seconds=1.5,
                                          metrics={"mAP50": 0.5, "mAP50_95": 0.25, "precision": 0.7,
-                                                  "recall": 0.6}, bias_lr=bias_lr))
+                                                  "recall": 0.6, "val_losses": val_losses}, bias_lr=bias_lr))
     return list(csv.DictReader((tmp_path / "results.csv").open()))
 
 
@@ -94,3 +94,20 @@ def test_a_yolo26_run_names_its_distance_term_as_ultralytics_does(tmp_path):
     losses = {"loss": 3.0, "loss_box": 1.0, "loss_cls": 1.5, "loss_dfl": 0.5}
     (row,) = _write_epoch(tmp_path, {"epochs": 1}, losses, model=UltraDetectionModel("yolo26n.yaml"))
     assert list(row) == YOLO26_HEADER and row["train/l1_loss"] == "0.50000"
+
+
+def test_the_ultralytics_familys_validation_losses_fill_their_columns(tmp_path):
+    """engine.val_loss's items on an evaluated epoch: ultralytics' val/ columns (YOLO26's distance term as
+    val/l1_loss), and YOLOv5-style names on a tools/train.py line."""
+    from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+    losses = {"loss": 3.0, "loss_box": 1.0, "loss_cls": 1.5, "loss_dfl": 0.5}
+    val = {"loss_box": 1.25, "loss_cls": 2.5, "loss_dfl": 0.75}
+    (row,) = _write_epoch(tmp_path / "yolo", {"epochs": 1}, losses, val_losses=val)
+    assert list(row) == YOLO11_HEADER
+    assert (row["val/box_loss"], row["val/cls_loss"], row["val/dfl_loss"]) == ("1.25000", "2.50000", "0.75000")
+    (row,) = _write_epoch(tmp_path / "26", {"epochs": 1}, losses, model=UltraDetectionModel("yolo26n.yaml"),
+                          val_losses=val)
+    assert list(row) == YOLO26_HEADER and (row["val/l1_loss"], row["val/box_loss"]) == ("0.75000", "1.25000")
+    (row,) = _write_epoch(tmp_path / "v5", None, losses, val_losses=val)
+    assert (row["val/box_loss"], row["val/cls_loss"], row["val/dfl_loss"]) == ("1.25000", "2.50000", "0.75000")

@@ -46,6 +46,16 @@ def test_trains_on_two_ranks(tiny, cfg, summary):
     proc = _train(tiny, cfg, summary, 2, ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2"])
     out = proc.stdout + proc.stderr
     assert f"{summary} summary" in out and "world size 2" in out
+    # the validation losses (engine.val_loss) of each evaluated epoch, both ranks' shards gathered
+    run = tiny / "runs" / "train" / summary
+    for row in csv.DictReader((run / "results.csv").open()):
+        for column in ("val/box_loss", "val/cls_loss", "val/dfl_loss"):
+            assert math.isfinite(float(row[column])) and float(row[column]) > 0, (column, row)
+    import json
+
+    val_losses = json.loads((run / "metrics.json").read_text())["val_losses"]
+    assert set(val_losses) == {"loss_box", "loss_cls", "loss_dfl"}
+    assert val_losses["loss_box"] == pytest.approx(float(row["val/box_loss"]), abs=1e-5)   # the last epoch's
 
 
 def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
@@ -71,6 +81,7 @@ def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):
     (row,) = list(csv.DictReader((tiny / "runs" / "detect" / "auto" / "results.csv").open()))
     assert list(row) == YOLO11_HEADER
     assert float(row["train/box_loss"]) > 0 and float(row["lr/pg0"]) > 0 and row["metrics/mAP50(B)"] != ""
+    assert all(math.isfinite(float(row[f"val/{n}_loss"])) for n in ("box", "cls", "dfl"))   # under its names
     sgd = run_tool(base + ["name=sgd", "optimizer=SGD"], cwd=tiny, timeout=600)
     assert sgd.returncode == 0, sgd.stdout[-3000:] + sgd.stderr[-3000:]
     out = sgd.stdout + sgd.stderr

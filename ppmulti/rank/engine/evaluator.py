@@ -34,7 +34,7 @@ class EvalResult:
     predictions: str | None = None             # where bbox.json was written (output_eval, save_prediction_only)
     precision: float | None = None   # YOLOv5's P and R: the means over classes at the max-mean-F1 confidence
     recall: float | None = None
-    val_losses: dict[str, float] | None = None   # YOLOv5's family: loss_box, loss_obj, loss_cls on the val split
+    val_losses: dict[str, float] | None = None   # the val split's losses (engine.val_loss: YOLOv5's, ultralytics')
     metric: str = "COCO"   # what computed mAP50 (the config's metric: COCO's pycocotools or VOC's DetectionMAP)
 
     def as_dict(self) -> dict:
@@ -109,7 +109,7 @@ class CocoEvaluator:
         self.last_diagnostics = None   # rank 0: engine.diagnostics.Diagnostics of the last scoring (every rank's)
         self.keep_batches = 0   # rank 0 keeps this many first batches for val_batch*.jpg (engine.pictures)
         self.last_val_batches: list = []   # rank 0: those batches of the last prediction (pictures.ValBatch)
-        self.val_loss_state = None   # this rank's (sums, batches) of YOLOv5's validation losses (engine.val_loss)
+        self.val_loss_state = None   # this rank's (sums, batches) of the validation losses (engine.val_loss)
         self._labels: dict[int, object] | None = None   # im_id -> labels (M, 5), from the annotation file
         self.table = "all"   # what evaluate() prints of YOLOv5's table: "all" (its row), "classes" (all rows), None
 
@@ -128,7 +128,7 @@ class CocoEvaluator:
 
         from ppmulti.rank.engine.val_loss import ValLoss
 
-        val_loss = ValLoss.for_model(model, self.labels_of)   # YOLOv5's family: its losses on the same pass
+        val_loss = ValLoss.for_model(model, self.labels_of)   # YOLOv5's, ultralytics': their losses, same pass
         self.last_val_batches = []
         keep = self.keep_batches if dist.is_main() else 0
         with paddle.no_grad(), val_loss or contextlib.nullcontext():

@@ -69,6 +69,8 @@ class UltraDetect(nn.Layer):
         self.stride = [float(s) for s in strides]
         self.max_det = 300
         self.xyxy = False
+        self.keep_raw = False   # engine.val_loss sets it: an eval forward keeps its raw outputs in ``raw``
+        self.raw = None
         self.cv2, self.cv3 = self._branches(ch, True, True)
         self.dfl = DFL(reg_max) if reg_max > 1 else nn.Identity()
         self._end2end = bool(end2end)
@@ -133,6 +135,8 @@ class UltraDetect(nn.Layer):
             preds = {"one2many": preds, "one2one": self.forward_head(detached, self.one2one_cv2, self.one2one_cv3)}
         if self.training:
             return preds
+        if self.keep_raw:   # the validation loss reads them, as ultralytics' eval returns them beside its y
+            self.raw = preds
         branch = preds if self.one2one_cv2 is None else preds["one2one" if self.end2end else "one2many"]
         y = self.inference(branch)
         if self.end2end:

@@ -16,9 +16,11 @@ from ppmulti.rank.engine.hooks.base import Hook
 
 RESULT_FIELDS = ["epoch", "loss", "lr", "mAP50", "mAP50_95", "images_per_s", "epoch_seconds"]
 # YOLOv5's names, filled on evaluated epochs: P and R at the max-mean-F1 confidence (every family), and the
-# validation losses where the family's loss has YOLOv5's three parts (its model's loss_box, loss_obj, loss_cls)
+# validation losses (engine.val_loss: YOLOv5's loss_box, loss_obj, loss_cls; the ultralytics family's loss_box,
+# loss_cls, loss_dfl, which is YOLO26's val/l1_loss on a `ppmulti yolo` run, as ultralytics names it)
 EVAL_FIELDS = {"precision": "metrics/precision", "recall": "metrics/recall"}
-VAL_LOSS_FIELDS = {"loss_box": "val/box_loss", "loss_obj": "val/obj_loss", "loss_cls": "val/cls_loss"}
+VAL_LOSS_FIELDS = {"loss_box": "val/box_loss", "loss_obj": "val/obj_loss", "loss_cls": "val/cls_loss",
+                   "loss_dfl": "val/dfl_loss"}
 
 
 class ResultsHook(Hook):
@@ -54,6 +56,8 @@ class ResultsHook(Hook):
             row[column] = "" if not stats.metrics or stats.metrics.get(key) is None else f"{stats.metrics[key]:.5f}"
         val_losses = (stats.metrics or {}).get("val_losses") or {}
         for key, column in VAL_LOSS_FIELDS.items():
+            if key == "loss_dfl" and self.l1:
+                column = "val/l1_loss"
             if key in val_losses:
                 row[column] = f"{val_losses[key]:.5f}"
         fields = list(RESULT_FIELDS)
