@@ -1082,7 +1082,9 @@ def _momentum_optimizer(optimizer: Any) -> Any:
     import paddle
 
     for _ in range(8):
-        if optimizer is None or isinstance(optimizer, paddle.optimizer.Momentum):
+        # ppmulti's MuSGD (engine.musgd_run) keeps a settable ``_momentum`` too
+        if optimizer is None or isinstance(optimizer, paddle.optimizer.Momentum) or getattr(
+                optimizer, "is_momentum_optimizer", False):
             return optimizer
         optimizer = getattr(optimizer, "_inner_opt", None)
     return None
