@@ -181,7 +181,7 @@ def test_optimizer_auto_past_10000_steps_builds_musgd(tiny):
     builder = cfg["OptimizerBuilder"]
     assert R.wants_musgd(builder)
     opt = from_config(builder, cfg["LearningRate"]["base_lr"], tiny)   # as the engine's _build_parts does
-    assert isinstance(opt, ScheduledMuSGD) and opt.get_lr() == 0.01 and opt._momentum == 0.9
+    assert isinstance(opt, ScheduledMuSGD) and opt.get_lr() == 0.01 and opt.momentum == 0.9
     assert (opt.muon, opt.sgd) == (R.MUSGD_MUON, R.MUSGD_SGD)
     assert opt._grad_clip.clip_norm == 10.0
     assert {g["weight_decay"] for g in opt.param_groups if g["use_muon"]} == {0.0005}

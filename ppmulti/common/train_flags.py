@@ -90,7 +90,7 @@ TRAIN: tuple[Flag, ...] = (
         _shared("imgsz", "train and val image size (pixels)"),
         _shared("project", "runs go to PROJECT/NAME (default runs/train for YOLOv5 command lines)"),
         _shared("name", "run name under --project (default exp; exp2, exp3, ... when taken, unless --exist-ok)"),
-        _t(("--optimizer",), "optimizer", "SGD (Nesterov momentum), MuSGD (ultralytics' Muon + SGD), Adam or AdamW",
+        _t(("--optimizer",), "optimizer", "SGD (Nesterov), MuSGD, Adam or AdamW",
            choices=OPTIMIZERS),
         _t(("--cos-lr",), "cos_lr", "cosine lr decay (default linear)", action="store_true"),
         _shared("single_cls", "train every class as one class"),

@@ -309,7 +309,7 @@ class _Build:
             from ppmulti.rank.engine import musgd_run
 
             self.optimizer = musgd_run.from_config(cfg["OptimizerBuilder"], self.lr, self.model)
-            self.plan_notes.append(self.optimizer.describe())
+            self.plan_notes.append(self.optimizer.describe(self.lr_plan.lr))
             musgd_run.refuse_amp(*self._amp_mode())
         else:
             self.optimizer = create("OptimizerBuilder")(self.lr, self.model)

@@ -60,11 +60,11 @@ class ScheduledMuSGD(MuSGD):
     off and applies to all parameters at once (ultralytics clips one global norm).
 
     What Paddle's tools read of an optimizer is here: ``get_lr``, ``_learning_rate``, ``_parameter_list`` and a
-    flat ``_param_groups`` (GradScaler's unscale, the step's clipping), ``_grad_clip``, ``_momentum`` (YOLOv5's
+    flat ``_param_groups`` (GradScaler's unscale, the step's clipping), ``_grad_clip``, ``momentum`` (YOLOv5's
     momentum warmup); its state_dict is keyed by structured parameter names, so a resume in a fresh process
     (other automatic Paddle names) finds its buffers."""
 
-    is_momentum_optimizer = True   # compat.optimizer_momentum reads and sets ``_momentum`` (the warmup)
+    is_momentum_optimizer = True   # compat.optimizer_momentum reads and sets ``momentum`` (the warmup)
 
     def __init__(self, model: Any, learning_rate: Any, momentum: float = 0.9, weight_decay: float = 0.0,
                  nesterov: bool = True, grad_clip: Any = None):
@@ -92,11 +92,12 @@ class ScheduledMuSGD(MuSGD):
         return [lr * float(g["lr_gain"]) for g in self.param_groups]
 
     @property
-    def _momentum(self) -> float:
+    def momentum(self) -> float:
+        """The groups' momentum (one for all, as YOLOv5's and ultralytics' warmups set it)."""
         return self._momentum_value
 
-    @_momentum.setter
-    def _momentum(self, value: float) -> None:
+    @momentum.setter
+    def momentum(self, value: float) -> None:
         self._momentum_value = float(value)
         for g in self.param_groups:
             g["momentum"] = float(value)
@@ -105,14 +106,16 @@ class ScheduledMuSGD(MuSGD):
         self.set_group_lrs(self._group_lrs())
         super().step()
 
-    def describe(self) -> str:
-        """The plan's line: the groups as ultralytics logs them."""
+    def describe(self, lr: float | None = None) -> str:
+        """The plan's line: the groups as ultralytics logs them; ``lr``: the run's planned lr (default: the
+        schedule's now, 0 at a warmup's start)."""
         counts: dict[str, int] = {}
         for g in self.param_groups:
             counts[g["param_group"]] = counts.get(g["param_group"], 0) + len(g["params"])
         boosted = sum(len(g["params"]) for g in self.param_groups if g["lr_gain"] != 1.0)
         wd = max((g["weight_decay"] for g in self.param_groups), default=0.0)
-        return (f"optimizer: MuSGD(lr={self.get_lr():g}, momentum={self._momentum_value:g}, Nesterov; Muon x "
+        lr = self.get_lr() if lr is None else lr
+        return (f"optimizer: MuSGD(lr={lr:g}, momentum={self._momentum_value:g}, Nesterov; Muon x "
                 f"{self.muon:g}, SGD x {self.sgd:g}) with parameter groups {counts.get('muon', 0)} muon(decay="
                 f"{wd:g}), {counts.get('bn', 0)} weight(decay=0.0), {counts.get('bias', 0)} bias(decay=0.0); "
                 f"{boosted} of the head's class-branch parameters at {ultra_recipe.MUSGD_HEAD_LR_GAIN:g}x the lr")
