@@ -76,6 +76,9 @@ GOLDEN = [
      "train", ["--weights", "yolo11n.pt", "--img", "640", "--data", "d.yaml", "--batch", "32", "--accumulate",
                "2", "--no-amp", "--device", "0,1", "--project", "runs/detect", "--name", "train"],
      {"lr0": 0.02, "mosaic": 0.5}),
+    ("train model=yolo11n.yaml data=d.yaml optimizer=MuSGD",   # ppmulti's MuSGD (engine.musgd_run)
+     "train", ["--cfg", "yolo11n.yaml", "--weights", "", "--batch", "16", "--img", "640", "--data", "d.yaml",
+               "--optimizer", "MuSGD", "--project", "runs/detect", "--name", "train"], {}),
     ("val model=best.pdparams data=d.yaml batch=4 name=v project=out",
      "eval", ["--weights", "best.pdparams", "--conf-thres", "0.001", "--iou-thres", "0.7", "--max-det", "300",
               "--data", "d.yaml", "--batch", "4", "--name", "v", "--project", "out"], {}),
@@ -106,7 +109,7 @@ REFUSED = [
     ("val model=a.pdparams epochs=3", "epochs=3 is a training key; mode=val does not use it"),
     ("export model=a.pdparams", "format= is missing"),
     ("export model=a.pdparams format=engine", "format=engine: ppmulti exports onnx or paddle"),
-    ("train model=a.yaml optimizer=MuSGD", "optimizer=MuSGD: ppmulti trains with SGD, Adam, AdamW or auto"),
+    ("train model=a.yaml optimizer=RAdam", "optimizer=RAdam: ppmulti trains with SGD, MuSGD, Adam, AdamW or auto"),
     ("train model=a.yaml fraction=0.5", "fraction=0.5: training on part of the set"),
     ("train model=a.yaml device=-1", "device=-1 (pick idle GPUs) is not implemented"),
     ("train model=a.yaml lr0=fast", "lr0=fast: expected a number"),

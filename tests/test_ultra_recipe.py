@@ -222,8 +222,11 @@ def test_ppdet_optimizer_sections():
     adamw = R.ppdet_optimizer(R.auto_optimizer(3, 100), 0.0005)
     assert adamw["optimizer"]["type"] == "AdamW" and adamw["optimizer"]["beta1"] == 0.9
     assert adamw["optimizer"]["apply_decay_param_fun"] is R.decays and adamw["regularizer"] is None
-    with pytest.raises(ValueError, match="MuSGD"):
-        R.ppdet_optimizer(R.auto_optimizer(3, 20000), 0.0005)
+    musgd = R.ppdet_optimizer(R.auto_optimizer(3, 20000), 0.0005)   # built by the engine (engine.musgd_run)
+    assert musgd["optimizer"] == {"type": "MuSGD", "momentum": 0.9, "use_nesterov": True}
+    assert musgd["regularizer"] == {"type": "L2", "factor": 0.0005} and R.wants_musgd(musgd)
+    with pytest.raises(ValueError, match="RAdam"):
+        R.ppdet_optimizer(R.choose_optimizer("RAdam", 3, 1), 0.0005)
     assert R.lr_reference(R.choose_optimizer("SGD", 3, 1), 96) == 64
     assert R.lr_reference(R.auto_optimizer(3, 100), 96) == 96
 
@@ -276,14 +279,15 @@ def test_optimizer_auto_chooses_adamw_for_a_short_run():
     assert "lr0=0.01 and momentum are not used" in notes[0]
 
 
-def test_optimizer_auto_past_10000_steps_is_musgd_built_as_sgd():
+def test_optimizer_auto_past_10000_steps_is_musgd():
     cfg = _auto_cfg(nc=80, epochs=100)
     notes = R.choose_for_run(cfg, range(118287), _batch(64, 1), 64)   # COCO: 1849 steps an epoch
-    assert cfg["OptimizerBuilder"]["optimizer"] == {"type": "Momentum", "momentum": 0.9, "use_nesterov": True}
+    # plain data in config.yml, built by the engine (tests/test_musgd_run.py builds it from this section)
+    assert cfg["OptimizerBuilder"]["optimizer"] == {"type": "MuSGD", "momentum": 0.9, "use_nesterov": True}
     assert cfg["OptimizerBuilder"]["regularizer"] == {"type": "L2", "factor": 0.0005}
     assert (cfg["LearningRate"]["base_lr"], cfg["ref_batch"], cfg["warmup_bias_lr"]) == (0.01, 64, 0.0)
-    assert "184900 optimizer step(s) planned (more than 10000): MuSGD" in notes[0]
-    assert "MuSGD is not built here yet" in notes[0]
+    assert "184900 optimizer step(s) planned (more than 10000): MuSGD -> MuSGD(lr=0.01, momentum=0.9)" in notes[0]
+    assert len(notes) == 1
 
 
 def test_a_named_optimizer_is_left_alone():

@@ -24,9 +24,9 @@ def tiny(tmp_path_factory):
     return root
 
 
-def _train(root, cfg: str, name: str, epochs: int, launch: list[str] | None = None):
+def _train(root, cfg: str, name: str, epochs: int, launch: list[str] | None = None, extra: tuple = ()):
     args = [TRAIN, "--imgsz", "64", "--batch", "8", "--weights", "", "--cfg", cfg, "--data", "data/data.yaml",
-            "--epochs", str(epochs), "--device", "cpu", "--workers", "0", "--name", name, "--noplots"]
+            "--epochs", str(epochs), "--device", "cpu", "--workers", "0", "--name", name, "--noplots", *extra]
     proc = run_tool((launch or []) + args, cwd=root, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = list(csv.DictReader((root / "runs" / "train" / name / "results.csv").open()))
@@ -40,10 +40,12 @@ def _train(root, cfg: str, name: str, epochs: int, launch: list[str] | None = No
 
 @pytest.mark.multiproc
 @pytest.mark.seam
-@pytest.mark.parametrize("cfg,summary", [("yolov8n.yaml", "YOLOv8n"), ("yolo11n.yaml", "YOLO11n"),
-                                         ("yolo26n.yaml", "YOLO26n")])
-def test_trains_on_two_ranks(tiny, cfg, summary):
-    proc = _train(tiny, cfg, summary, 2, ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2"])
+@pytest.mark.parametrize("cfg,summary,extra", [("yolov8n.yaml", "YOLOv8n", ()), ("yolo11n.yaml", "YOLO11n", ()),
+                                               ("yolo26n.yaml", "YOLO26n", ("--optimizer", "MuSGD"))])
+def test_trains_on_two_ranks(tiny, cfg, summary, extra):
+    """Two ranks fill the validation losses; YOLO26n trains with ppmulti's MuSGD (engine.musgd_run): the ranks'
+    gradients are all-reduced by the DataParallel model, MuSGD has no fleet optimizer wrapper."""
+    proc = _train(tiny, cfg, summary, 2, ["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2"], extra)
     out = proc.stdout + proc.stderr
     assert f"{summary} summary" in out and "world size 2" in out
     # the validation losses (engine.val_loss) of each evaluated epoch, both ranks' shards gathered
@@ -56,6 +58,10 @@ def test_trains_on_two_ranks(tiny, cfg, summary):
     val_losses = json.loads((run / "metrics.json").read_text())["val_losses"]
     assert set(val_losses) == {"loss_box", "loss_cls", "loss_dfl"}
     assert val_losses["loss_box"] == pytest.approx(float(row["val/box_loss"]), abs=1e-5)   # the last epoch's
+    if extra:
+        assert "optimizer: MuSGD(lr=0.01, momentum=0.937, Nesterov; Muon x 0.2, SGD x 1)" in out
+        assert "optimizer: {type: MuSGD, momentum: 0.937, use_nesterov: true}" in (
+            tiny / "runs" / "train" / summary / "config.yml").read_text()
 
 
 def test_optimizer_auto_and_a_named_one_from_the_ultralytics_line(tiny):

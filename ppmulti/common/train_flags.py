@@ -12,7 +12,7 @@ from ppmulti.common.flags import BY_DEST, Flag, refusal, refusals
 from ppmulti.common.paths import TRAIN_SCRIPT
 from ppmulti.common.ppdet_flags import add_ppdet_flags
 
-OPTIMIZERS = ("SGD", "Adam", "AdamW")
+OPTIMIZERS = ("SGD", "MuSGD", "Adam", "AdamW")
 
 YOLOV5 = "YOLOv5 train.py flags"   # the --help section of YOLOv5's own flags (the ones shared with ppmulti's aside)
 
@@ -90,7 +90,8 @@ TRAIN: tuple[Flag, ...] = (
         _shared("imgsz", "train and val image size (pixels)"),
         _shared("project", "runs go to PROJECT/NAME (default runs/train for YOLOv5 command lines)"),
         _shared("name", "run name under --project (default exp; exp2, exp3, ... when taken, unless --exist-ok)"),
-        _t(("--optimizer",), "optimizer", "SGD (Nesterov momentum), Adam or AdamW", choices=OPTIMIZERS),
+        _t(("--optimizer",), "optimizer", "SGD (Nesterov), MuSGD, Adam or AdamW",
+           choices=OPTIMIZERS),
         _t(("--cos-lr",), "cos_lr", "cosine lr decay (default linear)", action="store_true"),
         _shared("single_cls", "train every class as one class"),
         _t(("--noval",), "noval", "validate only after the last epoch", action="store_true"),

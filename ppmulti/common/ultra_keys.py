@@ -90,12 +90,12 @@ def _amp(v: Value, keys: dict) -> list:
 
 
 def _optimizer(v: Value, keys: dict) -> list:
-    if v in ("SGD", "Adam", "AdamW"):
+    if v in ("SGD", "MuSGD", "Adam", "AdamW"):
         return ["--optimizer", v]
     if v == "auto":
         return []
-    raise UserError(f"optimizer={v}: ppmulti trains with SGD, Adam, AdamW or auto (its model's recipe); "
-                    f"MuSGD, Adamax, NAdam, RAdam and RMSProp are not implemented")
+    raise UserError(f"optimizer={v}: ppmulti trains with SGD, MuSGD, Adam, AdamW or auto (its model's recipe); "
+                    f"Adamax, NAdam, RAdam and RMSProp are not implemented")
 
 
 def _nbs(v: Value, keys: dict) -> list:

@@ -1093,11 +1093,16 @@ def optimizer_momentum(optimizer: Any) -> float | None:
     Momentum keeps it in ``_momentum`` and reads it at every step (Paddle 2.6 and 3.x), so
     ``set_optimizer_momentum`` takes effect from the next step: YOLOv5's warmup sets it per batch
     (engine.hooks.warmup; tests/test_warmup.py shows the effect on both Paddles)."""
+    if getattr(optimizer, "is_momentum_optimizer", False):   # ppmulti's MuSGD (engine.musgd_run): its own
+        return float(optimizer.momentum)
     inner = _momentum_optimizer(optimizer)
     return None if inner is None else float(inner._momentum)
 
 
 def set_optimizer_momentum(optimizer: Any, momentum: float) -> None:
+    if getattr(optimizer, "is_momentum_optimizer", False):
+        optimizer.momentum = float(momentum)
+        return
     inner = _momentum_optimizer(optimizer)
     if inner is not None:
         inner._momentum = float(momentum)

@@ -140,7 +140,7 @@ def apply_hyp(cfg, hyp: dict, is_yolov5: bool) -> list[str]:
     if "lrf" in hyp and _decay(cfg) is not None:
         _decay(cfg)["min_lr_ratio"] = float(hyp["lrf"])
     if "momentum" in hyp:
-        if opt.get("type") == "Momentum":
+        if opt.get("type") in ("Momentum", "MuSGD"):
             opt["momentum"] = float(hyp["momentum"])
         elif opt.get("type") in ("Adam", "AdamW"):
             opt["beta1"] = float(hyp["momentum"])
@@ -202,7 +202,7 @@ def read_hyp(cfg) -> dict[str, float]:
     if decay is not None:
         put("lrf", decay.get("min_lr_ratio"))
     opt = cfg["OptimizerBuilder"]["optimizer"]
-    put("momentum", opt.get("momentum") if opt.get("type") == "Momentum" else opt.get("beta1"))
+    put("momentum", opt.get("momentum") if opt.get("type") in ("Momentum", "MuSGD") else opt.get("beta1"))
     regularizer = cfg["OptimizerBuilder"].get("regularizer") or {}
     put("weight_decay", opt.get("weight_decay") if opt.get("type") == "AdamW" else regularizer.get("factor"))
     warm = [s for s in _schedulers(cfg) if s.get("name") == "LinearWarmup"]
@@ -333,6 +333,9 @@ def apply_optimizer(cfg, name: str, hyp: dict) -> None:
                        else regularizer.get("factor", 0.0005)))
     if name == "SGD":
         builder["optimizer"] = {"type": "Momentum", "momentum": momentum, "use_nesterov": True}
+        builder["regularizer"] = {"type": "L2", "factor": wd}
+    elif name == "MuSGD":   # built by the engine (engine.musgd_run), with ultralytics' parameter groups
+        builder["optimizer"] = {"type": "MuSGD", "momentum": momentum, "use_nesterov": True}
         builder["regularizer"] = {"type": "L2", "factor": wd}
     elif name == "Adam":
         builder["optimizer"] = {"type": "Adam", "beta1": momentum, "beta2": 0.999}

@@ -304,7 +304,15 @@ class _Build:
             freeze_backbone(self.model, self.opts.freeze)
         self._maybe_sync_bn()
         self.lr = create("LearningRate")(steps_per_epoch)
-        self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
+        musgd = ultra_recipe.wants_musgd(cfg["OptimizerBuilder"])
+        if musgd:   # ppmulti's own (ppdet's OptimizerBuilder builds paddle.optimizer classes only)
+            from ppmulti.rank.engine import musgd_run
+
+            self.optimizer = musgd_run.from_config(cfg["OptimizerBuilder"], self.lr, self.model)
+            self.plan_notes.append(self.optimizer.describe(self.lr_plan.lr))
+            musgd_run.refuse_amp(*self._amp_mode())
+        else:
+            self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
         self.amp.setup(self)   # may cast the model (O2): before it is wrapped for several ranks
         self.conv_kernel = None
         if self.device == "cpu":
@@ -317,7 +325,18 @@ class _Build:
             if note:
                 self.plan_notes.append(note)
             self.train_model = compat.distributed_model(self.model, unused)
-            self.optimizer = fleet.distributed_optimizer(self.optimizer)
+            # the DataParallel model all-reduces the gradients in backward; fleet's optimizer wrapper takes
+            # Paddle optimizers only, and MuSGD needs nothing of it
+            if not musgd:
+                self.optimizer = fleet.distributed_optimizer(self.optimizer)
+
+    def _amp_mode(self) -> tuple[str, str]:
+        """The AMP mode and level this run will take on its device (what MixedPrecisionHook.setup decides)."""
+        from ppmulti.rank.engine.hooks.amp import cpu_bf16_problem
+        from ppmulti.rank.engine.hooks.amp import plan as amp_plan
+
+        decided = amp_plan(self.amp.req, self.device, cpu_bf16_problem)
+        return decided.mode, decided.level
 
     def _agree_classes(self) -> None:
         """The data's classes against num_classes (data.agree), on every rank before the first step: one line
@@ -431,7 +450,7 @@ class _Build:
         bias_lr, momentum = float(self.cfg.get("warmup_bias_lr", 0.1)), float(self.cfg.get("warmup_momentum", 0.8))
         ramp = (f"batches per optimizer step from 1 to {self.batch.accumulate}, "
                 if self.opts.accumulate is None and self.batch.accumulate > 1 else "")
-        sgd = self.cfg["OptimizerBuilder"]["optimizer"].get("type") == "Momentum"
+        sgd = self.cfg["OptimizerBuilder"]["optimizer"].get("type") in ("Momentum", ultra_recipe.MUSGD_TYPE)
         self.plan_notes.append(f"YOLOv5's warmup, first {self.warmup_batches} batches: {ramp}lr from 0, biases' lr "
                                f"from {bias_lr:g} (warmup_bias_lr)"
                                + (f", momentum from {momentum:g} (warmup_momentum)" if sgd else ""))

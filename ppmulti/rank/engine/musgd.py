@@ -52,12 +52,20 @@ def muon_update(grad: paddle.Tensor, buf: paddle.Tensor, beta: float, nesterov: 
     return (newton_schulz(flat) * scale).reshape(grad.shape)
 
 
+def _lr_factor(p: paddle.Tensor) -> float:
+    """A parameter's own lr factor, as Paddle's optimizers apply it (``optimize_attr['learning_rate']``, 1 unless a
+    ParamAttr or YOLOv5's warmup set it)."""
+    attr = getattr(p, "optimize_attr", None) or {}
+    return float(attr.get("learning_rate", 1.0))
+
+
 class MuSGD:
     """ultralytics' MuSGD over parameter groups (dicts with ``params``, ``lr``, ``momentum``, ``nesterov``,
     ``weight_decay``, ``use_muon``; any other keys, such as ``param_group`` or ``initial_lr``, are kept for the
     warmup and schedule): a Muon group moves by lr x ``muon`` along the orthogonalised momentum, then by
     lr x ``sgd`` along SGD's (with weight decay, on the Muon-moved weights, and its own buffer); the other
-    groups take SGD's step alone. The groups' ``lr`` are absolute: a schedule sets them (``set_group_lrs``)."""
+    groups take SGD's step alone. The groups' ``lr`` are absolute: a schedule sets them (``set_group_lrs``); a
+    parameter's own Paddle lr factor (``optimize_attr['learning_rate']``) multiplies its group's."""
 
     def __init__(self, groups: Iterable[dict], muon: float = 0.2, sgd: float = 1.0):
         self.param_groups = []
@@ -92,12 +100,13 @@ class MuSGD:
                     continue
                 grad = p.grad.astype(p.dtype)
                 st = self._buffers(p, group["use_muon"])
-                sgd_lr = lr
+                plr = lr * _lr_factor(p)
+                sgd_lr = plr
                 if group["use_muon"]:
                     update = muon_update(grad, st["momentum_buffer"], momentum, nesterov)
-                    paddle.assign(p - update * (lr * self.muon), p)
+                    paddle.assign(p - update * (plr * self.muon), p)
                     buf = st["momentum_buffer_SGD"]
-                    sgd_lr = lr * self.sgd
+                    sgd_lr = plr * self.sgd
                 else:
                     buf = st["momentum_buffer"]
                 if wd:

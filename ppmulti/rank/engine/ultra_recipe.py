@@ -11,7 +11,8 @@ __all__ = ["HYP", "NBS", "OptimizerChoice", "auto_optimizer", "choose_optimizer"
            "scaled_weight_decay", "auto_iterations", "lr_lambda", "warmup_batches", "WarmupState", "warmup_state",
            "mosaic_closed", "GROUP_DECAY", "GROUP_NORM", "GROUP_BIAS", "GROUP_MUON", "classify_parameter",
            "ParamGroupSpec", "param_groups", "MUSGD_MUON", "MUSGD_SGD", "MUSGD_HEAD_LR_GAIN", "Recipe", "plan",
-           "decays", "ppdet_optimizer", "lr_reference", "AUTO_TYPE", "choose_for_run", "auto_note"]
+           "decays", "ppdet_optimizer", "lr_reference", "AUTO_TYPE", "MUSGD_TYPE", "wants_musgd", "choose_for_run",
+           "auto_note"]
 
 # cfg/default.yaml's training hyperparameters in 8.4 (the keys a detection run reads).
 HYP: dict[str, float | int | bool | str] = {
@@ -243,13 +244,24 @@ def decays(param_name: str) -> bool:
     return suffix.startswith("w_") and not layer.startswith(_NORM_PREFIXES)
 
 
+# OptimizerBuilder.optimizer.type of a MuSGD run (config.yml keeps it, so a bare --resume builds MuSGD again):
+# the engine builds it (engine.musgd_run) before ppdet's OptimizerBuilder, which knows paddle.optimizer's only
+MUSGD_TYPE = "MuSGD"
+
+
+def wants_musgd(builder_cfg) -> bool:
+    """Whether an ``OptimizerBuilder`` section asks for MuSGD."""
+    section = (builder_cfg or {}).get("optimizer") or {}
+    return str(section.get("type")) == MUSGD_TYPE
+
+
 def ppdet_optimizer(choice: OptimizerChoice, weight_decay: float) -> dict:
-    """The ``OptimizerBuilder`` section (gradient norm clipped at 10) that trains as ``choice`` does on ppdet
+    """The ``OptimizerBuilder`` section (gradient norm clipped at 10) that trains as ``choice`` does
     (ppmulti's ultralytics models keep biases and BatchNorm out of the L2 regulariser themselves): SGD ->
     Momentum with Nesterov and L2 ``weight_decay``; AdamW -> AdamW (beta1 = momentum, beta2 0.999) with
     decoupled decay on the decayed parameters only; Adam -> Adam with L2 ``weight_decay`` (torch's Adam adds
-    the 'weight' group's decay to the gradient). MuSGD has no ppdet builder: ValueError (engine/musgd.py is
-    the optimizer itself)."""
+    the 'weight' group's decay to the gradient); MuSGD -> type MuSGD with Nesterov momentum and ``weight_decay``
+    on its 'muon' groups, which the engine builds itself (engine.musgd_run), not ppdet."""
     # every ultralytics step clips the gradient's global norm at 10; ppmulti's loss x ref_batch (64) over
     # averaged batches gives the gradient ultralytics clips (loss x batch, summed over ~64 images' batches)
     clip = {"clip_grad_by_norm": GRAD_CLIP_NORM}
@@ -263,8 +275,11 @@ def ppdet_optimizer(choice: OptimizerChoice, weight_decay: float) -> dict:
     if choice.name == "Adam":
         return {"optimizer": {"type": "Adam", "beta1": choice.momentum, "beta2": 0.999},
                 "regularizer": {"type": "L2", "factor": weight_decay}, **clip}
-    raise ValueError(f"optimizer={choice.name}: ppmulti builds SGD, Adam and AdamW through ppdet's "
-                     f"OptimizerBuilder; {choice.name} is not wired into a run yet")
+    if choice.name == "MuSGD":
+        return {"optimizer": {"type": MUSGD_TYPE, "momentum": choice.momentum, "use_nesterov": True},
+                "regularizer": {"type": "L2", "factor": weight_decay}, **clip}
+    raise ValueError(f"optimizer={choice.name}: ppmulti trains with SGD, MuSGD, Adam and AdamW; "
+                     f"{choice.name} is not wired into a run")
 
 
 def lr_reference(choice: OptimizerChoice, effective_batch: int, nbs: int = NBS) -> int:
@@ -289,7 +304,7 @@ def auto_note(choice: OptimizerChoice, iterations: int, nc: int, ignored_lr: flo
         why = (f"{iterations} optimizer step(s) planned (at most {AUTO_ITERATIONS}): AdamW, its lr "
                f"fitted to {nc} classes")
     made = built or choice.name
-    ignored = (f"; lr0={ignored_lr:g} and momentum are not used (give optimizer=SGD, Adam or AdamW to set them)"
+    ignored = (f"; lr0={ignored_lr:g} and momentum are not used (give optimizer=SGD, MuSGD, Adam or AdamW to set them)"
                if ignored_lr is not None and ignored_lr != choice.lr else "")
     return (f"optimizer: optimizer=auto chooses the optimizer, lr0 and momentum for this run: {why} -> "
             f"{made}(lr={choice.lr:g}, momentum={choice.momentum:g}), biases' warmup lr from "
@@ -305,9 +320,9 @@ def choose_for_run(cfg, images: Sized, batch, nbs: int | None = None) -> list[st
     the effective batch (their lr does not scale with the batch: ``lr_reference``). ``batch`` is the engine's
     BatchPlan. Returns the notes to log; [] (nothing changed) for any other optimizer type.
 
-    Two differences, said in the note: MuSGD (past 10,000 steps) has no ppdet builder yet, so SGD at MuSGD's lr
-    and momentum trains instead; AdamW's decoupled decay reaches biases and BatchNorm weights too (ppdet's
-    config cannot carry ultralytics' no-decay groups)."""
+    MuSGD (past 10,000 steps) is written as ``type: MuSGD``, which the engine builds itself with ultralytics'
+    parameter groups (engine.musgd_run). One difference, said in the note: AdamW's decoupled decay reaches biases
+    and BatchNorm weights too (ppdet's config cannot carry ultralytics' no-decay groups)."""
     builder = cfg["OptimizerBuilder"]
     section = builder.get("optimizer") or {}
     if str(section.get("type")) != AUTO_TYPE:
@@ -316,22 +331,18 @@ def choose_for_run(cfg, images: Sized, batch, nbs: int | None = None) -> list[st
     nc, epochs = int(cfg["num_classes"]), int(cfg["epoch"])
     iterations = auto_iterations(len(images), batch.global_batch, epochs, nbs)
     choice = auto_optimizer(nc, iterations)
-    built = choice
-    if choice.name == "MuSGD":
-        built = OptimizerChoice("SGD", choice.lr, choice.momentum, choice.warmup_bias_lr, choice.reason)
     decay = float((builder.get("regularizer") or {}).get("factor", HYP["weight_decay"]))
-    edit = ppdet_optimizer(built, decay)
+    edit = ppdet_optimizer(choice, decay)
     edit["optimizer"].pop("apply_decay_param_fun", None)   # a function: the run's config.yml must stay plain data
     builder["optimizer"] = edit["optimizer"]
     builder["regularizer"] = edit["regularizer"]
     lr_cfg = cfg["LearningRate"]
     ignored = float(lr_cfg.get("base_lr", HYP["lr0"]))
-    lr_cfg["base_lr"] = built.lr
-    cfg["warmup_bias_lr"] = built.warmup_bias_lr
-    cfg["ref_batch"] = lr_reference(built, batch.effective_batch, nbs)
-    notes = [auto_note(choice, iterations, nc, ignored, None if built is choice else
-                       "SGD (MuSGD is not built here yet: Nesterov SGD at its lr and momentum)")]
-    if built.name == "AdamW":
+    lr_cfg["base_lr"] = choice.lr
+    cfg["warmup_bias_lr"] = choice.warmup_bias_lr
+    cfg["ref_batch"] = lr_reference(choice, batch.effective_batch, nbs)
+    notes = [auto_note(choice, iterations, nc, ignored)]
+    if choice.name == "AdamW":
         notes.append("optimizer: ppmulti's AdamW decays every weight, biases and BatchNorm's included "
                      "(ultralytics leaves those two groups undecayed)")
     return notes
