@@ -8,7 +8,6 @@ from typing import Any
 from ppmulti.common.errors import UserError
 from ppmulti.rank.engine import ultra_recipe
 from ppmulti.rank.engine.musgd import MuSGD
-
 from ppmulti.rank.engine.ultra_recipe import MUSGD_TYPE
 
 __all__ = ["model_groups", "ScheduledMuSGD", "from_config", "refuse_amp"]
