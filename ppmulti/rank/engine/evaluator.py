@@ -52,13 +52,22 @@ class EvalResult:
         return out
 
 
-def _shard_sampler(n: int, rank: int, world: int):
-    """Indices rank, rank+world, ... — no padding, so no image is scored twice."""
+def shard_indices(n: int, rank: int, world: int, batch: int = 0) -> list[int]:
+    """This rank's image indices: rank, rank+world, ... — no padding, so no image is scored twice. With ``batch``
+    (rect validation: every ``batch`` consecutive images share one letterbox shape) whole batches in turn, so that
+    a rank's batches are the data set's."""
+    if batch > 0:
+        return [i for start in range(rank * batch, n, world * batch) for i in range(start, min(start + batch, n))]
+    return list(range(rank, n, world))
+
+
+def _shard_sampler(n: int, rank: int, world: int, batch: int = 0):
+    """A sampler of ``shard_indices``."""
     import paddle
 
     class _Shard(paddle.io.Sampler):
         def __init__(self):
-            self.indices = list(range(rank, n, world))
+            self.indices = shard_indices(n, rank, world, batch)
 
         def __iter__(self):
             return iter(self.indices)
@@ -94,9 +103,10 @@ class CocoEvaluator:
         with prints_to_log():   # pycocotools' notices while the annotations load
             self.dataset.parse_dataset()
         self.anno_file = self.dataset.get_anno()
-        sampler = _shard_sampler(len(self.dataset.roidbs), dist.rank(), dist.world_size())
-        batch_sampler = paddle.io.BatchSampler(sampler=sampler, batch_size=cfg.EvalReader["batch_size"],
-                                               drop_last=False)
+        batch = int(cfg.EvalReader["batch_size"])
+        rect = bool(getattr(self.dataset, "rect", False) and getattr(self.dataset, "rect_size", 0))
+        sampler = _shard_sampler(len(self.dataset.roidbs), dist.rank(), dist.world_size(), batch if rect else 0)
+        batch_sampler = paddle.io.BatchSampler(sampler=sampler, batch_size=batch, drop_last=False)
         with prints_to_log():   # ppdet's reader parses the annotations again
             self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
         self.catid2clsid = self._class_ids()   # the annotation's category id -> the model's class id
