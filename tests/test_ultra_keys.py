@@ -78,7 +78,7 @@ GOLDEN = [
      {"lr0": 0.02, "mosaic": 0.5}),
     ("val model=best.pdparams data=d.yaml batch=4 name=v project=out",
      "eval", ["--weights", "best.pdparams", "--conf-thres", "0.001", "--iou-thres", "0.7", "--max-det", "300",
-              "--data", "d.yaml", "--batch", "4", "--name", "v", "--project", "out"], {}),
+              "--rect", "auto", "--data", "d.yaml", "--batch", "4", "--name", "v", "--project", "out"], {}),
     ("predict model=best.onnx source=imgs conf=0.5 show_labels=False classes=[0,2] line_width=2",
      "detect", ["--weights", "best.onnx", "--iou-thres", "0.7", "--max-det", "300", "--source", "imgs",
                 "--conf-thres", "0.5", "--hide-labels", "--classes", "0", "2", "--line-thickness", "2",

@@ -194,7 +194,8 @@ FLAGS: tuple[Flag, ...] = (
     _f(("--iou-thres",), "iou_thres", "NMS IoU threshold", ("eval", "detect"), type=float),
     _f(("--max-det",), "max_det", "maximum detections per image", ("eval", "detect"), type=int),
     _f(("--rect",), "rect", "ultralytics' val letterbox: images in aspect-ratio order, each batch centred in its "
-       "own shape with half a stride of margin (YOLOv8/11/26 with --data)", ("eval",), action="store_true"),
+       "own shape with half a stride of margin (YOLOv8/11/26 with --data); --rect auto: where the model and data "
+       "allow it, else the config's letterbox", ("eval",), nargs="?", const="on", choices=("on", "auto")),
     # --- consoles and servers ---
     _f(("--verbose",), "verbose", "print more", ("eval", "demo", "launch"), action="store_true"),
     _f(("--host",), "host", "address to listen on", ("board", "evolve", "launch")),
