@@ -253,7 +253,7 @@ class CocoEvaluator:
 
     def _val_batch(self, data: dict, outs: dict):
         """One batch for val_batch*_labels.jpg / _pred.jpg: its first 16 images back to pixels, their labels and
-        detections moved into the input's pixels (the letterbox keeps the top left: scale_factor alone)."""
+        detections moved into the input's pixels (scale_factor, and --rect's margin)."""
         import numpy as np
 
         from ppmulti.common.yamlread import reader_ops
@@ -264,6 +264,8 @@ class CocoEvaluator:
                                    norm.get("std", (1, 1, 1)), 255.0 if norm.get("is_scale", True) else 1.0)
         ids = outs["im_id"].reshape(-1)[:len(images)]
         scales = data["scale_factor"].numpy().reshape(-1, 2)
+        # --rect's centred letterbox: its margin (top, left) as well
+        margins = data["pad_offset"].numpy().reshape(-1, 2) if "pad_offset" in data else np.zeros_like(scales)
         if not hasattr(self, "_files"):
             self._files = {int(np.asarray(r["im_id"]).reshape(-1)[0]): str(r.get("im_file", ""))
                            for r in self.dataset.roidbs}
@@ -272,11 +274,13 @@ class CocoEvaluator:
         for i, im_id in enumerate(ids):
             sy, sx = scales[i]
             gain = np.array([sx, sy, sx, sy])
+            top, left = margins[i]
+            shift = np.array([left, top, left, top])
             gt = self.labels_of(int(im_id))
-            labels.append(np.c_[gt[:, :1], gt[:, 1:] * gain, np.full(len(gt), np.nan)])
+            labels.append(np.c_[gt[:, :1], gt[:, 1:] * gain + shift, np.full(len(gt), np.nan)])
             det = np.asarray(outs["bbox"][starts[i]:starts[i + 1]], dtype=np.float64).reshape(-1, 6)
             det = det[det[:, 0] >= 0]   # ppdet's NMS pads an empty result with class -1
-            preds.append(np.c_[det[:, :1], det[:, 2:] * gain, det[:, 1]])
+            preds.append(np.c_[det[:, :1], det[:, 2:] * gain + shift, det[:, 1]])
         return pictures.ValBatch(images, labels, preds, [self._files.get(int(i), "") for i in ids])
 
     def labels_of(self, im_id: int):
