@@ -51,7 +51,8 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> str:
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log}")
-    print(f"  {time.time() - t:5.0f} s  {' '.join(cmd)[:150]}", flush=True)
+    shown = " ".join("SCRIPT" if "\n" in c else c for c in cmd)
+    print(f"  {time.time() - t:5.0f} s  {shown[:150]}", flush=True)
     return proc.stdout + proc.stderr
 
 
