@@ -9,10 +9,9 @@ What is measured
       * ultralytics: ``YOLO(best.pt).val(data=..., imgsz=..., batch=..., device="cpu")``, what ``yolo val``
         runs (its defaults: rect batches, conf 0.001, iou 0.7, max_det 300; for YOLO26 its nms=None, which
         reads the one-to-many head through NMS), and with rect=False;
-      * ppmulti: ``ppmulti yolo val model=best.pt data=... imgsz=... batch=...`` (rect by default, as
+      * ppmulti: ``ppmulti yolo val model=best.pt data=... imgsz=... batch=...`` (rect and nms=None by default, as
         ultralytics' val) and with rect=False (the square top-left letterbox ppmulti used before);
-      * YOLO26 also end to end: ultralytics' ``nms=False`` against ppmulti's default head (top-k, no NMS), and
-        NMS on the one-to-many head both sides (ppmulti: tools/eval.py -o UltraYOLO.end2end=false --rect).
+      * YOLO26 also end to end (``nms=False``: the one-to-one head, top-k without NMS) both sides.
     ppmulti's mAP is pycocotools' (COCOeval); ultralytics' is its own AP (101-point, trapezoid); ppmulti prints
     the same detections scored ultralytics'/YOLOv5's way in its table's "all" row, recorded here too.
 
@@ -33,7 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 ULTRA_VAL = """
 import json, sys
 from ultralytics import YOLO
@@ -110,15 +108,10 @@ def main(argv=None) -> int:
               "exist_ok=True"]
         row["ppmulti"] = pp_val(pp, logs / "ppmulti.log")
         row["ppmulti_norect"] = pp_val([*pp, "rect=False"], logs / "ppmulti_norect.log")
-        if "26" in name:   # the one-to-one head both sides, and ppmulti's NMS on the one-to-many head
+        if "26" in name:   # the one-to-one head (NMS-free) both sides: nms=False
             row["ultra_e2e"] = ultra_val(args.ultra_python, best, data, args.imgsz, args.batch,
                                          logs / "ultra_e2e.log", nms=False)
-            row["ppmulti_nms"] = pp_val([sys.executable, str(ROOT / "tools" / "eval.py"), "--weights", str(best),
-                                         "--data", str(data), "--img", str(args.imgsz), "--batch", str(args.batch),
-                                         "--conf-thres", "0.001", "--iou-thres", "0.7", "--max-det", "300",
-                                         "--rect", "-o", "UltraYOLO.end2end=false", "--noplots",
-                                         "--project", str(work / "ppval"), "--name", f"{name}_nms", "--exist-ok"],
-                                        logs / "ppmulti_nms.log")
+            row["ppmulti_e2e"] = pp_val([*pp, "nms=False"], logs / "ppmulti_e2e.log")
         rows.append(row)
         print(json.dumps(row), flush=True)
     (work / "ultra_parity.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -81,6 +81,16 @@ def test_yolo_val_letterboxes_rect_by_default_as_ultralytics_val():
     assert "--rect" not in resolve_line(["predict", "model=best.pt", "source=x"]).argv
 
 
+def test_yolo_val_reads_yolo26_as_ultralytics_nms_key_says():
+    """ultralytics 8.4.190's val: nms=None (default) and True -> one-to-many head through NMS, nms=False -> the
+    one-to-one head (engine/validator.py: end2end=self.args.nms is False)."""
+    def e2e(*keys):
+        argv = resolve_line(["val", "model=best.pt", "data=d.yaml", *keys]).argv
+        return argv[argv.index("--end2end") + 1]
+
+    assert (e2e(), e2e("nms=True"), e2e("nms=False")) == ("false", "false", "true")
+
+
 def test_boxes_lose_the_margin_then_the_gain_and_are_clipped_after_nms():
     import paddle
 

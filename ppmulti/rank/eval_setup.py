@@ -261,6 +261,8 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
             cfg["EvalReader"]["batch_size"] = int(args.batch)
         if args.workers is not None:
             cfg["worker_num"] = int(args.workers)
+        if getattr(args, "end2end", None) and cfg.get("architecture") == "UltraYOLO":
+            cfg["UltraYOLO"]["end2end"] = args.end2end == "true"   # other models have one head: nothing to pick
         if getattr(args, "rect", None):
             apply_val_rect(cfg, strict=args.rect != "auto")
         if args.use_gpu is not None:
