@@ -43,6 +43,8 @@ def build_parser(prog: str = "tools/eval.py") -> argparse.ArgumentParser:
     add(g, "conf_thres", help="confidence threshold (default: the config's; YOLOv5 configs 0.001 as val.py)")
     add(g, "iou_thres", help="NMS IoU threshold (default: the config's; YOLOv5 configs 0.6 as val.py)")
     add(g, "max_det", help="maximum detections per image (default: the config's; YOLOv5 configs 300 as val.py)")
+    add(g, "rect")
+    add(g, "end2end")
     add(g, "device", help="cpu or one GPU id (several GPUs: ppmulti launch --gpus 0,1 tools/eval.py ...)")
     add(g, "workers", help="data loader worker processes (default: the config's worker_num)")
     add(g, "single_cls", help="the data's classes as one (for weights trained with --single-cls)")

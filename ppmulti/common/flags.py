@@ -193,6 +193,13 @@ FLAGS: tuple[Flag, ...] = (
     _f(("--conf-thres",), "conf_thres", "confidence threshold", ("eval", "detect"), type=float),
     _f(("--iou-thres",), "iou_thres", "NMS IoU threshold", ("eval", "detect"), type=float),
     _f(("--max-det",), "max_det", "maximum detections per image", ("eval", "detect"), type=int),
+    # `ppmulti yolo val`'s translation of ultralytics' val (out of --help: the docs site is at its word budget).
+    # --end2end: YOLO26's head, true the one-to-one branch without NMS (its config's default), false the
+    # one-to-many branch through NMS (ultralytics' val default, nms=None); other models have one head.
+    _f(("--end2end",), "end2end", argparse.SUPPRESS, ("eval",), choices=("true", "false")),
+    # --rect: ultralytics' val letterbox (YOLOv8/11/26 with --data): images in aspect-ratio order, each batch
+    # centred in its own shape with half a stride of margin; --rect auto: where model and data allow it.
+    _f(("--rect",), "rect", argparse.SUPPRESS, ("eval",), nargs="?", const="on", choices=("on", "auto")),
     # --- consoles and servers ---
     _f(("--verbose",), "verbose", "print more", ("eval", "demo", "launch"), action="store_true"),
     _f(("--host",), "host", "address to listen on", ("board", "evolve", "launch")),

@@ -178,7 +178,8 @@ KEYS: dict[str, Key] = {
     "seed": Key(0, _all(TRAIN, _flag("--seed"))),
     "deterministic": Key(True, {"train": lambda v, _: ["--deterministic" if v else "--no-deterministic"]}),
     "single_cls": Key(False, _all((*TRAIN, *VAL), _switch("--single-cls"))),
-    "rect": Key(False, _all(TRAIN, _switch("--rect"))),
+    # val: ultralytics' model.val() letterboxes rect batches (rect=True); ppmulti's tool where model and data allow
+    "rect": Key(False, {"train": _switch("--rect"), "val": lambda v, _: ["--rect", "auto"] if v else []}),
     "cos_lr": Key(False, _all(TRAIN, _switch("--cos-lr"))),
     "close_mosaic": Key(10, {"train": lambda v, _: ["-o", f"close_mosaic={int(v)}"]}),
     "resume": Key(False, {"train": _resume}),
@@ -204,7 +205,9 @@ KEYS: dict[str, Key] = {
     "half": Key(False, _all(EXPORT, _switch("--half"))),
     "dnn": Key(False, refuse="OpenCV DNN inference: " + _FIXED),
     "plots": Key(True, _all((*TRAIN, *VAL), _switch("--noplots", False))),
-    "nms": Key(None, {"export": lambda v, _: ["--nms"] if v else ["--no-nms"]}),
+    # val: ultralytics' nms=None (and True) reads YOLO26's one-to-many head through NMS, nms=False its one-to-one
+    "nms": Key(None, {"export": lambda v, _: ["--nms"] if v else ["--no-nms"],
+                      "val": lambda v, _: ["--end2end", "true" if v is False else "false"]}),
     # --- predict ---
     "source": Key(None, _all(PREDICT, _flag("--source"))),
     "vid_stride": Key(1, _all(PREDICT, _flag("--vid-stride"))),
@@ -262,7 +265,7 @@ KEYS: dict[str, Key] = {
 }
 # mode defaults ultralytics applies where default.yaml leaves None (conf) or that differ per mode
 MODE_DEFAULTS = {"train": {"batch": 16, "imgsz": 640},
-                 "val": {"conf": 0.001, "iou": 0.7, "max_det": 300},
+                 "val": {"conf": 0.001, "iou": 0.7, "max_det": 300, "rect": True, "nms": None},
                  "predict": {"conf": 0.25, "iou": 0.7, "max_det": 300}}
 HELP = "ppmulti yolo [TASK] MODE key=value ... (TASK: detect; MODE: train, val, predict, export)"
 

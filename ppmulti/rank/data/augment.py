@@ -275,3 +275,33 @@ def rect_shapes(hw: np.ndarray, batch: int, img_size: int, stride: int = 32, pad
         elif mini > 1:
             shapes[i] = [1, 1 / mini]
     return (np.ceil(shapes * img_size / stride + pad) * stride).astype(int)
+
+
+# ultralytics' val (and YOLOv5's val.py) letterbox each batch to its rect shape with half a stride of margin
+VAL_RECT_PAD = 0.5
+
+
+def val_letterbox(image: np.ndarray, img_size: int, shape: tuple[int, int],
+                  fill: int = 114) -> tuple[np.ndarray, tuple[float, float], tuple[int, int]]:
+    """ultralytics' validation letterbox of one image into ``shape`` (h, w): the long side brought to ``img_size``
+    (linear interpolation), then shrunk further only if ``shape`` needs it (never enlarged), centred, the margin
+    filled with ``fill``. Returns (image, (gain_h, gain_w) from the original pixels, (top, left) margin)."""
+    import cv2
+
+    h0, w0 = image.shape[:2]
+    r = img_size / max(h0, w0)
+    if r != 1:
+        size = (min(math.ceil(w0 * r), img_size), min(math.ceil(h0 * r), img_size))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_LINEAR)
+    h, w = image.shape[:2]
+    r = min(shape[0] / h, shape[1] / w, 1.0)
+    new_w, new_h = max(round(w * r), 1), max(round(h * r), 1)
+    if (new_h, new_w) != (h, w):
+        image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    dh, dw = (shape[0] - new_h) / 2, (shape[1] - new_w) / 2
+    # the odd pixel of a margin goes to the bottom and right, as ultralytics' +-0.1 rounding puts it
+    top, bottom = round(dh - 0.1), round(dh + 0.1)
+    left, right = round(dw - 0.1), round(dw + 0.1)
+    if top or bottom or left or right:
+        image = cv2.copyMakeBorder(image, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(fill,) * 3)
+    return image, (new_h / h0, new_w / w0), (top, left)

@@ -227,7 +227,28 @@ def _ops():
                     sample["image"] = np.ascontiguousarray(sample["image"][:, :, ::-1])
             return samples
 
-    classes = (YOLOv5Mosaic, YOLOv5HSV, YOLOv5Flip, ChannelsFirst, DeviceNormalize)
+    class RectLetterbox(BaseOperator):
+        """ultralytics' val letterbox (``augment.val_letterbox``) of a decoded image into the ``rect_shape`` its
+        record carries (YOLODataSet with ``rect`` and ``rect_size``): ``scale_factor`` is the content's gain,
+        ``pad_offset`` its (top, left) margin and ``orig_shape`` the image's (h, w), which UltraYOLO's
+        post-processing takes back off the boxes before it clips them to the image."""
+
+        def __init__(self, img_size=640, fill_value=114):
+            super().__init__()
+            self.img_size, self.fill_value = int(img_size), int(fill_value)
+
+        def apply(self, sample, context=None):
+            image = sample["image"]
+            shape = tuple(int(v) for v in sample.pop("rect_shape", (self.img_size, self.img_size)))
+            out, gain, offset = A.val_letterbox(image, self.img_size, shape, self.fill_value)
+            sample["orig_shape"] = np.array(image.shape[:2], np.float32)
+            sample["image"] = out
+            sample["im_shape"] = np.array(out.shape[:2], np.float32)
+            sample["scale_factor"] = np.array(gain, np.float32)
+            sample["pad_offset"] = np.array(offset, np.float32)
+            return sample
+
+    classes = (YOLOv5Mosaic, YOLOv5HSV, YOLOv5Flip, ChannelsFirst, DeviceNormalize, RectLetterbox)
     return {cls.__name__: register_op(cls) for cls in classes}
 
 

@@ -459,7 +459,8 @@ def _dataset_class():
 
         def __init__(self, data: str = "", split: str = "train", data_fields=("image",), sample_num: int = -1,
                      single_cls: bool = False, allow_empty: bool = True, repeat: int = 1, cache=None,
-                     rect: bool = False, rect_batch: int = 0, **kwargs):
+                     rect: bool = False, rect_batch: int = 0, rect_size: int = 0, rect_pad: float = 0.0,
+                     **kwargs):
             from ppmulti.rank.data.cache import parse_cache
 
             self.data, self.split = data, split
@@ -467,6 +468,8 @@ def _dataset_class():
             self._stores: dict = {}
             self.rect, self.rect_batch = bool(rect), int(rect_batch)   # --rect: aspect-ratio order, shapes
             self._rect_shapes: dict = {}
+            # validation's rect (tools/eval.py --rect): each record carries its batch's letterbox shape
+            self.rect_size, self.rect_pad = int(rect_size), float(rect_pad)
             self.single_cls, self.allow_empty = single_cls, allow_empty
             self.spec = load_data_yaml(data)
             super().__init__(dataset_dir=str(self.spec.root), image_dir="", anno_path=None,
@@ -495,6 +498,14 @@ def _dataset_class():
             image_keys = ("im_file", "im_id", "h", "w")
             self.roidbs = [{k: v for k, v in r.items() if k in image_keys or k in self.data_fields}
                            for r in records]
+            if self.rect and self.rect_size:
+                from ppmulti.rank.data.augment import rect_shapes
+
+                batch = max(1, self.rect_batch or 1)
+                hw = np.array([[r["h"], r["w"]] for r in self.roidbs], np.float64).reshape(-1, 2)
+                shapes = rect_shapes(hw, batch, self.rect_size, 32, self.rect_pad) if len(hw) else []
+                for i, r in enumerate(self.roidbs):
+                    r["rect_shape"] = np.array(shapes[i // batch], np.int64)
 
         def image_store(self, size: int, augment: bool = True):
             """This split's images as a store (``images.make_store``) honouring ``cache``, built once per size and

@@ -52,13 +52,22 @@ class EvalResult:
         return out
 
 
-def _shard_sampler(n: int, rank: int, world: int):
-    """Indices rank, rank+world, ... — no padding, so no image is scored twice."""
+def shard_indices(n: int, rank: int, world: int, batch: int = 0) -> list[int]:
+    """This rank's image indices: rank, rank+world, ... — no padding, so no image is scored twice. With ``batch``
+    (rect validation: every ``batch`` consecutive images share one letterbox shape) whole batches in turn, so that
+    a rank's batches are the data set's."""
+    if batch > 0:
+        return [i for start in range(rank * batch, n, world * batch) for i in range(start, min(start + batch, n))]
+    return list(range(rank, n, world))
+
+
+def _shard_sampler(n: int, rank: int, world: int, batch: int = 0):
+    """A sampler of ``shard_indices``."""
     import paddle
 
     class _Shard(paddle.io.Sampler):
         def __init__(self):
-            self.indices = list(range(rank, n, world))
+            self.indices = shard_indices(n, rank, world, batch)
 
         def __iter__(self):
             return iter(self.indices)
@@ -94,9 +103,10 @@ class CocoEvaluator:
         with prints_to_log():   # pycocotools' notices while the annotations load
             self.dataset.parse_dataset()
         self.anno_file = self.dataset.get_anno()
-        sampler = _shard_sampler(len(self.dataset.roidbs), dist.rank(), dist.world_size())
-        batch_sampler = paddle.io.BatchSampler(sampler=sampler, batch_size=cfg.EvalReader["batch_size"],
-                                               drop_last=False)
+        batch = int(cfg.EvalReader["batch_size"])
+        rect = bool(getattr(self.dataset, "rect", False) and getattr(self.dataset, "rect_size", 0))
+        sampler = _shard_sampler(len(self.dataset.roidbs), dist.rank(), dist.world_size(), batch if rect else 0)
+        batch_sampler = paddle.io.BatchSampler(sampler=sampler, batch_size=batch, drop_last=False)
         with prints_to_log():   # ppdet's reader parses the annotations again
             self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
         self.catid2clsid = self._class_ids()   # the annotation's category id -> the model's class id
@@ -243,7 +253,7 @@ class CocoEvaluator:
 
     def _val_batch(self, data: dict, outs: dict):
         """One batch for val_batch*_labels.jpg / _pred.jpg: its first 16 images back to pixels, their labels and
-        detections moved into the input's pixels (the letterbox keeps the top left: scale_factor alone)."""
+        detections moved into the input's pixels (scale_factor, and --rect's margin)."""
         import numpy as np
 
         from ppmulti.common.yamlread import reader_ops
@@ -254,6 +264,8 @@ class CocoEvaluator:
                                    norm.get("std", (1, 1, 1)), 255.0 if norm.get("is_scale", True) else 1.0)
         ids = outs["im_id"].reshape(-1)[:len(images)]
         scales = data["scale_factor"].numpy().reshape(-1, 2)
+        # --rect's centred letterbox: its margin (top, left) as well
+        margins = data["pad_offset"].numpy().reshape(-1, 2) if "pad_offset" in data else np.zeros_like(scales)
         if not hasattr(self, "_files"):
             self._files = {int(np.asarray(r["im_id"]).reshape(-1)[0]): str(r.get("im_file", ""))
                            for r in self.dataset.roidbs}
@@ -262,11 +274,13 @@ class CocoEvaluator:
         for i, im_id in enumerate(ids):
             sy, sx = scales[i]
             gain = np.array([sx, sy, sx, sy])
+            top, left = margins[i]
+            shift = np.array([left, top, left, top])
             gt = self.labels_of(int(im_id))
-            labels.append(np.c_[gt[:, :1], gt[:, 1:] * gain, np.full(len(gt), np.nan)])
+            labels.append(np.c_[gt[:, :1], gt[:, 1:] * gain + shift, np.full(len(gt), np.nan)])
             det = np.asarray(outs["bbox"][starts[i]:starts[i + 1]], dtype=np.float64).reshape(-1, 6)
             det = det[det[:, 0] >= 0]   # ppdet's NMS pads an empty result with class -1
-            preds.append(np.c_[det[:, :1], det[:, 2:] * gain, det[:, 1]])
+            preds.append(np.c_[det[:, :1], det[:, 2:] * gain + shift, det[:, 1]])
         return pictures.ValBatch(images, labels, preds, [self._files.get(int(i), "") for i in ids])
 
     def labels_of(self, im_id: int):

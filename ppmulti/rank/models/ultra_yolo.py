@@ -79,7 +79,9 @@ class UltraYOLO(BaseArch):
 
     def get_pred(self) -> dict:
         y = self._net(self.inputs["image"])
-        bbox, bbox_num = self.post_process(y, self.inputs["scale_factor"])
+        # a centred letterbox (tools/eval.py --rect) hands its margin and the images' sizes too
+        bbox, bbox_num = self.post_process(y, self.inputs["scale_factor"], self.inputs.get("pad_offset"),
+                                           self.inputs.get("orig_shape"))
         return {"bbox": bbox, "bbox_num": bbox_num}
 
     def _limits(self) -> tuple[float, int]:
@@ -87,31 +89,60 @@ class UltraYOLO(BaseArch):
         max_det = int(getattr(self.nms, "keep_top_k", 300))
         return conf, max_det
 
-    def post_process(self, y: paddle.Tensor, scale_factor: paddle.Tensor):
-        """The head's eval output -> (bbox [N, 6], bbox_num [B]) in original-image pixels."""
+    @staticmethod
+    def _xyxy_rows(hw: paddle.Tensor) -> paddle.Tensor:
+        """[B, 2] (h, w) pairs as [B, 1, 4] (w, h, w, h) rows, to meet x1, y1, x2, y2 boxes."""
+        h, w = paddle.split(hw, 2, axis=-1)
+        return paddle.concat([w, h, w, h], axis=-1).reshape([-1, 1, 4])
+
+    def _to_image(self, boxes: paddle.Tensor, scale: paddle.Tensor, offset, orig) -> paddle.Tensor:
+        """Boxes [B, N, 4] in the input's pixels -> the original image's: the letterbox margin (``offset`` [B, 2]
+        top, left; None: none) taken off, divided by the gain, and, with ``orig`` [B, 2] (h, w), clipped to the
+        image as ultralytics' val does."""
+        if offset is not None:
+            boxes = boxes - self._xyxy_rows(offset.astype(boxes.dtype))
+        boxes = boxes / scale
+        if orig is not None:
+            boxes = paddle.minimum(paddle.maximum(boxes, paddle.zeros_like(boxes)),
+                                   self._xyxy_rows(orig.astype(boxes.dtype)))
+        return boxes
+
+    def post_process(self, y: paddle.Tensor, scale_factor: paddle.Tensor, pad_offset=None, orig_shape=None):
+        """The head's eval output -> (bbox [N, 6], bbox_num [B]) in original-image pixels; ``pad_offset`` and
+        ``orig_shape`` ([B, 2] each) when the input was letterboxed centred (RectLetterbox)."""
         scale_y, scale_x = paddle.split(scale_factor, 2, axis=-1)
         scale = paddle.concat([scale_x, scale_y, scale_x, scale_y], axis=-1).reshape([-1, 1, 4])
         if self.head.end2end:
-            return self._topk_boxes(y, scale)
+            return self._topk_boxes(y, scale, pad_offset, orig_shape)
         boxes = y[:, :4].transpose([0, 2, 1])                          # [B, N, 4]
         if not self.head.xyxy:
             boxes = paddle.concat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], -1)
         scores = y[:, 4:]                                              # [B, C, N]
         if self.exclude_post_process:
             return paddle.concat([boxes, scores.transpose([0, 2, 1])], axis=-1), None
-        boxes = boxes / scale
+        boxes = self._to_image(boxes, scale, pad_offset, None)   # clipped after NMS, as ultralytics' val does
         if self.exclude_nms:
             return boxes, scores
         bbox, bbox_num, _ = self.nms(boxes, scores)
-        return bbox, bbox_num
+        return self._clip_rows(bbox, bbox_num, orig_shape), bbox_num
 
-    def _topk_boxes(self, y: paddle.Tensor, scale: paddle.Tensor):
+    def _clip_rows(self, bbox: paddle.Tensor, bbox_num: paddle.Tensor, orig) -> paddle.Tensor:
+        """NMS's rows [N, 6] (class, score, x1, y1, x2, y2) with their boxes clipped to their image's ``orig``
+        [B, 2] (h, w); as they are without ``orig`` or when they are ppdet's one dummy row of no detection."""
+        if orig is None or bbox.shape[0] != int(bbox_num.sum()):
+            return bbox
+        limits = paddle.repeat_interleave(self._xyxy_rows(orig.astype(bbox.dtype)).reshape([-1, 4]),
+                                          bbox_num.astype("int64"), axis=0)
+        boxes = paddle.minimum(paddle.maximum(bbox[:, 2:], paddle.zeros_like(bbox[:, 2:])), limits)
+        return paddle.concat([bbox[:, :2], boxes], axis=-1)
+
+    def _topk_boxes(self, y: paddle.Tensor, scale: paddle.Tensor, pad_offset=None, orig_shape=None):
         """YOLO26: the head's top-k rows [B, k, 6] kept above the confidence, as ppdet's rows."""
         conf, max_det = self._limits()
         y = y[:, :max_det]
         if self.exclude_post_process:
             return y, None
-        boxes = y[..., :4] / scale
+        boxes = self._to_image(y[..., :4], scale, pad_offset, orig_shape)
         rows = paddle.concat([y[..., 5:6], y[..., 4:5], boxes], axis=-1)   # class, score, x1, y1, x2, y2
         keep = y[..., 4] > conf                                           # [B, k]
         bbox_num = keep.astype("int32").sum(axis=1)

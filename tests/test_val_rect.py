@@ -1,0 +1,107 @@
+"""Validation's rect letterbox (tools/eval.py --rect, `ppmulti yolo val`'s default): shapes, margins, sharding,
+box mapping. The expected shapes and margins are ultralytics 8.4.190's val rule (data/base.py set_rectangle,
+data/augment.py LetterBox, read from its source): batch shape ceil(ratio * imgsz / 32 + 0.5) * 32, the image
+centred with the odd pixel at the bottom/right, never enlarged by the letterbox."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from ppmulti.common.errors import UserError
+from ppmulti.common.ultra_keys import resolve_line
+from ppmulti.rank.data.augment import VAL_RECT_PAD, rect_shapes, val_letterbox
+from ppmulti.rank.engine.evaluator import shard_indices
+from ppmulti.rank.eval_setup import apply_val_rect
+
+
+def test_square_images_get_half_a_stride_of_margin_on_every_side():
+    img = np.random.RandomState(0).randint(0, 255, (256, 256, 3), dtype=np.uint8)
+    (shape,) = rect_shapes(np.array([[256.0, 256.0]]), 1, 256, 32, VAL_RECT_PAD)
+    assert tuple(shape) == (288, 288)
+    out, gain, offset = val_letterbox(img, 256, tuple(shape))
+    assert out.shape == (288, 288, 3) and gain == (1.0, 1.0) and offset == (16, 16)
+    assert np.array_equal(out[16:272, 16:272], img)          # not resampled
+    assert (out[:16] == 114).all() and (out[:, 272:] == 114).all()
+
+
+def test_a_wide_image_is_brought_to_imgsz_then_centred_in_its_batch_shape():
+    img = np.zeros((100, 201, 3), np.uint8)
+    hw = np.array([[100.0, 201.0], [100.0, 200.0]])             # one batch of two, ratios 0.4975 and 0.5
+    (shape,) = rect_shapes(hw, 2, 256, 32, VAL_RECT_PAD)
+    assert tuple(shape) == (160, 288)                           # ceil(0.5 * 8 + 0.5) * 32, ceil(8 + 0.5) * 32
+    out, gain, offset = val_letterbox(img, 256, (160, 288))
+    # 100 x 201 -> 128 x 256 (ceil(100 * 256 / 201) = 128); margins 16 top / 16 bottom, 16 left / 16 right
+    assert out.shape == (160, 288, 3) and offset == (16, 16)
+    assert gain == pytest.approx((128 / 100, 256 / 201))
+    odd, _, odd_offset = val_letterbox(np.zeros((256, 255, 3), np.uint8), 256, (288, 288))
+    assert odd.shape == (288, 288, 3) and odd_offset == (16, 16)   # 33 px of width: 16 left, 17 right
+
+
+def test_rect_shards_hand_each_rank_whole_batches():
+    n, world, batch = 10, 2, 3
+    shards = [shard_indices(n, r, world, batch) for r in range(world)]
+    assert shards == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9]]
+    assert sorted(shards[0] + shards[1]) == list(range(n))
+    assert shard_indices(n, 1, world) == [1, 3, 5, 7, 9]        # without rect: strided, as before
+
+
+def _cfg(arch="UltraYOLO", dataset="YOLODataSet"):
+    return {"architecture": arch, "eval_height": 256, "eval_width": 256,
+            "EvalDataset": {"name": dataset, "data": "d.yaml", "split": "val"},
+            "EvalReader": {"batch_size": 16, "sample_transforms": [
+                {"Decode": {}}, {"Resize": {"target_size": [256, 256], "keep_ratio": True}},
+                {"Pad": {"size": [256, 256]}}, {"NormalizeImage": {}}, {"Permute": {}}]}}
+
+
+def test_apply_val_rect_swaps_the_letterbox_and_marks_the_dataset():
+    cfg = _cfg()
+    assert apply_val_rect(cfg) is True
+    assert [next(iter(op)) for op in cfg["EvalReader"]["sample_transforms"]] == \
+        ["Decode", "RectLetterbox", "NormalizeImage", "Permute"]
+    assert cfg["EvalReader"]["sample_transforms"][1]["RectLetterbox"] == {"img_size": 256}
+    assert cfg["EvalDataset"] | {} == {"name": "YOLODataSet", "data": "d.yaml", "split": "val", "rect": True,
+                                       "rect_batch": 16, "rect_size": 256, "rect_pad": 0.5}
+
+
+@pytest.mark.parametrize("arch,dataset", [("YOLOv5", "YOLODataSet"), ("UltraYOLO", "COCODataSet")])
+def test_rect_is_refused_where_it_cannot_apply_and_skipped_by_auto(arch, dataset):
+    with pytest.raises(UserError, match="--rect"):
+        apply_val_rect(_cfg(arch, dataset))
+    cfg = _cfg(arch, dataset)
+    assert apply_val_rect(cfg, strict=False) is False
+    assert cfg == _cfg(arch, dataset)
+
+
+def test_yolo_val_letterboxes_rect_by_default_as_ultralytics_val():
+    assert resolve_line(["val", "model=best.pt", "data=d.yaml"]).argv[8:10] == ("--rect", "auto")
+    assert "--rect" not in resolve_line(["val", "model=best.pt", "data=d.yaml", "rect=False"]).argv
+    assert "--rect" not in resolve_line(["predict", "model=best.pt", "source=x"]).argv
+
+
+def test_yolo_val_reads_yolo26_as_ultralytics_nms_key_says():
+    """ultralytics 8.4.190's val: nms=None (default) and True -> one-to-many head through NMS, nms=False -> the
+    one-to-one head (engine/validator.py: end2end=self.args.nms is False)."""
+    def e2e(*keys):
+        argv = resolve_line(["val", "model=best.pt", "data=d.yaml", *keys]).argv
+        return argv[argv.index("--end2end") + 1]
+
+    assert (e2e(), e2e("nms=True"), e2e("nms=False")) == ("false", "false", "true")
+
+
+def test_boxes_lose_the_margin_then_the_gain_and_are_clipped_after_nms():
+    import paddle
+
+    from ppmulti.rank.models.ultra_yolo import UltraYOLO
+
+    me = types.SimpleNamespace(_xyxy_rows=UltraYOLO._xyxy_rows)
+    boxes = paddle.to_tensor([[[16.0, 20.0, 48.0, 80.0], [0.0, 0.0, 300.0, 300.0]]])      # input pixels
+    scale = paddle.to_tensor([[[2.0, 2.0, 2.0, 2.0]]])
+    offset, orig = paddle.to_tensor([[16.0, 16.0]]), paddle.to_tensor([[100.0, 120.0]])   # (top, left), (h, w)
+    out = UltraYOLO._to_image(me, boxes, scale, offset, None).numpy()
+    assert out.tolist() == [[[0.0, 2.0, 16.0, 32.0], [-8.0, -8.0, 142.0, 142.0]]]
+    rows = paddle.to_tensor([[0.0, 0.75, -8.0, -8.0, 142.0, 142.0], [1.0, 0.5, 1.0, 2.0, 3.0, 4.0]])
+    clipped = UltraYOLO._clip_rows(me, rows, paddle.to_tensor([2], dtype="int32"), orig).numpy()
+    assert clipped.tolist() == [[0.0, 0.75, 0.0, 0.0, 120.0, 100.0], [1.0, 0.5, 1.0, 2.0, 3.0, 4.0]]
