@@ -10,7 +10,7 @@ What is measured
         runs (its defaults: rect batches, conf 0.001, iou 0.7, max_det 300; for YOLO26 its nms=None, which
         reads the one-to-many head through NMS), and with rect=False;
       * ppmulti: ``ppmulti yolo val model=best.pt data=... imgsz=... batch=...`` (rect and nms=None by default, as
-        ultralytics' val) and with rect=False (the square top-left letterbox ppmulti used before);
+        ultralytics' val) and with rect=False (a square top-left letterbox);
       * YOLO26 also end to end (``nms=False``: the one-to-one head, top-k without NMS) both sides.
     ppmulti's mAP is pycocotools' (COCOeval); ultralytics' is its own AP (101-point, trapezoid); ppmulti prints
     the same detections scored ultralytics'/YOLOv5's way in its table's "all" row, recorded here too.
