@@ -81,6 +81,8 @@ def _argv(flag: flags.Flag, spelling: str) -> tuple[list[str], object]:
         return [f"{spelling}=3"], 3
     if action.type is float:
         return [spelling, "0.5"], 0.5
+    if action.choices:
+        return [spelling, action.choices[0]], action.choices[0]
     return [spelling, "x.yml"], "x.yml"
 
 

@@ -81,7 +81,7 @@ GOLDEN = [
                "--optimizer", "MuSGD", "--project", "runs/detect", "--name", "train"], {}),
     ("val model=best.pdparams data=d.yaml batch=4 name=v project=out",
      "eval", ["--weights", "best.pdparams", "--conf-thres", "0.001", "--iou-thres", "0.7", "--max-det", "300",
-              "--rect", "auto", "--end2end", "false", "--data", "d.yaml", "--batch", "4", "--name", "v",
+              "--rect", "--end2end", "false", "--data", "d.yaml", "--batch", "4", "--name", "v",
               "--project", "out"], {}),
     ("predict model=best.onnx source=imgs conf=0.5 show_labels=False classes=[0,2] line_width=2",
      "detect", ["--weights", "best.onnx", "--iou-thres", "0.7", "--max-det", "300", "--source", "imgs",

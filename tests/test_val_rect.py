@@ -10,7 +10,6 @@ import types
 import numpy as np
 import pytest
 
-from ppmulti.common.errors import UserError
 from ppmulti.common.ultra_keys import resolve_line
 from ppmulti.rank.data.augment import VAL_RECT_PAD, rect_shapes, val_letterbox
 from ppmulti.rank.engine.evaluator import shard_indices
@@ -58,7 +57,7 @@ def _cfg(arch="UltraYOLO", dataset="YOLODataSet"):
 
 def test_apply_val_rect_swaps_the_letterbox_and_marks_the_dataset():
     cfg = _cfg()
-    assert apply_val_rect(cfg) is True
+    assert apply_val_rect(cfg) is None
     assert [next(iter(op)) for op in cfg["EvalReader"]["sample_transforms"]] == \
         ["Decode", "RectLetterbox", "NormalizeImage", "Permute"]
     assert cfg["EvalReader"]["sample_transforms"][1]["RectLetterbox"] == {"img_size": 256}
@@ -67,16 +66,15 @@ def test_apply_val_rect_swaps_the_letterbox_and_marks_the_dataset():
 
 
 @pytest.mark.parametrize("arch,dataset", [("YOLOv5", "YOLODataSet"), ("UltraYOLO", "COCODataSet")])
-def test_rect_is_refused_where_it_cannot_apply_and_skipped_by_auto(arch, dataset):
-    with pytest.raises(UserError, match="--rect"):
-        apply_val_rect(_cfg(arch, dataset))
+def test_rect_is_skipped_with_its_reason_where_it_cannot_apply(arch, dataset):
     cfg = _cfg(arch, dataset)
-    assert apply_val_rect(cfg, strict=False) is False
+    reason = apply_val_rect(cfg)
+    assert ("YOLOv8/11/26" if arch != "UltraYOLO" else "YOLO data yaml") in reason
     assert cfg == _cfg(arch, dataset)
 
 
 def test_yolo_val_letterboxes_rect_by_default_as_ultralytics_val():
-    assert resolve_line(["val", "model=best.pt", "data=d.yaml"]).argv[8:10] == ("--rect", "auto")
+    assert resolve_line(["val", "model=best.pt", "data=d.yaml"]).argv[8] == "--rect"
     assert "--rect" not in resolve_line(["val", "model=best.pt", "data=d.yaml", "rect=False"]).argv
     assert "--rect" not in resolve_line(["predict", "model=best.pt", "source=x"]).argv
 

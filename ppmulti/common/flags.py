@@ -197,9 +197,10 @@ FLAGS: tuple[Flag, ...] = (
     # --end2end: YOLO26's head, true the one-to-one branch without NMS (its config's default), false the
     # one-to-many branch through NMS (ultralytics' val default, nms=None); other models have one head.
     _f(("--end2end",), "end2end", argparse.SUPPRESS, ("eval",), choices=("true", "false")),
-    # --rect: ultralytics' val letterbox (YOLOv8/11/26 with --data): images in aspect-ratio order, each batch
-    # centred in its own shape with half a stride of margin; --rect auto: where model and data allow it.
-    _f(("--rect",), "rect", argparse.SUPPRESS, ("eval",), nargs="?", const="on", choices=("on", "auto")),
+    # --rect: rectangular batches, images in aspect-ratio order, each batch letterboxed to its own shape; train's
+    # help is its own (YOLOv5's); in eval ultralytics' val letterbox (YOLOv8/11/26 with --data, centred, half a
+    # stride of margin), a warning where model or data cannot have it
+    _f(("--rect",), "rect", argparse.SUPPRESS, ("train", "eval"), action="store_true"),
     # --- consoles and servers ---
     _f(("--verbose",), "verbose", "print more", ("eval", "demo", "launch"), action="store_true"),
     _f(("--host",), "host", "address to listen on", ("board", "evolve", "launch")),

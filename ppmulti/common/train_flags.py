@@ -120,9 +120,8 @@ TRAIN: tuple[Flag, ...] = (
         _t(("--image-weights",), "image_weights",
            "draw each epoch's images by class weights (rare classes and classes with a low mAP more "
            "often), the same draw on every rank, then sharded", action="store_true"),
-        _t(("--rect",), "rect",
-           "rectangular training: no mosaic, no shuffle, images in aspect-ratio order, each batch "
-           "letterboxed to its own stride-aligned shape (YOLOv5 data yamls, YOLOv5 reader)", action="store_true"),
+        _shared("rect", "rectangular training: no mosaic, no shuffle, images in aspect-ratio order, each batch "
+                        "letterboxed to its own stride-aligned shape (YOLOv5 data yamls, YOLOv5 reader)"),
         # --- --evolve (ppmulti/procs/runs/evolve_run.py) ---
         _t(("--evolve",), "evolve",
            "evolve hyperparameters for N generations (default 300) in PROJECT/NAME (runs/evolve/exp); "

@@ -179,7 +179,7 @@ KEYS: dict[str, Key] = {
     "deterministic": Key(True, {"train": lambda v, _: ["--deterministic" if v else "--no-deterministic"]}),
     "single_cls": Key(False, _all((*TRAIN, *VAL), _switch("--single-cls"))),
     # val: ultralytics' model.val() letterboxes rect batches (rect=True); ppmulti's tool where model and data allow
-    "rect": Key(False, {"train": _switch("--rect"), "val": lambda v, _: ["--rect", "auto"] if v else []}),
+    "rect": Key(False, {"train": _switch("--rect"), "val": lambda v, _: ["--rect"] if v else []}),
     "cos_lr": Key(False, _all(TRAIN, _switch("--cos-lr"))),
     "close_mosaic": Key(10, {"train": lambda v, _: ["-o", f"close_mosaic={int(v)}"]}),
     "resume": Key(False, {"train": _resume}),

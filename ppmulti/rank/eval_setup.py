@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import re
 import copy
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -263,8 +264,10 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
             cfg["worker_num"] = int(args.workers)
         if getattr(args, "end2end", None) and cfg.get("architecture") == "UltraYOLO":
             cfg["UltraYOLO"]["end2end"] = args.end2end == "true"   # other models have one head: nothing to pick
-        if getattr(args, "rect", None):
-            apply_val_rect(cfg, strict=args.rect != "auto")
+        if getattr(args, "rect", False):
+            problem = apply_val_rect(cfg)
+            if problem is not None:
+                print(f"WARNING: rect (--rect) not applied: {problem}", file=sys.stderr, flush=True)
         if args.use_gpu is not None:
             cfg["use_gpu"] = args.use_gpu
         from ppmulti.rank.data.agree import agree_weights_data
@@ -274,38 +277,34 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
     return edit
 
 
-def apply_val_rect(cfg, strict: bool = True) -> bool:
+def apply_val_rect(cfg) -> str | None:
     """--rect: ultralytics' val letterbox. The val images in aspect-ratio order, each EvalReader batch letterboxed
     centred into its own shape (long side at the eval size, plus half a stride of margin: 288 x 288 for 256 x 256
     images at 256) instead of the square top-left one; UltraYOLO takes the margin back off and clips the boxes.
-    Not ``strict`` (--rect auto, `ppmulti yolo val`'s default): the config stays as it is where the model or data
-    cannot have it. Returns whether it was applied."""
+    Where the model or data cannot have it (`ppmulti yolo val` asks for it by default, as ultralytics' val) the
+    config stays as it is and the reason is returned (None: applied)."""
     from ppmulti.rank.data.augment import VAL_RECT_PAD
 
     arch = cfg.get("architecture")
     dataset = cfg.get("EvalDataset")
     ops = list((cfg.get("EvalReader") or {}).get("sample_transforms") or [])
     names = [next(iter(op)) if isinstance(op, dict) else str(op) for op in ops]
-    if not strict and (arch != "UltraYOLO" or not isinstance(dataset, dict) or dataset.get("name") != "YOLODataSet"
-                       or "Resize" not in names or cfg.get("eval_height") != cfg.get("eval_width")):
-        return False
     if arch != "UltraYOLO":
-        raise UserError(f"--rect: ultralytics' val letterbox is for YOLOv8/11/26 weights; {arch} evaluates with "
-                        f"its config's letterbox: drop --rect")
+        return f"ultralytics' val letterbox is for YOLOv8/11/26 weights; {arch} evaluates with its config's letterbox"
     if not isinstance(dataset, dict) or dataset.get("name") != "YOLODataSet":
-        raise UserError("--rect works with a YOLO data yaml's val split: pass --data DATA.yaml (or drop --rect)")
+        return "it takes a YOLO data yaml's val split (--data DATA.yaml); this one evaluates square"
     size = int(cfg.get("eval_height") or 640)
     if int(cfg.get("eval_width") or size) != size:
-        raise UserError(f"--rect letterboxes to one size; the config's eval size is {cfg.get('eval_height')} x "
-                        f"{cfg.get('eval_width')}: pass --imgsz N")
+        return (f"it letterboxes to one size; the config's eval size is {cfg.get('eval_height')} x "
+                f"{cfg.get('eval_width')} (--imgsz N makes it one)")
     if "Resize" not in names:
-        raise UserError("--rect replaces the EvalReader's Resize and Pad; this config's EvalReader has no Resize")
+        return "it replaces the EvalReader's Resize and Pad; this config's EvalReader has no Resize"
     letterbox = {"RectLetterbox": {"img_size": size}}
     cfg["EvalReader"]["sample_transforms"] = [letterbox if n == "Resize" else op
                                               for n, op in zip(names, ops) if n != "Pad"]
     dataset.update({"rect": True, "rect_batch": int(cfg["EvalReader"]["batch_size"]), "rect_size": size,
                     "rect_pad": VAL_RECT_PAD})
-    return True
+    return None
 
 
 def resolve_onnx_model(args: argparse.Namespace) -> tuple[str, str]:
