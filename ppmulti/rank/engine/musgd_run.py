@@ -36,14 +36,14 @@ def model_groups(model: Any, weight_decay: float) -> tuple[list[ultra_recipe.Par
     lr and the rest) and the parameters by name. Frozen ones (BatchNorm's running statistics, --freeze) stay out,
     as ppdet's OptimizerBuilder leaves them out."""
     named: dict[str, Any] = {}
+    seen: set[int] = set()   # a parameter shared by two layers joins once, under its first name
     triples = []
     for layer_name, layer in model.named_sublayers(include_self=True):
         for pname, param in layer.named_parameters(include_sublayers=False):
-            if param.stop_gradient:
+            if param.stop_gradient or id(param) in seen:
                 continue
+            seen.add(id(param))
             full = f"{layer_name}.{pname}" if layer_name else pname
-            if any(param is p for p in named.values()):
-                continue
             named[full] = param
             triples.append((full, len(param.shape), _is_norm(layer)))
     boosted_ids = {id(p) for m in _boosted_layers(model) for p in m.parameters()}
