@@ -67,6 +67,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -119,6 +120,12 @@ def rotation(seeds: list[int], models: list[str], cases: list[str]) -> list[tupl
     return order
 
 
+def stale_runs(runs: dict[str, dict], settings: dict) -> list[str]:
+    """The records trained with other settings than ``settings`` (epochs, imgsz, batch, workers): a resumed
+    bench must not mix them."""
+    return [key for key, r in runs.items() if r.get("settings") != settings]
+
+
 def target_curve(run: dict) -> list[dict]:
     """A run's epochs with the last one's mAP50 replaced by the evaluator's score of its final weights."""
     epochs = [dict(e) for e in run["epochs"]]
@@ -151,6 +158,7 @@ def summarize(runs: dict[str, dict], model: str) -> dict:
             "final_mAP50_per_seed": [r["final"]["mAP50"] for r in done],
             "own_final_mAP50": _spread([tta.final_map(r["epochs"]) for r in done]),
             "wall_s": _spread([r["wall_s"] for r in done]),
+            "cpu_s": _spread([r["cpu_s"] for r in done]),
             "train_s": _spread([r["epochs"][-1]["time"] for r in done]),
             "s_per_epoch": round(statistics.fmean(r["epochs"][-1]["time"] / len(r["epochs"]) for r in done), 3),
             "mean_curve": curve}
@@ -196,17 +204,17 @@ def markdown(result: dict) -> str:
              f"Data: {c['data']}. Keys on both sides: `{c['keys']}`. Seeds {c['seeds']}.",
              "Final mAP50: each run's last weights scored by `ppmulti yolo val` (pycocotools, ultralytics' val "
              "settings); own: the run's own last validation (results.csv). Training s: results.csv `time` at the "
-             "last epoch; wall s: the whole training command.", ""]
+             "last epoch; wall s: the whole training command; CPU s: its processes' user + system seconds.", ""]
     for model, s in result["summary"].items():
         lines += [f"## {model}", "",
                   "| case | final mAP50 mean (min-max) | per seed | own final mAP50 | wall s | training s "
-                  "| s/epoch |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| s/epoch | CPU s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for case, r in s["cases"].items():
             f = r["final_mAP50"]
             lines.append(f"| {case} | {f['mean']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
                          + " / ".join(f"{v:.3f}" for v in r["final_mAP50_per_seed"])
                          + f" | {r['own_final_mAP50']['mean']:.3f} | {r['wall_s']['mean']:.0f} | "
-                           f"{r['train_s']['mean']:.0f} | {r['s_per_epoch']:.1f} |")
+                           f"{r['train_s']['mean']:.0f} | {r['s_per_epoch']:.1f} | {r['cpu_s']['mean']:.0f} |")
         lines.append("")
         for name, g in s["goals"].items():
             lines.append(f"- {name}: **{'PASS' if g['ok'] else 'FAIL'}** -- {g['text']}")
@@ -268,9 +276,9 @@ def run_case(a: argparse.Namespace, work: Path, data: Path, seed: int, model: st
         weights = run_dir / "weights" / "last.pdparams"
     load = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    t = time.perf_counter()
+    cpu, t = _children_cpu(), time.perf_counter()
     vs._run(cmd, logs / f"{slug}.log", env=env, cwd=work)
-    wall = round(time.perf_counter() - t, 2)
+    wall, cpu = round(time.perf_counter() - t, 2), round(_children_cpu() - cpu, 2)
     if not weights.is_file():
         raise SystemExit(f"{case} {name} seed {seed}: no {weights} after training; see {logs / f'{slug}.log'}")
     final = ultra_parity.pp_val(
@@ -278,9 +286,16 @@ def run_case(a: argparse.Namespace, work: Path, data: Path, seed: int, model: st
          f"imgsz={a.imgsz}", f"batch={a.batch}", f"project={work / 'val' / name}", f"name={slug}", "exist_ok=True"],
         logs / f"{slug}_val.log")
     return {"model": name, "case": case, "seed": seed, "started": started, "load_before": round(load, 2),
-            "wall_s": wall, "threads": threads, "run_dir": str(run_dir), "weights": str(weights),
+            "wall_s": wall, "cpu_s": cpu, "threads": threads, "run_dir": str(run_dir), "weights": str(weights),
             "command": " ".join(cmd), "final": final, "epochs": read_epochs(run_dir / "results.csv"),
-            **{k: getattr(a, k) for k in SETTINGS}}
+            "settings": {k: getattr(a, k) for k in SETTINGS}}
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children and theirs: a case's CPU time, which a
+    loaded machine changes less than its wall time."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 def _machine() -> dict:
@@ -319,10 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     versions = _versions(a.ultra_python)
     result = json.loads(out.read_text()) if out.is_file() and not a.fresh else {}
     runs: dict[str, dict] = result.get("runs", {})
-    stale = [k for k, r in runs.items() if any(r.get(s) != getattr(a, s) for s in SETTINGS)]
+    stale = stale_runs(runs, {s: getattr(a, s) for s in SETTINGS})
     if stale:
         raise SystemExit(f"{out} holds runs with other settings ({stale[0]}: "
-                         + ", ".join(f"{s} {runs[stale[0]].get(s)}" for s in SETTINGS)
+                         + ", ".join(f"{s} {runs[stale[0]].get('settings', {}).get(s)}" for s in SETTINGS)
                          + "); give --fresh to start over, or another --out")
     work = Path(a.work).resolve()
     data_dir = work / "demo"

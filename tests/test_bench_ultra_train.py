@@ -32,7 +32,7 @@ def run(model, case, seed, times, maps, final, wall=100.0):
     for i, (t, m) in enumerate(zip(times, maps)):
         epochs.append({"epoch": i + 1, "time": t, "seconds": round(t - before, 3), "mAP50": m})
         before = t
-    return {"model": model, "case": case, "seed": seed, "wall_s": wall, "epochs": epochs,
+    return {"model": model, "case": case, "seed": seed, "wall_s": wall, "cpu_s": 2 * wall, "epochs": epochs,
             "final": {"mAP50": final, "mAP50_95": final / 2}}
 
 
@@ -126,9 +126,16 @@ def test_markdown_has_a_table_per_model_and_pass_fail(ut):
               "summary": {m: ut.summarize(runs, m) for m in ("m", "other")}}
     md = ut.markdown(result)
     assert "## m" in md and "## other" in md
-    assert "| ultralytics | 0.600 (0.580-0.620) | 0.580 / 0.620 | 0.575 | 42 | 30 | 10.0 |" in md
+    assert "| ultralytics | 0.600 (0.580-0.620) | 0.580 / 0.620 | 0.575 | 42 | 30 | 10.0 | 84 |" in md
     assert "- accuracy: **PASS**" in md and "- speed: **FAIL**" in md and "- scaling: **PASS**" in md
     assert "ultralytics 8.4.190" in md and "commit abc123" in md
+
+
+def test_a_resumed_bench_keeps_only_runs_of_its_settings(ut):
+    settings = {"epochs": 20, "imgsz": 160, "batch": 16, "workers": 2}
+    runs = {"a": {"settings": dict(settings)}, "b": {"settings": {**settings, "epochs": 2}}, "c": {}}
+    assert ut.stale_runs(runs, settings) == ["b", "c"]
+    assert ut.stale_runs({}, settings) == []
 
 
 def test_cases_flag(ut):
