@@ -43,10 +43,17 @@ Goals checked per model (PASS/FAIL in the markdown, with the numbers)
     3. scaling: ppmulti/2 reaches ultralytics' mean final mAP50 in <= 0.75 of ultralytics' mean training time.
 
 Defaults and cost
-    imgsz 160, batch 16, 20 epochs, workers 2. On this 2-core VM, measured on 2026-12-02 while it was loaded by
-    other jobs (so high), one epoch of yolov8n took ULTRA_EPOCH_S s in ultralytics and PP1_EPOCH_S s in ppmulti/1
-    (validation included). Estimate for the whole default run (3 models x 3 seeds x 3 cases = 27 trainings, 27
-    evaluations): ESTIMATE on an idle machine.
+    imgsz 160, batch 16, 20 epochs, workers 2: 27 trainings (3 models x 3 seeds x 3 cases) and 27 evaluations.
+    Measured here on 2026-12-02, yolov8n at imgsz 160 for 2 epochs, while other jobs kept the load average at 8-13
+    on the 2 cores (so the wall times are several times an idle machine's): seconds per epoch (results.csv, its
+    validation included) ultralytics 33.4, ppmulti/1 37.7, ppmulti/2 26.2; CPU seconds of the whole command
+    (start-up, 2 epochs, final validation) 41, 34 and 48; each evaluation 30-38 s wall. From the CPU seconds (about
+    15 per epoch at this size, the 2 cores about 1.7x one) and the models' size (YOLO11n and YOLO26n 0.6-0.75 of
+    YOLOv8n's GFLOPs): about 10 s an epoch on an idle machine, 3-3.5 min a yolov8n training, 60-75 minutes for
+    the whole default run. ``--epochs 15`` takes a quarter off; ``--models``/``--seeds`` split it over sessions
+    (the json resumes).
+    Not alike, and not hidden: ultralytics' command validates best.pt once more after its last epoch (a few
+    seconds, in its wall time); ppmulti's does not.
 
 Resumable
     WORK keeps every run's directory (WORK/runs/<model>/<case>_seed<K>) and logs. The json (--out) is written
@@ -373,8 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in runs:
             print(f"{key}: done before, kept", flush=True)
             continue
-        runs[key] = run_case(a, work, data, seed, model, case)
-        r = runs[key]
+        r = runs[key] = {**run_case(a, work, data, seed, model, case), "commit": result["commit"]}
         print(f"{key}: final mAP50 {r['final']['mAP50']:.3f}, wall {r['wall_s']:.0f} s, training "
               f"{r['epochs'][-1]['time']:.0f} s", flush=True)
         write()
