@@ -198,6 +198,14 @@ def goals(cases: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def curve_text(curve: list[dict], points: int = 5) -> str:
+    """A mean curve at about ``points`` epochs spread evenly, the last included: ``0.12 @4, ... (s @epoch)``."""
+    step = max(1, math.ceil(len(curve) / points))
+    picked = curve[len(curve) - 1::-step][::-1]
+    return ", ".join(("-" if e["mAP50"] is None else f"{e['mAP50']:.2f}") + f" @{e['epoch']} ({e['time']:.0f} s)"
+                     for e in picked)
+
+
 def markdown(result: dict) -> str:
     """The results as a page: conditions, one table per model, the goal checks."""
     c, m = result["conditions"], result["machine"]
@@ -211,7 +219,9 @@ def markdown(result: dict) -> str:
              f"Data: {c['data']}. Keys on both sides: `{c['keys']}`. Seeds {c['seeds']}.",
              "Final mAP50: each run's last weights scored by `ppmulti yolo val` (pycocotools, ultralytics' val "
              "settings); own: the run's own last validation (results.csv). Training s: results.csv `time` at the "
-             "last epoch; wall s: the whole training command; CPU s: its processes' user + system seconds.", ""]
+             "last epoch; wall s: the whole training command; CPU s: its processes' user + system seconds. Curves: the "
+             "runs' own validation averaged over the seeds, the last epoch the evaluator's, with the mean "
+             "cumulative seconds.", ""]
     for model, s in result["summary"].items():
         lines += [f"## {model}", "",
                   "| case | final mAP50 mean (min-max) | per seed | own final mAP50 | wall s | training s "
@@ -223,6 +233,8 @@ def markdown(result: dict) -> str:
                          + f" | {r['own_final_mAP50']['mean']:.3f} | {r['wall_s']['mean']:.0f} | "
                            f"{r['train_s']['mean']:.0f} | {r['s_per_epoch']:.1f} | {r['cpu_s']['mean']:.0f} |")
         lines.append("")
+        for case, r in s["cases"].items():
+            lines.append(f"- {case}, mean mAP50 by epoch: {curve_text(r['mean_curve'])}")
         for name, g in s["goals"].items():
             lines.append(f"- {name}: **{'PASS' if g['ok'] else 'FAIL'}** -- {g['text']}")
         lines.append("")

@@ -128,6 +128,7 @@ def test_markdown_has_a_table_per_model_and_pass_fail(ut):
     assert "## m" in md and "## other" in md
     assert "| ultralytics | 0.600 (0.580-0.620) | 0.580 / 0.620 | 0.575 | 42 | 30 | 10.0 | 84 |" in md
     assert "- accuracy: **PASS**" in md and "- speed: **FAIL**" in md and "- scaling: **PASS**" in md
+    assert "- ppmulti/2, mean mAP50 by epoch: 0.30 @1 (6 s), - @2 (13 s), 0.60 @3 (19 s)" in md
     assert "ultralytics 8.4.190" in md and "commit abc123" in md
 
 
@@ -136,6 +137,13 @@ def test_a_resumed_bench_keeps_only_runs_of_its_settings(ut):
     runs = {"a": {"settings": dict(settings)}, "b": {"settings": {**settings, "epochs": 2}}, "c": {}}
     assert ut.stale_runs(runs, settings) == ["b", "c"]
     assert ut.stale_runs({}, settings) == []
+
+
+def test_curve_text_picks_epochs_evenly_down_from_the_last(ut):
+    curve = [{"epoch": i, "time": 10.0 * i, "mAP50": i / 100} for i in range(1, 21)]
+    assert ut.curve_text(curve) == ("0.04 @4 (40 s), 0.08 @8 (80 s), 0.12 @12 (120 s), 0.16 @16 (160 s), "
+                                    "0.20 @20 (200 s)")
+    assert ut.curve_text(curve[:2]) == "0.01 @1 (10 s), 0.02 @2 (20 s)"
 
 
 def test_cases_flag(ut):
