@@ -84,7 +84,8 @@ GOLDEN = [
               "--rect", "--end2end", "false", "--data", "d.yaml", "--batch", "4", "--name", "v",
               "--project", "out"], {}),
     ("predict model=best.onnx source=imgs conf=0.5 show_labels=False classes=[0,2] line_width=2",
-     "detect", ["--weights", "best.onnx", "--iou-thres", "0.7", "--max-det", "300", "--source", "imgs",
+     "detect", ["--weights", "best.onnx", "--iou-thres", "0.7", "--max-det", "300", "--end2end", "false",
+                "--source", "imgs",
                 "--conf-thres", "0.5", "--hide-labels", "--classes", "0", "2", "--line-thickness", "2",
                 "--project", "runs/detect", "--name", "predict"], {}),
     ("export model=best.pdparams format=onnx half=True dynamic=True opset=13",
@@ -193,3 +194,28 @@ def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     proc = _ppmulti_yolo("predict", "model=runs/detect/train/weights/best.onnx", "source=data/images/val",
                          "conf=0.01", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_predict_reads_yolo26_as_ultralytics_predictor():
+    """ultralytics 8.4.190's predictor builds AutoBackend(end2end=self.args.nms is False), which sets the head before
+    fusing: nms=None (default) and True read YOLO26's one-to-many head through NMS, nms=False its one-to-one head.
+    Measured: YOLO("yolo26n.yaml").predict(img, nms=X) -> predictor.model.end2end False, False, True for X = None,
+    True, False (ultralytics 8.4.190, torch CPU). Python's YOLO().predict(nms=...) builds the same line."""
+    def e2e(*keys):
+        argv = resolve_line(["predict", "model=best.pdparams", "source=x", *keys]).argv
+        return argv[argv.index("--end2end") + 1]
+
+    assert (e2e(), e2e("nms=True"), e2e("nms=False")) == ("false", "false", "true")
+    from ppmulti.procs.yolo_api import YOLO
+
+    assert YOLO("best.pdparams")._command("predict", {"source": "x", "nms": False}).argv == \
+        resolve_line(["predict", "model=best.pdparams", "source=x", "nms=False"]).argv
+
+
+def test_nms_in_train_mode_is_the_evaluations_as_ultralytics_trainer_reads_it():
+    from ppmulti.common.ultra_keys import training_val
+
+    assert "--end2end" not in _line("train model=yolo26n.yaml nms=False").argv   # the plan reads it (test_resolve)
+    assert _line("train model=yolo26n.yaml nms=False").keys["nms"] is False
+    assert [training_val(k) for k in ({}, {"nms": None}, {"nms": True}, {"nms": False}, {"rect": False})] == \
+        [(True, False), (True, False), (True, False), (True, True), (True, False)]
