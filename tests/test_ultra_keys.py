@@ -165,7 +165,9 @@ def test_a_refusal_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.slow
 def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     """ultralytics' four commands, typed as its users type them, on a YOLO data set, with YOLO26 (end-to-end, no
-    NMS): runs/detect/train, val, predict (from the weights and from the ONNX file) as ultralytics lays them out."""
+    NMS): runs/detect/train, val, predict (from the weights and from the ONNX file) as ultralytics lays them out.
+    The epoch's evaluation is ultralytics' trainer's (rect val batches, YOLO26's one-to-many head through NMS):
+    the same mAP as `ppmulti yolo val` (rect, nms=None) gives on the saved best weights (that epoch's EMA)."""
     from ppmulti.common.synthdata import generate
 
     generate(tmp_path / "data", fmt="yolo", n_train=16, n_val=8, size=96, seed=0)
@@ -184,6 +186,11 @@ def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     proc = _ppmulti_yolo("val", f"model={best}", "data=data/data.yaml", "imgsz=64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "runs" / "detect" / "val").is_dir()
+    plan = json.loads((run / "run_plan.json").read_text())
+    assert (plan["val_rect"], plan["val_end2end"]) == (True, False)   # ultralytics' trainer's evaluation, planned
+    trained, val = json.loads((run / "metrics.json").read_text()), json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (val["mAP50"], val["mAP50_95"]) == pytest.approx((trained["mAP50"], trained["mAP50_95"]), abs=1e-9)
+    assert "--rect --end2end false" in proc.stderr and "rect (--rect) not applied" not in proc.stderr
     proc = _ppmulti_yolo("predict", f"model={best}", "source=data/images/val", "imgsz=64", "save_txt=True",
                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
