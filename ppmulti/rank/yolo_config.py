@@ -430,7 +430,8 @@ def set_rect_batch(cfg, global_batch: int) -> None:
 
 
 def apply_val_rect(cfg) -> str | None:
-    """--rect: ultralytics' val letterbox. The val images in aspect-ratio order, each EvalReader batch letterboxed
+    """Evaluation's --rect (and a `ppmulti yolo` run's evaluation while training, engine.hooks.evaluation):
+    ultralytics' val letterbox. The val images in aspect-ratio order, each EvalReader batch letterboxed
     centred into its own shape (long side at the eval size, plus half a stride of margin: 288 x 288 for 256 x 256
     images at 256) instead of the square top-left one; UltraYOLO takes the margin back off and clips the boxes.
     Where the model or data cannot have it (`ppmulti yolo val` asks for it by default, as ultralytics' val) the

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 from ppmulti.rank.engine.hooks.base import Hook
+
+log = logging.getLogger("ppmulti")
 
 
 class EvaluationHook(Hook):
@@ -76,14 +79,11 @@ def val_rect(cfg) -> bool:
     EvalReader and EvalDataset once the run's config.yml is written (that file keeps the config's own letterbox,
     which `ppmulti yolo val` swaps as it does here); YOLOv8/11/26 only, other models and data as they are, said
     once. Returns whether it applied."""
-    import logging
-
     from ppmulti.rank.yolo_config import apply_val_rect
 
     problem = apply_val_rect(cfg)
     if problem is not None:
-        logging.getLogger("ppmulti").warning("validation letterbox: square, not ultralytics' rect batches: %s",
-                                             problem)
+        log.warning("validation letterbox: square, not ultralytics' rect batches: %s", problem)
     return problem is None
 
 
