@@ -300,3 +300,20 @@ def test_two_ranks_train_the_launchers_plan(small_demo, tmp_path):
                                           if p.is_file()]
     warnings = sum(text.count("WARNING: --imgsz 100") for text in texts)
     assert warnings == 1, warnings   # the launcher's; a rank that parsed argv again would say it too
+
+
+@pytest.mark.parametrize("keys,want", [((), (True, False)), (("nms=True",), (True, False)),
+                                       (("nms=False",), (True, True)), (("rect=True",), (True, False))])
+def test_an_ultralytics_line_evaluates_each_epoch_as_its_trainer_does(neutral_env, keys, want):
+    """ultralytics 8.4.190's trainer validates rect batches (DetectionTrainer.build_dataset: rect=mode == "val",
+    whatever rect= says) with the head end2end = nms is False (BaseValidator.__call__); the run's plan says so.
+    A YOLOv5 or PaddleDetection line keeps its config's square letterbox and head."""
+    from ppmulti.procs.yolo_command import args_environ
+
+    command = resolve_line(["train", "model=yolo26n.yaml", "data=d.yaml", "epochs=1", *keys])
+    plan = plan_of(train_flags.parse(list(command.argv)), Facts(model_config=_model("yolo26", "n", 500)),
+                   args_environ(command))
+    assert (plan.val_rect, plan.val_end2end) == want
+    assert plan.edit.rect is ("rect=True" in keys)   # rect= itself: rect TRAINING batches, as before
+    plan = _core(["--data", "d.yaml", "--cfg", "yolov5n", "--weights", ""], CASE_FACTS["yolov5_img_0_rounds_to_64"])
+    assert (plan.val_rect, plan.val_end2end) == (False, None)

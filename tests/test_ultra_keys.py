@@ -84,7 +84,8 @@ GOLDEN = [
               "--rect", "--end2end", "false", "--data", "d.yaml", "--batch", "4", "--name", "v",
               "--project", "out"], {}),
     ("predict model=best.onnx source=imgs conf=0.5 show_labels=False classes=[0,2] line_width=2",
-     "detect", ["--weights", "best.onnx", "--iou-thres", "0.7", "--max-det", "300", "--source", "imgs",
+     "detect", ["--weights", "best.onnx", "--iou-thres", "0.7", "--max-det", "300", "--end2end", "false",
+                "--source", "imgs",
                 "--conf-thres", "0.5", "--hide-labels", "--classes", "0", "2", "--line-thickness", "2",
                 "--project", "runs/detect", "--name", "predict"], {}),
     ("export model=best.pdparams format=onnx half=True dynamic=True opset=13",
@@ -164,7 +165,9 @@ def test_a_refusal_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.slow
 def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     """ultralytics' four commands, typed as its users type them, on a YOLO data set, with YOLO26 (end-to-end, no
-    NMS): runs/detect/train, val, predict (from the weights and from the ONNX file) as ultralytics lays them out."""
+    NMS): runs/detect/train, val, predict (from the weights and from the ONNX file) as ultralytics lays them out.
+    The epoch's evaluation is ultralytics' trainer's (rect val batches, YOLO26's one-to-many head through NMS):
+    the same mAP as `ppmulti yolo val` (rect, nms=None) gives on the saved best weights (that epoch's EMA)."""
     from ppmulti.common.synthdata import generate
 
     generate(tmp_path / "data", fmt="yolo", n_train=16, n_val=8, size=96, seed=0)
@@ -183,6 +186,13 @@ def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     proc = _ppmulti_yolo("val", f"model={best}", "data=data/data.yaml", "imgsz=64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "runs" / "detect" / "val").is_dir()
+    plan = json.loads((run / "run_plan.json").read_text())
+    assert (plan["val_rect"], plan["val_end2end"]) == (True, False)   # ultralytics' trainer's evaluation, planned
+    trained, val = json.loads((run / "metrics.json").read_text()), json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (val["mAP50"], val["mAP50_95"]) == pytest.approx((trained["mAP50"], trained["mAP50_95"]), abs=1e-9)
+    # never 0 after one epoch as the mAP may be: the val losses see the letterbox (its input size and margins)
+    assert val["val_losses"] == pytest.approx(trained["val_losses"], rel=1e-5)
+    assert "--rect --end2end false" in proc.stderr and "rect (--rect) not applied" not in proc.stderr
     proc = _ppmulti_yolo("predict", f"model={best}", "source=data/images/val", "imgsz=64", "save_txt=True",
                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -193,3 +203,28 @@ def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     proc = _ppmulti_yolo("predict", "model=runs/detect/train/weights/best.onnx", "source=data/images/val",
                          "conf=0.01", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_predict_reads_yolo26_as_ultralytics_predictor():
+    """ultralytics 8.4.190's predictor builds AutoBackend(end2end=self.args.nms is False), which sets the head before
+    fusing: nms=None (default) and True read YOLO26's one-to-many head through NMS, nms=False its one-to-one head.
+    Measured: YOLO("yolo26n.yaml").predict(img, nms=X) -> predictor.model.end2end False, False, True for X = None,
+    True, False (ultralytics 8.4.190, torch CPU). Python's YOLO().predict(nms=...) builds the same line."""
+    def e2e(*keys):
+        argv = resolve_line(["predict", "model=best.pdparams", "source=x", *keys]).argv
+        return argv[argv.index("--end2end") + 1]
+
+    assert (e2e(), e2e("nms=True"), e2e("nms=False")) == ("false", "false", "true")
+    from ppmulti.procs.yolo_api import YOLO
+
+    assert YOLO("best.pdparams")._command("predict", {"source": "x", "nms": False}).argv == \
+        resolve_line(["predict", "model=best.pdparams", "source=x", "nms=False"]).argv
+
+
+def test_nms_in_train_mode_is_the_evaluations_as_ultralytics_trainer_reads_it():
+    from ppmulti.common.ultra_keys import training_val
+
+    assert "--end2end" not in _line("train model=yolo26n.yaml nms=False").argv   # the plan reads it (test_resolve)
+    assert _line("train model=yolo26n.yaml nms=False").keys["nms"] is False
+    assert [training_val(k) for k in ({}, {"nms": None}, {"nms": True}, {"nms": False}, {"rect": False})] == \
+        [(True, False), (True, False), (True, False), (True, True), (True, False)]

@@ -13,7 +13,7 @@ import pytest
 from ppmulti.common.ultra_keys import resolve_line
 from ppmulti.rank.data.augment import VAL_RECT_PAD, rect_shapes, val_letterbox
 from ppmulti.rank.engine.evaluator import shard_indices
-from ppmulti.rank.eval_setup import apply_val_rect
+from ppmulti.rank.yolo_config import apply_val_rect
 
 
 def test_square_images_get_half_a_stride_of_margin_on_every_side():
@@ -103,3 +103,75 @@ def test_boxes_lose_the_margin_then_the_gain_and_are_clipped_after_nms():
     rows = paddle.to_tensor([[0.0, 0.75, -8.0, -8.0, 142.0, 142.0], [1.0, 0.5, 1.0, 2.0, 3.0, 4.0]])
     clipped = UltraYOLO._clip_rows(me, rows, paddle.to_tensor([2], dtype="int32"), orig).numpy()
     assert clipped.tolist() == [[0.0, 0.75, 0.0, 0.0, 120.0, 100.0], [1.0, 0.5, 1.0, 2.0, 3.0, 4.0]]
+
+
+def _yolo26(end2end=None):
+    from ppdet.core.workspace import create
+
+    from ppmulti.common.paths import CONFIGS
+    from ppmulti.rank import config as config_mod
+
+    cfg = config_mod.load(CONFIGS / "yolo26/yolo26_n_500e_coco.yml",
+                          {"num_classes": 3, "UltraYOLO": {"verbose": False}})
+    if end2end is not None:
+        cfg["UltraYOLO"]["end2end"] = end2end
+    return cfg, create(cfg.architecture)
+
+
+def test_training_evaluation_picks_yolo26s_head_and_puts_it_back():
+    """The plan's val_end2end (ultralytics' trainer: end2end = nms is False) for the evaluation only: the head the
+    run saves and predicts with stays its config's."""
+    from ppmulti.rank.engine.hooks.evaluation import pick_head
+
+    _, model = _yolo26()
+    assert model.head.end2end is True
+    assert pick_head(model, False) is True and model.head.end2end is False
+    model.head.end2end = True
+    assert pick_head(model, None) is None and model.head.end2end is True       # YOLOv5 / PaddleDetection lines
+    assert pick_head(types.SimpleNamespace(), False) is None                   # no such head: nothing changed
+
+
+def test_training_evaluation_takes_rect_where_val_would():
+    from ppmulti.rank.engine.hooks.evaluation import val_rect
+
+    cfg = _cfg()
+    assert val_rect(cfg) is True and "RectLetterbox" in cfg["EvalReader"]["sample_transforms"][1]
+    cfg = _cfg("YOLOv5")
+    assert val_rect(cfg) is False and cfg == _cfg("YOLOv5")
+
+
+@pytest.mark.parametrize("end2end,through_nms", [(False, True), (True, False), (None, False)])
+def test_yolo26_predict_goes_through_nms_unless_end2end(tmp_path, end2end, through_nms):
+    """tools/detect.py --end2end (`ppmulti yolo predict` nms=None/True -> false, nms=False -> true): false builds the
+    one-to-many head with NMS left out of the graph, so detect's NMS runs on raw boxes and scores; true (and the
+    config's own, without the flag) takes the one-to-one head's top-k rows as they come."""
+    import paddle
+
+    from ppmulti.common.paths import CONFIGS
+    from ppmulti.rank.engine.detect import PaddleBackend
+    from ppmulti.rank.eval_setup import detect_edit
+
+    _, model = _yolo26()
+    weights = tmp_path / "w.pdparams"
+    paddle.save(model.state_dict(), str(weights))
+    backend = PaddleBackend(str(CONFIGS / "yolo26/yolo26_n_500e_coco.yml"), ["num_classes=3"], str(weights),
+                            detect_edit(64, False, end2end=end2end))
+    assert backend.end2end is not through_nms
+    pred = backend.predict(np.random.RandomState(0).randint(0, 255, (64, 80, 3), dtype=np.uint8))
+    assert (pred.dets is None) is through_nms and (pred.scores is not None) is through_nms
+    if through_nms:
+        assert pred.scores.shape[0] == 3 and pred.boxes.shape[1] == 4   # every candidate, for the NMS after it
+
+
+def test_val_losses_take_the_rect_margin_too():
+    """The labels reach the centred letterbox's input by the gain, then its (top, left) margin."""
+    import paddle
+
+    from ppmulti.rank.engine.val_loss import ValLoss
+
+    val = ValLoss(None, lambda i: np.array([[1, 10.0, 20.0, 30.0, 40.0]]))
+    data = {"im_id": paddle.to_tensor([[7]]), "scale_factor": paddle.to_tensor([[2.0, 2.0]]),
+            "pad_offset": paddle.to_tensor([[16.0, 8.0]])}
+    assert val.targets(data)["gt_bbox"].numpy().tolist() == [[[28.0, 56.0, 68.0, 96.0]]]
+    del data["pad_offset"]
+    assert val.targets(data)["gt_bbox"].numpy().tolist() == [[[20.0, 40.0, 60.0, 80.0]]]

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(p, "iou_thres", default=0.45, help="NMS IoU threshold (default 0.45)")
     add(p, "max_det", default=1000, help="maximum detections per image (default 1000)")
     add(p, "device", help="cpu or one GPU id")
+    add(p, "end2end")
     add(p, "save_txt")
     add(p, "save_conf")
     p.add_argument("--save-crop", "--save_crop", dest="save_crop", action="store_true",
@@ -147,7 +148,8 @@ def _detect(args, frames) -> int:
     else:
         model = resolve_model(args)
         note = model.note
-        edit = detect_edit(args.imgsz, args.use_gpu, model)
+        end2end = None if args.end2end is None else args.end2end == "true"
+        edit = detect_edit(args.imgsz, args.use_gpu, model, end2end=end2end)
         backend = PaddleBackend(model.config, overrides(args), model.weights, edit)
     if note:
         print(note, file=sys.stderr)

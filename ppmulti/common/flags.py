@@ -193,10 +193,11 @@ FLAGS: tuple[Flag, ...] = (
     _f(("--conf-thres",), "conf_thres", "confidence threshold", ("eval", "detect"), type=float),
     _f(("--iou-thres",), "iou_thres", "NMS IoU threshold", ("eval", "detect"), type=float),
     _f(("--max-det",), "max_det", "maximum detections per image", ("eval", "detect"), type=int),
-    # `ppmulti yolo val`'s translation of ultralytics' val (out of --help: the docs site is at its word budget).
-    # --end2end: YOLO26's head, true the one-to-one branch without NMS (its config's default), false the
-    # one-to-many branch through NMS (ultralytics' val default, nms=None); other models have one head.
-    _f(("--end2end",), "end2end", argparse.SUPPRESS, ("eval",), choices=("true", "false")),
+    # `ppmulti yolo val` and `predict`'s translation of ultralytics' nms= (out of --help: the docs site is at its word
+    # budget). --end2end: YOLO26's head, true the one-to-one branch without NMS (its config's default), false the
+    # one-to-many branch through NMS (ultralytics' val and predict default, nms=None); other models have one head,
+    # an ONNX file the head it was exported with.
+    _f(("--end2end",), "end2end", argparse.SUPPRESS, ("eval", "detect"), choices=("true", "false")),
     # --rect: rectangular batches, images in aspect-ratio order, each batch letterboxed to its own shape; train's
     # help is its own (YOLOv5's); in eval ultralytics' val letterbox (YOLOv8/11/26 with --data, centred, half a
     # stride of margin), a warning where model or data cannot have it

@@ -144,6 +144,18 @@ def _device(v: Value, keys: dict) -> list:
     return ["--device", _text(v).replace(" ", "").strip("[]")]
 
 
+def _end2end(v: Value, keys: dict) -> list:
+    return ["--end2end", "true" if v is False else "false"]
+
+
+def training_val(keys: Mapping[str, Value]) -> tuple[bool, bool]:
+    """How ultralytics 8.4's trainer evaluates after each epoch, from a train line's ``keys``: (rect, end2end).
+    Its val loader is always built with rect batches (DetectionTrainer.build_dataset: ``rect=mode == "val"``, half
+    a stride of pad), whatever ``rect`` says (that key asks for rect TRAINING batches); its validator sets the head
+    by ``end2end = nms is False`` (YOLO26: one-to-many through NMS unless nms=False)."""
+    return True, keys.get("nms") is False
+
+
 def _split(v: Value, keys: dict) -> list:
     if v == "val":
         return []
@@ -205,9 +217,11 @@ KEYS: dict[str, Key] = {
     "half": Key(False, _all(EXPORT, _switch("--half"))),
     "dnn": Key(False, refuse="OpenCV DNN inference: " + _FIXED),
     "plots": Key(True, _all((*TRAIN, *VAL), _switch("--noplots", False))),
-    # val: ultralytics' nms=None (and True) reads YOLO26's one-to-many head through NMS, nms=False its one-to-one
-    "nms": Key(None, {"export": lambda v, _: ["--nms"] if v else ["--no-nms"],
-                      "val": lambda v, _: ["--end2end", "true" if v is False else "false"]}),
+    # val and predict: ultralytics 8.4 sets the head by `end2end = nms is False` (its validator, and its predictor's
+    # AutoBackend), so nms=None (the default) and True read YOLO26's one-to-many head through NMS, nms=False its
+    # one-to-one head; train: the evaluation after each epoch does the same (training_val, read into the run's plan)
+    "nms": Key(None, {"export": lambda v, _: ["--nms"] if v else ["--no-nms"], "val": _end2end, "predict": _end2end,
+                      "train": lambda v, _: []}),
     # --- predict ---
     "source": Key(None, _all(PREDICT, _flag("--source"))),
     "vid_stride": Key(1, _all(PREDICT, _flag("--vid-stride"))),
@@ -266,7 +280,7 @@ KEYS: dict[str, Key] = {
 # mode defaults ultralytics applies where default.yaml leaves None (conf) or that differ per mode
 MODE_DEFAULTS = {"train": {"batch": 16, "imgsz": 640},
                  "val": {"conf": 0.001, "iou": 0.7, "max_det": 300, "rect": True, "nms": None},
-                 "predict": {"conf": 0.25, "iou": 0.7, "max_det": 300}}
+                 "predict": {"conf": 0.25, "iou": 0.7, "max_det": 300, "nms": None}}
 HELP = "ppmulti yolo [TASK] MODE key=value ... (TASK: detect; MODE: train, val, predict, export)"
 
 

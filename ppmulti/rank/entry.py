@@ -14,6 +14,7 @@ from ppmulti.common import gpu_switches, ppdet_flags, trackers, train_flags
 from ppmulti.common.callbacks import resolve as resolve_callback
 from ppmulti.common.callbacks import spec_from_text
 from ppmulti.common.errors import UserError
+from ppmulti.common.ultra_keys import training_val
 from ppmulti.rank.engine.lr import NOMINAL_BATCH
 from ppmulti.rank.engine.resume_plan import Located, locate
 from ppmulti.rank.plan import RunPlan
@@ -141,6 +142,9 @@ def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) 
         raise UserError("--patience needs validation every epoch: drop --noval (or add --eval)")
     if getattr(args, "accumulate", None) is not None and args.accumulate < 1:
         raise UserError(f"--accumulate {args.accumulate}: give 1 (no accumulation) or more batches per optimizer step")
+    ultra_args = _ultra_args(environ)
+    # a run from ultralytics' line evaluates as its trainer does; YOLOv5 and PaddleDetection lines as their configs
+    val_rect, val_end2end = training_val(ultra_args) if ultra_args is not None else (False, None)
     return RunPlan(config=config, overrides=tuple(overrides), validate=validate, resume=resume,
                    batch=args.batch, epochs=args.epochs, output=output, exist_ok=args.exist_ok,
                    sync_bn=args.sync_bn, seed=args.seed, workers=args.workers, weights=weights,
@@ -158,7 +162,7 @@ def plan_of(args: argparse.Namespace, facts: Facts, environ: Mapping[str, str]) 
                                                  environ),
                    record=run_record(args) if train_flags.yolo_style(args) else None, loggers=loggers,
                    callbacks=tuple(spec_from_text(c) for c in getattr(args, "callback", None) or ()),
-                   ultra_args=_ultra_args(environ))
+                   ultra_args=ultra_args, val_rect=val_rect, val_end2end=val_end2end)
 
 
 def epochs_wanted(epochs: int | None, overrides: list[str]) -> int | None:

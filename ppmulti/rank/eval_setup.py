@@ -265,6 +265,8 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
         if getattr(args, "end2end", None) and cfg.get("architecture") == "UltraYOLO":
             cfg["UltraYOLO"]["end2end"] = args.end2end == "true"   # other models have one head: nothing to pick
         if getattr(args, "rect", False):
+            from ppmulti.rank.yolo_config import apply_val_rect
+
             problem = apply_val_rect(cfg)
             if problem is not None:
                 print(f"WARNING: rect (--rect) not applied: {problem}", file=sys.stderr, flush=True)
@@ -275,36 +277,6 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
         agree_weights_data(cfg, model.config)   # the data's categories against num_classes, before any image
 
     return edit
-
-
-def apply_val_rect(cfg) -> str | None:
-    """--rect: ultralytics' val letterbox. The val images in aspect-ratio order, each EvalReader batch letterboxed
-    centred into its own shape (long side at the eval size, plus half a stride of margin: 288 x 288 for 256 x 256
-    images at 256) instead of the square top-left one; UltraYOLO takes the margin back off and clips the boxes.
-    Where the model or data cannot have it (`ppmulti yolo val` asks for it by default, as ultralytics' val) the
-    config stays as it is and the reason is returned (None: applied)."""
-    from ppmulti.rank.data.augment import VAL_RECT_PAD
-
-    arch = cfg.get("architecture")
-    dataset = cfg.get("EvalDataset")
-    ops = list((cfg.get("EvalReader") or {}).get("sample_transforms") or [])
-    names = [next(iter(op)) if isinstance(op, dict) else str(op) for op in ops]
-    if arch != "UltraYOLO":
-        return f"ultralytics' val letterbox is for YOLOv8/11/26 weights; {arch} evaluates with its config's letterbox"
-    if not isinstance(dataset, dict) or dataset.get("name") != "YOLODataSet":
-        return "it takes a YOLO data yaml's val split (--data DATA.yaml); this one evaluates square"
-    size = int(cfg.get("eval_height") or 640)
-    if int(cfg.get("eval_width") or size) != size:
-        return (f"it letterboxes to one size; the config's eval size is {cfg.get('eval_height')} x "
-                f"{cfg.get('eval_width')} (--imgsz N makes it one)")
-    if "Resize" not in names:
-        return "it replaces the EvalReader's Resize and Pad; this config's EvalReader has no Resize"
-    letterbox = {"RectLetterbox": {"img_size": size}}
-    cfg["EvalReader"]["sample_transforms"] = [letterbox if n == "Resize" else op
-                                              for n, op in zip(names, ops) if n != "Pad"]
-    dataset.update({"rect": True, "rect_batch": int(cfg["EvalReader"]["batch_size"]), "rect_size": size,
-                    "rect_pad": VAL_RECT_PAD})
-    return None
 
 
 def resolve_onnx_model(args: argparse.Namespace) -> tuple[str, str]:
@@ -323,9 +295,10 @@ def resolve_onnx_model(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None = None,
-                one_image: bool = True) -> Callable[[Any], None]:
-    """tools/detect.py's (and export's) edit of the loaded config: the model's overrides, --imgsz, the device, and
-    with ``one_image`` one image per TestReader batch."""
+                one_image: bool = True, end2end: bool | None = None) -> Callable[[Any], None]:
+    """tools/detect.py's (and export's) edit of the loaded config: the model's overrides, --imgsz, the device, with
+    ``one_image`` one image per TestReader batch, and with ``end2end`` (--end2end) YOLO26's head: True the
+    one-to-one branch without NMS, False the one-to-many branch through NMS (None: the config's)."""
 
     def edit(cfg) -> None:
         from ppdet.core.workspace import merge_config
@@ -346,5 +319,7 @@ def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None
             cfg["TestReader"]["batch_size"] = 1
         if use_gpu is not None:
             cfg["use_gpu"] = use_gpu
+        if end2end is not None and cfg.get("architecture") == "UltraYOLO":
+            cfg["UltraYOLO"]["end2end"] = end2end   # other models have one head: nothing to pick
 
     return edit

@@ -429,6 +429,37 @@ def set_rect_batch(cfg, global_batch: int) -> None:
     cfg["TrainDataset"]["rect_batch"] = int(global_batch)
 
 
+def apply_val_rect(cfg) -> str | None:
+    """Evaluation's --rect (and a `ppmulti yolo` run's evaluation while training, engine.hooks.evaluation):
+    ultralytics' val letterbox. The val images in aspect-ratio order, each EvalReader batch letterboxed
+    centred into its own shape (long side at the eval size, plus half a stride of margin: 288 x 288 for 256 x 256
+    images at 256) instead of the square top-left one; UltraYOLO takes the margin back off and clips the boxes.
+    Where the model or data cannot have it (`ppmulti yolo val` asks for it by default, as ultralytics' val) the
+    config stays as it is and the reason is returned (None: applied)."""
+    from ppmulti.rank.data.augment import VAL_RECT_PAD
+
+    arch = cfg.get("architecture")
+    dataset = cfg.get("EvalDataset")
+    ops = list((cfg.get("EvalReader") or {}).get("sample_transforms") or [])
+    names = [next(iter(op)) if isinstance(op, dict) else str(op) for op in ops]
+    if arch != "UltraYOLO":
+        return f"ultralytics' val letterbox is for YOLOv8/11/26 weights; {arch} evaluates with its config's letterbox"
+    if not isinstance(dataset, dict) or dataset.get("name") != "YOLODataSet":
+        return "it takes a YOLO data yaml's val split (--data DATA.yaml); this one evaluates square"
+    size = int(cfg.get("eval_height") or 640)
+    if int(cfg.get("eval_width") or size) != size:
+        return (f"it letterboxes to one size; the config's eval size is {cfg.get('eval_height')} x "
+                f"{cfg.get('eval_width')} (--imgsz N makes it one)")
+    if "Resize" not in names:
+        return "it replaces the EvalReader's Resize and Pad; this config's EvalReader has no Resize"
+    letterbox = {"RectLetterbox": {"img_size": size}}
+    cfg["EvalReader"]["sample_transforms"] = [letterbox if n == "Resize" else op
+                                              for n, op in zip(names, ops) if n != "Pad"]
+    dataset.update({"rect": True, "rect_batch": int(cfg["EvalReader"]["batch_size"]), "rect_size": size,
+                    "rect_pad": VAL_RECT_PAD})
+    return None
+
+
 # ----------------------------------------------------------------------------- --data
 def apply_data(cfg, data: str, single_cls: bool) -> str:
     """A YOLOv5 data yaml, or a ppdet dataset config (COCO json), becomes the config's datasets."""

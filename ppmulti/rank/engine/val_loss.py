@@ -14,9 +14,9 @@ ULTRA_PARTS = ("loss_box", "loss_cls", "loss_dfl")   # ultralytics' loss items (
 
 class ValLoss:
     """Sums YOLOv5's three loss parts over the evaluation's batches on this rank. ``labels(im_id)`` gives an image's
-    labels (M, 5: class, x1, y1, x2, y2 in original pixels); the eval transforms letterbox to the top left (ppdet's
-    Resize keep_ratio then Pad, offsets 0, in every YOLOv5 and ultralytics config), so a box reaches the input by
-    ``scale_factor`` alone."""
+    labels (M, 5: class, x1, y1, x2, y2 in original pixels); a box reaches the input by ``scale_factor`` and, under
+    ultralytics' centred val letterbox (RectLetterbox), its ``pad_offset`` margin (ppdet's Resize and Pad letterbox to
+    the top left: no margin)."""
 
     parts = PARTS
 
@@ -61,6 +61,9 @@ class ValLoss:
 
         ids = _numpy(data["im_id"]).reshape(-1)
         scales = _numpy(data["scale_factor"]).astype(np.float64).reshape(-1, 2)   # (scale_y, scale_x)
+        # ultralytics' val letterbox (RectLetterbox) centres the image: its margin (top, left) moves the boxes too
+        margins = _numpy(data["pad_offset"]).astype(np.float64).reshape(-1, 2) if "pad_offset" in data else \
+            np.zeros_like(scales)
         per_image = [self.labels(int(i)) for i in ids]
         width = max([1] + [len(rows) for rows in per_image])
         gt_bbox = np.zeros((len(ids), width, 4), np.float32)
@@ -69,7 +72,8 @@ class ValLoss:
         for b, rows in enumerate(per_image):
             if len(rows):
                 sy, sx = scales[b]
-                gt_bbox[b, :len(rows)] = rows[:, 1:] * np.array([sx, sy, sx, sy])
+                top, left = margins[b]
+                gt_bbox[b, :len(rows)] = rows[:, 1:] * np.array([sx, sy, sx, sy]) + np.array([left, top, left, top])
                 gt_class[b, :len(rows), 0] = rows[:, 0]
                 valid[b, :len(rows), 0] = 1
         return {"gt_bbox": paddle.to_tensor(gt_bbox), "gt_class": paddle.to_tensor(gt_class),

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 from ppmulti.rank.engine.hooks.base import Hook
+
+log = logging.getLogger("ppmulti")
 
 
 class EvaluationHook(Hook):
@@ -48,6 +51,8 @@ class EvaluationHook(Hook):
         from ppmulti.rank.engine.evaluator import make_evaluator
 
         if self.evaluator is None:
+            if getattr(trainer.opts, "val_rect", False):
+                val_rect(trainer.cfg)
             self.evaluator = make_evaluator(trainer.cfg, worker_num=trainer.cfg.get("worker_num", 0))
         self.evaluator.table = getattr(self, "table", "all")
         self.evaluator.keep_batches = 0 if getattr(trainer.opts, "noplots", False) else 3   # val_batch*.jpg
@@ -58,12 +63,40 @@ class EvaluationHook(Hook):
             model.set_dict(trainer.inference_weights())
         if getattr(trainer, "world", 1) > 1:
             rank0_statistics(model)
+        previous = pick_head(model, getattr(trainer.opts, "val_end2end", None))
         try:
             return self.evaluator.evaluate(model)
         finally:
+            if previous is not None:
+                model.head.end2end = previous
             if raw is not None:
                 model.set_dict(raw)
             model.train()
+
+
+def val_rect(cfg) -> bool:
+    """The run's plan asks for ultralytics' val letterbox (rect batches) while training: applied to the config's
+    EvalReader and EvalDataset once the run's config.yml is written (that file keeps the config's own letterbox,
+    which `ppmulti yolo val` swaps as it does here); YOLOv8/11/26 only, other models and data as they are, said
+    once. Returns whether it applied."""
+    from ppmulti.rank.yolo_config import apply_val_rect
+
+    problem = apply_val_rect(cfg)
+    if problem is not None:
+        log.warning("validation letterbox: square, not ultralytics' rect batches: %s", problem)
+    return problem is None
+
+
+def pick_head(model, end2end: bool | None) -> bool | None:
+    """YOLO26's head for this evaluation (``end2end``: the plan's; None keeps the model's): returns the mode to put
+    back afterwards, None when nothing was changed (no choice asked, or a model without such a head)."""
+    from ppmulti.rank.models.ultra_yolo import UltraYOLO
+
+    if end2end is None or not isinstance(model, UltraYOLO):
+        return None
+    before = model.head.end2end
+    model.head.end2end = end2end
+    return before
 
 
 def rank0_statistics(model) -> int:
