@@ -6,6 +6,7 @@ DINOLoss, RandomDistort and RandomCrop over 2.6.0's), a shrunk config of the sam
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -278,6 +279,38 @@ def test_distort_and_crop_take_release27_prob():
     changed = RandomDistort(prob=1.0, hue=[-18, 18, 0.0], saturation=[0.5, 1.5, 0.0], contrast=[0.5, 1.5, 0.0],
                             brightness=[0.5, 1.5, 0.0])(dict(sample))
     assert changed["image"].shape == image.shape      # 2.6's probabilities are of skipping each distortion
+
+
+def test_random_distort_distorts_as_release27():
+    """release/2.7's colour operations (PIL's HSV hue shift, ImageEnhance's saturation, contrast, brightness) in
+    2.7's random order and draws: the same seed gives the same pixels as release/2.7's own RandomDistort, measured
+    with it (tests/fixtures/release27_distort.json says how), in both orders (random_apply) and with the channel
+    swap."""
+    import importlib.util
+
+    from ppmulti.rank.models.rtdetr.release27 import RandomDistort
+
+    path = Path(__file__).parent / "fixtures" / "release27_distort_measure.py"
+    spec = importlib.util.spec_from_file_location("release27_distort_measure", path)
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+    expected = json.loads((path.parent / "release27_distort.json").read_text())["outputs"]
+    got = measure.outputs(RandomDistort)
+    assert got.keys() == expected.keys()
+    image = measure.image().astype(int).ravel().tolist()
+    assert sum(got[k] != image for k in got) >= 9          # most cases do distort: the comparison has teeth
+    for key in expected:
+        assert got[key] == expected[key], key
+    # without ``prob`` (a 2.6 config's RandomDistort: {}, the demo's) it is 2.6.0's operator, draw for draw
+    import ppdet.data.transform.operators as ops
+
+    for seed in (0, 1):
+        outs = []
+        for cls in (RandomDistort, ops.RandomDistort):
+            random.seed(seed)
+            np.random.seed(seed)
+            outs.append(cls()({"image": measure.image().astype(np.float32)})["image"])
+        assert np.array_equal(outs[0], outs[1])
 
 
 def test_overrides_are_where_ppdet_looks_names_up():
