@@ -452,7 +452,7 @@ def test_small_config_trains_a_step_and_predicts(tmp_path, monkeypatch):
 def test_small_rtdetr_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path):
     """What a PaddleDetection user types, from their checkout: ``ppmulti launch --nproc_per_node 2
     <ppmulti>/tools/train.py -c configs/rtdetr/<config>.yml --eval -o epoch=1 use_gpu=false``; then --resume,
-    eval.py --classwise and export_model.py on what it wrote."""
+    eval.py --classwise and export_model.py on what it wrote, and its ONNX conversion in onnxruntime."""
     root = write_checkout(tmp_path / "PaddleDetection", SMALL)
     write_coco(root)
     proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
@@ -482,7 +482,33 @@ def test_small_rtdetr_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path):
     proc = run_tool([str(REPO / "tools" / "export_model.py"), *common, f"weights={weights}", "--output_dir",
                      str(root / "inference")], cwd=root, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (root / "inference" / "rtdetr_r18vd_small_coco" / "model.pdiparams").is_file()
+    model_dir = root / "inference" / "rtdetr_r18vd_small_coco"
+    assert (model_dir / "model.pdiparams").is_file()
+    _onnx_runs_as_paddle(model_dir)
+
+
+def _onnx_runs_as_paddle(model_dir: Path) -> None:
+    """tools/export.py --format onnx's conversion (paddle2onnx through the version seam, the batch fixed to 1) of
+    the exported RT-DETR: onnxruntime gives what Paddle's predictor gives on one image, box for box."""
+    import onnxruntime   # the export extra, in the default install (setup.py)
+    from paddle import inference
+
+    from ppmulti.rank import compat
+    from ppmulti.rank.engine.onnx_export import OnnxOptions, fix_batch
+
+    sess = onnxruntime.InferenceSession(fix_batch(compat.paddle_to_onnx(model_dir, OnnxOptions().opset), 1))
+    rng = np.random.default_rng(0)
+    feeds = {"image": rng.random((1, 3, 96, 96), dtype=np.float32), "im_shape": np.array([[96.0, 96.0]], np.float32),
+             "scale_factor": np.array([[1.0, 1.0]], np.float32)}
+    ort = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+    predictor = inference.create_predictor(compat.cpu_predictor_config(model_dir))
+    for name in predictor.get_input_names():
+        predictor.get_input_handle(name).copy_from_cpu(feeds[name])
+    predictor.run()
+    paddle_out = [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
+    assert [a.shape for a in ort] == [b.shape for b in paddle_out] == [(30, 6), (1,)]
+    for a, b in zip(ort, paddle_out):
+        np.testing.assert_allclose(a, b, atol=1e-3)
 
 
 def test_ema_filter_no_grad_keeps_frozen_weights_out_of_the_average():
