@@ -6,6 +6,7 @@ DINOLoss, RandomDistort and RandomCrop over 2.6.0's), a shrunk config of the sam
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -280,6 +281,38 @@ def test_distort_and_crop_take_release27_prob():
     assert changed["image"].shape == image.shape      # 2.6's probabilities are of skipping each distortion
 
 
+def test_random_distort_distorts_as_release27():
+    """release/2.7's colour operations (PIL's HSV hue shift, ImageEnhance's saturation, contrast, brightness) in
+    2.7's random order and draws: the same seed gives the same pixels as release/2.7's own RandomDistort, measured
+    with it (tests/fixtures/release27_distort.json says how), in both orders (random_apply) and with the channel
+    swap."""
+    import importlib.util
+
+    from ppmulti.rank.models.rtdetr.release27 import RandomDistort
+
+    path = Path(__file__).parent / "fixtures" / "release27_distort_measure.py"
+    spec = importlib.util.spec_from_file_location("release27_distort_measure", path)
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+    expected = json.loads((path.parent / "release27_distort.json").read_text())["outputs"]
+    got = measure.outputs(RandomDistort)
+    assert got.keys() == expected.keys()
+    image = measure.image().astype(int).ravel().tolist()
+    assert sum(got[k] != image for k in got) >= 9          # most cases do distort: the comparison has teeth
+    for key in expected:
+        assert got[key] == expected[key], key
+    # without ``prob`` (a 2.6 config's RandomDistort: {}, the demo's) it is 2.6.0's operator, draw for draw
+    import ppdet.data.transform.operators as ops
+
+    for seed in (0, 1):
+        outs = []
+        for cls in (RandomDistort, ops.RandomDistort):
+            random.seed(seed)
+            np.random.seed(seed)
+            outs.append(cls()({"image": measure.image().astype(np.float32)})["image"])
+        assert np.array_equal(outs[0], outs[1])
+
+
 def test_overrides_are_where_ppdet_looks_names_up():
     import ppdet.data.transform as transform
     from ppdet.core.workspace import global_config
@@ -419,7 +452,7 @@ def test_small_config_trains_a_step_and_predicts(tmp_path, monkeypatch):
 def test_small_rtdetr_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path):
     """What a PaddleDetection user types, from their checkout: ``ppmulti launch --nproc_per_node 2
     <ppmulti>/tools/train.py -c configs/rtdetr/<config>.yml --eval -o epoch=1 use_gpu=false``; then --resume,
-    eval.py --classwise and export_model.py on what it wrote."""
+    eval.py --classwise and export_model.py on what it wrote, and its ONNX conversion in onnxruntime."""
     root = write_checkout(tmp_path / "PaddleDetection", SMALL)
     write_coco(root)
     proc = subprocess.run([sys.executable, "-m", "ppmulti.cli", "launch", "--nproc_per_node", "2",
@@ -449,7 +482,33 @@ def test_small_rtdetr_trains_an_epoch_on_two_ranks_and_evaluates(tmp_path):
     proc = run_tool([str(REPO / "tools" / "export_model.py"), *common, f"weights={weights}", "--output_dir",
                      str(root / "inference")], cwd=root, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (root / "inference" / "rtdetr_r18vd_small_coco" / "model.pdiparams").is_file()
+    model_dir = root / "inference" / "rtdetr_r18vd_small_coco"
+    assert (model_dir / "model.pdiparams").is_file()
+    _onnx_runs_as_paddle(model_dir)
+
+
+def _onnx_runs_as_paddle(model_dir: Path) -> None:
+    """tools/export.py --format onnx's conversion (paddle2onnx through the version seam, the batch fixed to 1) of
+    the exported RT-DETR: onnxruntime gives what Paddle's predictor gives on one image, box for box."""
+    import onnxruntime   # the export extra, in the default install (setup.py)
+    from paddle import inference
+
+    from ppmulti.rank import compat
+    from ppmulti.rank.engine.onnx_export import OnnxOptions, fix_batch
+
+    sess = onnxruntime.InferenceSession(fix_batch(compat.paddle_to_onnx(model_dir, OnnxOptions().opset), 1))
+    rng = np.random.default_rng(0)
+    feeds = {"image": rng.random((1, 3, 96, 96), dtype=np.float32), "im_shape": np.array([[96.0, 96.0]], np.float32),
+             "scale_factor": np.array([[1.0, 1.0]], np.float32)}
+    ort = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+    predictor = inference.create_predictor(compat.cpu_predictor_config(model_dir))
+    for name in predictor.get_input_names():
+        predictor.get_input_handle(name).copy_from_cpu(feeds[name])
+    predictor.run()
+    paddle_out = [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
+    assert [a.shape for a in ort] == [b.shape for b in paddle_out] == [(30, 6), (1,)]
+    for a, b in zip(ort, paddle_out):
+        np.testing.assert_allclose(a, b, atol=1e-3)
 
 
 def test_ema_filter_no_grad_keeps_frozen_weights_out_of_the_average():

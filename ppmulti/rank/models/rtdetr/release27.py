@@ -1,16 +1,19 @@
 """What PaddleDetection release/2.7 changed in modules and transforms that ppdet 2.6.0 already registers, as
 subclasses that keep 2.6.0's behaviour for every 2.6 config and add 2.7's keys: ``DETR`` with a ``neck`` and
 release/2.7's 4-argument post-process, ``ResNet(freeze_stem_only=...)``, ``DINOLoss(use_vfl=...)``,
-``RandomDistort(prob=...)`` and ``RandomCrop(prob=...)``; and ``DETRPostProcess``, 2.7's new name for DETR's
-box decoding. ``rtdetr.release27_overrides`` puts them into ppdet's workspace under the names the configs use."""
+``RandomDistort(prob=...)`` (then 2.7's colour operations) and ``RandomCrop(prob=...)``; and ``DETRPostProcess``,
+2.7's new name for DETR's box decoding. ``rtdetr.release27_overrides`` puts them into ppdet's workspace under
+the names the configs use."""
 
 from __future__ import annotations
 
 import inspect
 import random
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
+from PIL import Image, ImageEnhance
 from ppdet.core.workspace import create, serializable
 from ppdet.data.transform import operators as ops
 from ppdet.modeling.architectures.detr import DETR as DETR26
@@ -227,19 +230,77 @@ class DETRPostProcess:
 
 
 class RandomDistort(ops.RandomDistort):
-    """ppdet 2.6.0's RandomDistort plus release/2.7's ``prob``: the whole distortion happens with that
-    probability (2.7 also moved its colour operations to PIL; these are 2.6.0's)."""
+    """release/2.7's RandomDistort when a config gives its ``prob`` (a key 2.6.0 lacks; release/2.7's RT-DETR
+    readers set it), else 2.6.0's exactly (2.6 configs, the demo, keep their images). With ``prob``: the image is
+    distorted at all with that probability; then its colour operations work on an 8-bit RGB PIL image, as 2.7 does
+    them (2.6.0's work on floats in OpenCV's HSV). Each of ``hue``, ``saturation``, ``contrast`` and ``brightness``
+    is ``[low, high, p]``, ``p`` being the chance the operation is left out; the factor (hue: a shift on PIL's
+    0-255 hue circle) is drawn uniformly in ``[low, high)``. ``random_apply``: ``count`` of the four in a random
+    order, else brightness, contrast (before or after the colour ones, at random), saturation, hue and, with
+    ``random_channel``, a random channel swap. The draws are numpy's global generator's in 2.7's order, so a seed
+    gives 2.7's images."""
 
     def __init__(self, hue=[-18, 18, 0.5], saturation=[0.5, 1.5, 0.5], contrast=[0.5, 1.5, 0.5],
-                 brightness=[0.5, 1.5, 0.5], random_apply=True, count=4, random_channel=False, prob=1.0):
+                 brightness=[0.5, 1.5, 0.5], random_apply=True, count=4, random_channel=False, prob=None):
         super().__init__(hue=hue, saturation=saturation, contrast=contrast, brightness=brightness,
                          random_apply=random_apply, count=count, random_channel=random_channel)
         self.prob = prob
 
+    @staticmethod
+    def _factor(setting):
+        """The drawn factor of ``[low, high, skip probability]``, or None when the operation is skipped."""
+        low, high, skip = setting
+        if np.random.uniform(0., 1.) < skip:
+            return None
+        return np.random.uniform(low, high)
+
+    def _hue(self, img):
+        shift = self._factor(self.hue)
+        if shift is None:
+            return img
+        hsv = np.array(img.convert("HSV"))
+        # the shifted hue wraps around the 8-bit circle (a float cast back to uint8 truncates toward zero)
+        hsv[..., 0] = np.mod(np.trunc(hsv[..., 0] + shift).astype(np.int64), 256).astype(np.uint8)
+        return Image.fromarray(hsv, mode="HSV").convert("RGB")
+
+    def _enhance(self, img, setting, enhancer):
+        factor = self._factor(setting)
+        return img if factor is None else enhancer(img).enhance(factor)
+
+    def _saturation(self, img):
+        return self._enhance(img, self.saturation, ImageEnhance.Color)
+
+    def _contrast(self, img):
+        return self._enhance(img, self.contrast, ImageEnhance.Contrast)
+
+    def _brightness(self, img):
+        return self._enhance(img, self.brightness, ImageEnhance.Brightness)
+
     def apply(self, sample, context=None):
+        if self.prob is None:
+            return super().apply(sample, context)
         if random.random() > self.prob:
             return sample
-        return super().apply(sample, context)
+        # 8-bit as 2.7 casts it (a float image out of 0-255 wraps; decoded images are in range)
+        img = Image.fromarray(np.asarray(sample["image"]).astype(np.uint8))
+        if self.random_apply:
+            steps = (self._brightness, self._contrast, self._saturation, self._hue)
+            for i in np.random.permutation(len(steps))[:self.count]:
+                img = steps[i](img)
+            sample["image"] = np.asarray(img).astype(np.float32)
+            return sample
+        img = self._brightness(img)
+        contrast_first = np.random.randint(0, 2)
+        if contrast_first:
+            img = self._contrast(img)
+        img = self._hue(self._saturation(img))
+        if not contrast_first:
+            img = self._contrast(img)
+        out = np.asarray(img).astype(np.float32)
+        if self.random_channel and np.random.randint(0, 2):
+            out = out[..., np.random.permutation(3)]
+        sample["image"] = out
+        return sample
 
 
 class RandomCrop(ops.RandomCrop):
