@@ -46,10 +46,11 @@ def run_paddle(model_dir, legacy=False):
 
 def same_detections(a, b):
     """The legacy program's boxes against model.json's: count and classes equal; scores and coordinates as close
-    as two executors' float sums get (scores within 1e-5, coordinates within 1e-3 px, measured on PP-YOLO)."""
+    as two executors' float sums get (measured with this script, Paddle 3.3.1: scores within 7e-6 and coordinates
+    within 1e-3 px for PP-YOLO, 5e-7 and 3e-5 px for YOLOv3; checked here with 10x margin)."""
     return (len(a) == len(b) and a[1].tolist() == b[1].tolist() and a[0].shape == b[0].shape
-            and (a[0][:, 0] == b[0][:, 0]).all() and np.allclose(a[0][:, 1], b[0][:, 1], rtol=0, atol=1e-5)
-            and np.allclose(a[0][:, 2:], b[0][:, 2:], rtol=1e-5, atol=1e-3))
+            and (a[0][:, 0] == b[0][:, 0]).all() and np.allclose(a[0][:, 1], b[0][:, 1], rtol=0, atol=1e-4)
+            and np.allclose(a[0][:, 2:], b[0][:, 2:], rtol=0, atol=1e-2))
 
 ONNX = """
 import json, sys
