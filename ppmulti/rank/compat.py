@@ -616,10 +616,11 @@ LEGACY_PROGRAM = "model.pdmodel"   # the ProgramDesc PaddleDetection release/2.6
 # equal, scores within 7e-6, coordinates within 1e-3 px of 96), and PaddleDetection release/2.6's deploy/python/infer.py
 # runs on the directory.
 #   passes:  YOLOv3 with YOLOv3Head (YOLOv3 itself, PP-YOLO: neither calls the ops below in its forward)
-#   fails, one WARNING, model.json stands (Paddle 3.3.1's generated ops take PIR values only, so the old program
-#   cannot hold them: "sigmoid(): argument (position 1) must be Value, but got Variable"):
-#            sigmoid: YOLOX, YOLOv5, YOLOv8, GFL, TOOD; matmul: YOLO11; exp: SSD; logical_not: RetinaNet,
-#            Faster/Cascade R-CNN; sin: DETR; FCOS: "No Input(Y) found for ElementwiseOp"
+#   fails with an error, so is not tried (export_model's INFO line names model.json's readers): Paddle 3.3.1's
+#            generated ops take PIR values only, so the old program cannot hold them ("sigmoid(): argument
+#            (position 1) must be Value, but got Variable"): sigmoid: YOLOX, YOLOv5, YOLOv8, GFL, TOOD; matmul:
+#            YOLO11, YOLO26; exp: SSD; logical_not: RetinaNet, Faster/Cascade R-CNN; sin: DETR; and FCOS: "No
+#            Input(Y) found for ElementwiseOp"
 #   crashes the process (SIGSEGV, "Paddle static graph(PIR) not support input out tensor"), after model.json is
 #            written: PP-YOLOE(+) (YOLOv3 with PPYOLOEHead), RT-DETR
 #   not exported at all on Paddle 3 (tests/test_ppdet_export.py): PicoDet, Deformable DETR, DINO
