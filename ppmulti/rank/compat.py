@@ -609,20 +609,40 @@ def exported_program_name(version: tuple[int, ...] | None = None) -> str:
 
 
 LEGACY_PROGRAM = "model.pdmodel"   # the ProgramDesc PaddleDetection release/2.6's deploy/python/infer.py reads
-# The architectures Paddle 3.3.1 writes as the old program (tests/test_ppdet_export.py, every zoo family): YOLOv3's
-# (YOLOv3 itself; PP-YOLO, also a YOLOv3, fails with an error). The others are not tried: the R-CNNs fail with an
-# error, and RT-DETR's program crashes the process (SIGSEGV, "Paddle static graph(PIR) not support input out
-# tensor") after its model.json is written.
-LEGACY_PROGRAM_ARCHITECTURES = ("YOLOv3",)
+# The models Paddle 3.3.1 writes as the old program, by architecture and the head it must have (several families
+# share ppdet's YOLOv3 architecture). Measured 2026-12-02, Paddle 3.3.1, Python 3.11: every family CI trains, built
+# untrained and exported with the old program forced, each in its own process; "passes" = model.pdmodel written,
+# model.pdiparams byte-identical to model.json's, Paddle Inference 3.3.1 gives model.json's boxes (classes and count
+# equal, scores within 7e-6, coordinates within 1e-3 px of 96), and PaddleDetection release/2.6's deploy/python/infer.py
+# runs on the directory.
+#   passes:  YOLOv3 with YOLOv3Head (YOLOv3 itself, PP-YOLO: neither calls the ops below in its forward)
+#   fails with an error, so is not tried (export_model's INFO line names model.json's readers): Paddle 3.3.1's
+#            generated ops take PIR values only, so the old program cannot hold them ("sigmoid(): argument
+#            (position 1) must be Value, but got Variable"): sigmoid: YOLOX, YOLOv5, YOLOv8, GFL, TOOD; matmul:
+#            YOLO11, YOLO26; exp: SSD; logical_not: RetinaNet, Faster/Cascade R-CNN; sin: DETR; and FCOS: "No
+#            Input(Y) found for ElementwiseOp"
+#   crashes the process (SIGSEGV, "Paddle static graph(PIR) not support input out tensor"), after model.json is
+#            written: PP-YOLOE(+) (YOLOv3 with PPYOLOEHead), RT-DETR
+#   not exported at all on Paddle 3 (tests/test_ppdet_export.py): PicoDet, Deformable DETR, DINO
+LEGACY_PROGRAM_MODELS = {"YOLOv3": "YOLOv3Head"}
+
+
+def writes_legacy_program(cfg: Any) -> bool:
+    """Whether a model of config ``cfg`` (ppdet's loaded config, or a dict of the same keys) is one Paddle 3
+    writes as the old program too (LEGACY_PROGRAM_MODELS): its architecture is listed and one of the
+    architecture's parts (backbone, neck, head ...) is the head listed with it."""
+    arch = cfg.get("architecture")
+    head = LEGACY_PROGRAM_MODELS.get(arch)
+    parts = cfg.get(arch) if head is not None else None
+    return parts is not None and head in [parts[key] for key in parts]
 
 
 def legacy_program_guard() -> Any:
     """Paddle 3: a context in which ``paddle.jit.to_static`` and ``paddle.jit.save`` build and write the old
     ProgramDesc (``model.pdmodel``) instead of a PIR ``model.json`` (``paddle.pir_utils.OldIrGuard``, the switch
-    Paddle's own tests use). Seen on Paddle 3.3.1: YOLOv3 exports that way in-process, with a ``model.pdiparams``
-    byte-identical to the PIR export's, and Paddle Inference 3.3.1 runs it; a model whose forward has a converted
-    ``if`` on a tensor (Faster/Cascade R-CNN) fails there (``logical_not(): argument (position 1) must be Value,
-    but got Variable``, also with FLAGS_enable_pir_api=0). Paddle 2.6 writes the old program anyway: a no-op."""
+    Paddle's own tests use). Only the export goes inside it: ppdet's Trainer built inside fails for ``use_ema``
+    configs (ModelEMA's ``paddle.zeros_like`` refuses eager tensors there). Which models Paddle 3.3.1 writes this
+    way, and why the others fail, is LEGACY_PROGRAM_MODELS. Paddle 2.6 writes the old program anyway: a no-op."""
     import paddle
 
     guard = getattr(getattr(paddle, "pir_utils", None), "OldIrGuard", None)

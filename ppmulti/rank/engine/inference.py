@@ -264,9 +264,9 @@ def export_model(cfg, model, output_dir: str) -> Path:
     write it (``write_legacy_program``), so that PaddleDetection release/2.6's deploy/python/infer.py finds it."""
     import copy
 
-    from ppmulti.rank.compat import LEGACY_PROGRAM_ARCHITECTURES, exported_program_name, paddle3
+    from ppmulti.rank.compat import exported_program_name, paddle3, writes_legacy_program
 
-    tried = paddle3() and cfg.get("architecture") in LEGACY_PROGRAM_ARCHITECTURES
+    tried = paddle3() and writes_legacy_program(cfg)
     legacy = copy.deepcopy(model) if tried else None   # to_static converts the layer it is given in place
     dst = Path(output_dir) / cfg["filename"]
     existed = dst.exists()
@@ -290,12 +290,18 @@ def export_model(cfg, model, output_dir: str) -> Path:
     if legacy is not None:
         write_legacy_program(cfg, legacy, dst)
     elif paddle3():
-        log.info("model.pdmodel not written: Paddle %s writes %s only as model.json, which serves Paddle Inference 3 "
-                 "and PaddleDetection develop's deploy, not release/2.6's", _paddle_version(), cfg.get("architecture"))
+        log.info("model.pdmodel not written: Paddle %s writes %s (%s) only as model.json, which serves Paddle "
+                 "Inference 3 and PaddleDetection develop's deploy, not release/2.6's (it looks for model.pdmodel)",
+                 _paddle_version(), cfg.get("architecture"), cfg["filename"])
     return dst
 
 
-def _ppdet_export(cfg, model, output_dir: str | Path) -> Path:
+def _ppdet_export(cfg, model, output_dir: str | Path, program_guard: Any = None) -> Path:
+    """ppdet's Trainer.export; ``program_guard`` (a context) is entered around the export only: the Trainer is
+    built outside it, in dygraph (under Paddle 3's OldIrGuard the ModelEMA that ppdet's Trainer builds for
+    ``use_ema`` configs fails: ``paddle.zeros_like`` refuses its eager tensors)."""
+    import contextlib
+
     from ppdet.engine import Trainer
 
     from ppmulti.rank.compat import full_graph_to_static
@@ -305,7 +311,7 @@ def _ppdet_export(cfg, model, output_dir: str | Path) -> Path:
     # as ppmulti's runtime.yml has it for training's own log; an export logs nothing
     cfg["use_vdl"] = False
     trainer = Trainer(cfg, mode="test")
-    with full_graph_to_static():
+    with full_graph_to_static(), (program_guard or contextlib.nullcontext()):
         trainer.export(str(output_dir))
     return Path(output_dir) / cfg["filename"]   # ppdet keeps the config file's stem here
 
@@ -325,8 +331,7 @@ def write_legacy_program(cfg, model, dst: Path) -> bool:
 
     with tempfile.TemporaryDirectory(prefix="ppmulti-legacy-") as tmp:
         try:
-            with legacy_program_guard():
-                out = _ppdet_export(copy.copy(cfg), model, tmp)   # its own model key
+            out = _ppdet_export(copy.copy(cfg), model, tmp, legacy_program_guard())   # its own model key
         except Exception as exc:  # noqa: BLE001 - Paddle's converter raises anything; the PIR export stands
             log.warning("model.pdmodel not written: Paddle %s cannot export %s as its old program (%s); model.json "
                         "serves Paddle Inference 3 and PaddleDetection develop's deploy, not release/2.6's",
