@@ -28,6 +28,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ppmulti.common.atomic import atomic_write_text
+
+COMMAND = ("python bench/rtdetr_release27.py --checkout PD27 --pd27-python PD27_VENV/bin/python "
+           "--ppmulti-python VENV_A/bin/python VENV_B/bin/python")
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "bench" / "configs" / "rtdetr_release27"
 CONFIG = "configs/rtdetr/rtdetr_r18vd_small_coco.yml"
@@ -174,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
                 row["pycocotools_on_its_detections"] = coco_map(annotations, found[-1])
                 row["vs_release27_detections"] = compare(work / "pd27_bbox.json", found[-1])
             rows.append(row)
-        result = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        result = {"command": COMMAND,
+                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                   "config": CONFIG, "train_images": args.train, "val_images": args.val, "size": args.size,
                   "seed": args.seed, "rows": rows}
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "rtdetr_release27.json").write_text(json.dumps(result, indent=1) + "\n")
+        atomic_write_text(args.out / "rtdetr_release27.json", json.dumps(result, indent=1) + "\n")
         print("| evaluator | Paddle | mAP50-95 | mAP50 | pycocotools on its detections (mAP50-95, mAP50) |\n"
               "| --- | --- | --- | --- | --- |")
         for r in rows:
