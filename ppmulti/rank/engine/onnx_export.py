@@ -277,7 +277,10 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
     if opts.half:
         data = to_half(data)
         check_loads(data, "--half (float16 conversion)")
-    names = class_names(cfg)
+    try:
+        names = class_names(cfg)
+    except ValueError:   # ppdet's get_categories knows no categories for this metric: the card without names
+        names = {}
     data = with_metadata(data, model_card(config_mod.resolved(cfg), [names[i] for i in sorted(names)]))
     with atomic_path(dst) as tmp:
         Path(tmp).write_bytes(data)
