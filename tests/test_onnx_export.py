@@ -256,3 +256,97 @@ def test_paddle3_program_needs_the_interp_scale_fix(model, tmp_path):
         data = None
     assert not data
     assert compat.paddle_to_onnx(model_dir, 11)   # with the fix
+
+
+# ----------------------------------------------------------------------------- the model card an ONNX file carries
+def _tiny_onnx(props: dict[str, str] | None = None) -> bytes:
+    """image [1, 3, 4, 4] -> Identity: a valid ONNX model, with ``props`` as its metadata."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["image"], ["out"])], "tiny",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 3, 4, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    for key, value in (props or {}).items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+CARD_CONFIG = {"architecture": "UltraYOLO", "num_classes": 2, "UltraYOLO": {"model": "yolo11n.yaml"},
+               "TestReader": {"sample_transforms": [{"Decode": {}}, {"Resize": {"target_size": [64, 64]}}]},
+               "TrainDataset": {"name": "YOLODataSet", "data": "/home/me/data.yaml"},
+               "EvalDataset": {"name": "YOLODataSet", "data": "/home/me/data.yaml"},
+               "TestDataset": {"name": "ImageFolder", "anno_path": "/tmp/names.json"}}
+
+
+def test_the_model_card_rides_in_the_file_without_the_data_sets(tmp_path):
+    pytest.importorskip("onnx")
+    from ppmulti.rank.engine.onnx_export import META_CONFIG, card_config, model_card, read_metadata, with_metadata
+
+    card = model_card(CARD_CONFIG, ["cat", "dog"])
+    data = with_metadata(_tiny_onnx({"author": "me", META_CONFIG: "old"}), card)
+    (tmp_path / "m.onnx").write_bytes(data)
+    meta = read_metadata(tmp_path / "m.onnx")
+    assert meta["author"] == "me" and meta[META_CONFIG] != "old"   # other keys kept, its own replaced
+    config, names = card_config(meta)
+    assert names == ["cat", "dog"]
+    assert config == {k: v for k, v in CARD_CONFIG.items() if not k.endswith("Dataset")}   # no machine's paths
+
+
+@pytest.mark.parametrize("meta", [
+    {},                                                        # not exported by ppmulti (or before it kept a card)
+    {"ppmulti_config": "a: [1", "names": "[]"},                # YAML cut short
+    {"ppmulti_config": "architecture: UltraYOLO", "names": "{"},   # names cut short
+    {"ppmulti_config": "- a list", "names": "[]"},              # not a mapping
+    {"ppmulti_config": "architecture: UltraYOLO", "names": '{"0": "a"}'},   # names not a list
+])
+def test_what_is_not_a_model_card_reads_as_none(meta):
+    from ppmulti.rank.engine.onnx_export import card_config
+
+    assert card_config(meta) is None
+
+
+def test_a_file_that_is_not_onnx_has_no_metadata(tmp_path):
+    from ppmulti.rank.engine.onnx_export import read_metadata
+
+    (tmp_path / "x.onnx").write_bytes(b"not a protobuf at all \xff\xfe")
+    assert read_metadata(tmp_path / "x.onnx") == {}
+
+
+def test_predict_on_onnx_reads_its_card_before_the_run_s_config(tmp_path):
+    """tools/detect.py --weights X.onnx: -c, else the file's card (the config as a temp file, its TestDataset the
+    stored names), else RUN/config.yml, else one line saying what to pass."""
+    pytest.importorskip("onnx")
+    import argparse
+    import json
+
+    import yaml
+
+    from ppmulti.common.errors import UserError
+    from ppmulti.rank.engine.onnx_export import model_card
+    from ppmulti.rank.eval_setup import resolve_onnx_model
+
+    run = tmp_path / "run"
+    (run / "weights").mkdir(parents=True)
+    (run / "config.yml").write_text("architecture: YOLOv5\n")
+    carded, bare = run / "weights" / "best.onnx", tmp_path / "moved.onnx"
+    carded.write_bytes(_tiny_onnx(model_card(CARD_CONFIG, ["cat", "dog"])))
+    bare.write_bytes(_tiny_onnx())
+
+    def resolve(weights: Path, config: str | None = None) -> tuple[str, str]:
+        return resolve_onnx_model(argparse.Namespace(weights=str(weights), config=config))
+
+    assert resolve(carded, "given.yml") == ("given.yml", "")
+    config, note = resolve(carded)
+    assert note == "model: the config best.onnx was exported with, run by onnxruntime"
+    written = yaml.safe_load(Path(config).read_text())
+    assert written["architecture"] == "UltraYOLO" and written["TestDataset"]["name"] == "ImageFolder"
+    cats = json.loads(Path(written["TestDataset"]["anno_path"]).read_text())["categories"]
+    assert [c["name"] for c in cats] == ["cat", "dog"]
+    assert resolve(carded)[0] == config   # named by its content: written once
+    (run / "weights" / "old.onnx").write_bytes(_tiny_onnx())   # exported before files kept a card
+    assert resolve(run / "weights" / "old.onnx")[0] == str(run / "config.yml")
+    with pytest.raises(UserError, match="no config in the file .* and no config.yml in its run directory"):
+        resolve(bare)

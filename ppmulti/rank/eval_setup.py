@@ -280,18 +280,37 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
 
 
 def resolve_onnx_model(args: argparse.Namespace) -> tuple[str, str]:
-    """The config for an exported .onnx file (its pre-processing and class names): -c, else the config.yml of the
-    run it was exported from (RUN/weights/best.onnx -> RUN/config.yml); returns (config, note)."""
+    """The config for an exported .onnx file (its pre-processing and class names): -c, else the config the file
+    carries (ppmulti's exports keep it in their metadata: a file exported from a .pt, or copied away from its run,
+    predicts alone), else the config.yml of the run it was exported from (RUN/weights/best.onnx -> RUN/config.yml);
+    returns (config, note)."""
+    from ppmulti.rank.engine.onnx_export import card_config, read_metadata
+
     path = Path(args.weights)
     if not path.is_file():
         raise UserError(f"--weights {args.weights}: file not found")
     if args.config:
         return args.config, ""
+    card = card_config(read_metadata(path))
+    if card is not None:
+        return card_file(*card), f"model: the config {path.name} was exported with, run by onnxruntime"
     found = run_config(path)
     if found is None:
-        raise UserError(f"--weights {args.weights}: no config.yml in its run directory (RUN/weights/x.onnx -> "
+        raise UserError(f"--weights {args.weights}: no config in the file (not exported by ppmulti's "
+                        f"tools/export.py) and no config.yml in its run directory (RUN/weights/x.onnx -> "
                         f"RUN/config.yml); pass -c CONFIG, the config it was exported from")
     return str(found), f"model: {found} (the run's resolved config), run by onnxruntime"
+
+
+def card_file(config: dict[str, Any], names: list[str]) -> str:
+    """An ONNX file's stored config written where ppdet's loader reads it (a temp file named by its content), its
+    TestDataset giving the stored class names."""
+    import yaml
+
+    from ppmulti.rank.data.yolo import cache_json, cache_text, coco_json
+
+    test = {"name": "ImageFolder", "anno_path": cache_json(coco_json([], names), "names")}
+    return cache_text(yaml.safe_dump({**config, "TestDataset": test}, sort_keys=False), "onnx-config", ".yml")
 
 
 def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None = None,

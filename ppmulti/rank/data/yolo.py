@@ -431,11 +431,15 @@ def coco_json(records: list[dict], names: list[str]) -> dict:
 
 def cache_json(content: dict, stem: str) -> str:
     """Write ``content`` once under the temp dir, named by its hash (ranks may race; the write is atomic)."""
+    return cache_text(json.dumps(content, sort_keys=True), stem, ".json")
+
+
+def cache_text(text: str, stem: str, suffix: str) -> str:
+    """Write ``text`` once under the temp dir as ``stem-<hash><suffix>`` (ranks may race; the write is atomic)."""
     from ppmulti.common.atomic import atomic_write_text
 
-    text = json.dumps(content, sort_keys=True)
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / "ppmulti-yolo" / f"{stem}-{digest}.json"
+    path = Path(tempfile.gettempdir()) / "ppmulti-yolo" / f"{stem}-{digest}{suffix}"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, text)

@@ -1,5 +1,6 @@
 """ONNX export: the inference model converted by paddle2onnx, NMS in or out of the graph, fixed or dynamic batch,
-simplified by onnxslim (--simplify) and in float16 (--half)."""
+simplified by onnxslim (--simplify), in float16 (--half), and carrying the config it was exported with (its model
+card: what predicting on the file alone needs)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ppmulti.rank import compat
 from ppmulti.common.atomic import atomic_path
@@ -22,6 +23,12 @@ ONNX_FILE = "model.onnx"
 SLIM_INSTALL = "pip install onnxslim"
 # model dir, opset, architecture, paddle2onnx version -> the ONNX bytes
 Converter = Callable[[Path, int, str, str], bytes]   # YOLOv5's simplifier; pure Python (onnx, sympy, ml_dtypes)
+# The ONNX file's metadata (ModelProto.metadata_props), read back by tools/detect.py when no -c is given, so that a
+# file exported from an ultralytics .pt, or copied away from its run, predicts as ultralytics' ONNX files do.
+META_CONFIG = "ppmulti_config"   # the resolved config (YAML) the model was exported with, data sets left out
+META_NAMES = "names"             # the class names, a JSON list in class order
+# the data sets' sections hold paths of the machine that exported (the names travel apart, in META_NAMES)
+UNSTORED = ("TrainDataset", "EvalDataset", "TestDataset")
 
 
 @dataclass(frozen=True)
@@ -167,16 +174,84 @@ def fix_batch(data: bytes, batch: int) -> bytes:
     return model.SerializeToString()
 
 
+def model_card(config: Mapping[str, Any], names: list[str]) -> dict[str, str]:
+    """The metadata an exported file carries: the resolved ``config`` (plain data, ``config.resolved``) without its
+    data sets, and the class ``names``."""
+    import json
+
+    import yaml
+
+    kept = {k: v for k, v in config.items() if k not in UNSTORED}
+    return {META_CONFIG: yaml.safe_dump(kept, sort_keys=False, default_flow_style=None),
+            META_NAMES: json.dumps(list(names))}
+
+
+def with_metadata(data: bytes, meta: Mapping[str, str]) -> bytes:
+    """The ONNX model with ``meta`` in its metadata_props (a key already there takes the new value)."""
+    import onnx
+
+    model = onnx.load_from_string(data)
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update(meta)
+    del model.metadata_props[:]
+    for key, value in props.items():
+        model.metadata_props.add(key=key, value=value)
+    return model.SerializeToString()
+
+
+def read_metadata(onnx_file: Path) -> dict[str, str]:
+    """An ONNX file's metadata_props, by onnx where installed (its protobuf is parsed, nothing run), else by
+    onnxruntime (Python 3.13 has no onnx wheel); {} where neither is installed or the file is not ONNX (the caller
+    then looks elsewhere, and onnxruntime says what is wrong with the file when it loads it)."""
+    try:
+        import onnx
+
+        return {p.key: p.value for p in onnx.load(str(onnx_file), load_external_data=False).metadata_props}
+    except ImportError:
+        pass
+    except Exception:   # noqa: BLE001 - onnx raises protobuf's DecodeError and others for a file that is not ONNX
+        return {}
+    try:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        return dict(session.get_modelmeta().custom_metadata_map)
+    except Exception:   # noqa: BLE001 - ImportError, or onnxruntime's own types for an unreadable file
+        return {}
+
+
+def card_config(meta: Mapping[str, str]) -> tuple[dict[str, Any], list[str]] | None:
+    """(config without data sets, class names) from a file's metadata, None where it carries no model card (an
+    ONNX file ppmulti did not write, or wrote before it kept one) or one that does not parse."""
+    import json
+
+    import yaml
+
+    if META_CONFIG not in meta:
+        return None
+    try:
+        config = yaml.safe_load(meta[META_CONFIG])
+        names = json.loads(meta.get(META_NAMES, "[]"))
+    except (yaml.YAMLError, json.JSONDecodeError):
+        return None
+    if not isinstance(config, dict) or not isinstance(names, list):
+        return None
+    return config, [str(n) for n in names]
+
+
 def export_onnx(config: str, overrides: list[str], weights: str | None, output_dir: str,
                 opts: OnnxOptions = OnnxOptions(), edit: Callable[[Any], None] | None = None,
                 dst: Path | None = None, convert: Converter | None = None) -> Path:
     """Export the Paddle inference model (kept beside, as ppdet writes it, in ``output_dir/<config name>``),
     convert it to ONNX and write that to ``dst`` (default: ``model.onnx`` beside the Paddle model); returns the
-    ONNX file's path. ``edit`` changes the loaded config first (YOLOv5's --imgsz, the run's model). ``convert``
+    ONNX file's path, its metadata holding the config and class names (``model_card``). ``edit`` changes the
+    loaded config first (YOLOv5's --imgsz, the run's model). ``convert``
     does the conversion (model dir, opset, architecture, paddle2onnx version -> ONNX bytes); the export tools pass
     ppmulti/procs/onnx_convert.py's, which runs it in a child process because paddle2onnx may crash the process
     (SIGABRT/SIGSEGV on PP-YOLO, SSD, TOOD, the R-CNNs); the default converts here."""
+    from ppmulti.rank import config as config_mod
     from ppmulti.rank.engine import inference
+    from ppmulti.rank.engine.detect import class_names
 
     opts.check()
     version = require_paddle2onnx()
@@ -202,6 +277,11 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
     if opts.half:
         data = to_half(data)
         check_loads(data, "--half (float16 conversion)")
+    try:
+        names = class_names(cfg)
+    except ValueError:   # ppdet's get_categories knows no categories for this metric: the card without names
+        names = {}
+    data = with_metadata(data, model_card(config_mod.resolved(cfg), [names[i] for i in sorted(names)]))
     with atomic_path(dst) as tmp:
         Path(tmp).write_bytes(data)
     log.info("paddle2onnx %s: %s (opset %d, NMS %s, batch %s%s%s)", version, dst, opts.opset,
