@@ -72,7 +72,7 @@ class RunPlan:
     callbacks: tuple[CallbackSpec, ...] = ()   # --callback: users' functions called in every rank (hooks/callbacks.py)
     ultra_args: dict | None = None   # ppmulti yolo runs: ultralytics' keys as resolved, rank 0's args.yaml
     # the evaluation after each epoch, as ultralytics' trainer does it (ppmulti yolo runs: ultra_keys.training_val)
-    val_rect: bool = False           # ultralytics' val letterbox, rect batches (eval_setup.apply_val_rect)
+    val_rect: bool = False           # ultralytics' val letterbox, rect batches (yolo_config.apply_val_rect)
     val_end2end: bool | None = None  # YOLO26's head while evaluating: None the config's, False one-to-many + NMS
 
     def __post_init__(self) -> None:
