@@ -2,12 +2,15 @@
 
     python bench/ppdet_trainer.py --ppdet-root ../PaddleDetection [--configs A.yml B.yml] [--rounds 3] [--steps 12]
 
-Run it with the Python of a Paddle 2.6 stack (PaddleDetection's trainer does not start on Paddle 3). Both trainers get
+Run it with the Python of a Paddle 2.6 stack (PaddleDetection's trainer does not start on Paddle 3). The checkout is
+release/2.6 (PP-YOLOE, PicoDet ...) or release/2.7 (``configs/rtdetr/*.yml`` too): PaddleDetection's tools/train.py
+runs its checkout's own ppdet, ppmulti's runs paddledet 2.6.0 with its release/2.7 RT-DETR modules. Both trainers get
 the same config (a path inside the checkout), the same ``-o`` overrides (``use_gpu=false epoch=1 num_classes=3
 TrainReader.batch_size=B log_iter=1 pretrain_weights=``, ``worker_num=N`` with ``--workers N``, and the config's
-BatchRandomResize pinned to one size, ``--size``: its eval size unless told) and one process each, in turn (the order
-alternates by round), in one work directory holding a generated 3-class COCO set at ``dataset/coco`` (``ppmulti data
-demo``'s images, laid out as the configs expect it; the checkout is not touched).
+BatchRandomResize pinned to one size, ``--size``: its eval size unless told, ``eval_height`` or RT-DETR's
+``eval_size``) and one process each, in turn (the order alternates by round), in one work directory holding a generated
+3-class COCO set at ``dataset/coco`` (``ppmulti data demo``'s images, laid out as the configs expect it; the checkout
+is not touched).
 
 The step time is wall time, the same for both: the bench timestamps every log line as it arrives, and a step is the
 interval between the step's log line and the one before it (everything the loop does per step: data wait, forward,
@@ -187,11 +190,20 @@ def read_config(path: Path) -> dict:
     return merge(merged, body)
 
 
+def eval_pixels(cfg: dict) -> int | None:
+    """A merged config's eval size in pixels: release/2.6's ``eval_height`` (PP-YOLOE, PicoDet), else release/2.7
+    RT-DETR's ``eval_size: [h, w]`` (its height); None where it names neither."""
+    if cfg.get("eval_height"):
+        return int(cfg["eval_height"])
+    size = cfg.get("eval_size")
+    return int(size[0]) if isinstance(size, (list, tuple)) and size else None
+
+
 def size_override(config: Path, size: str) -> list[str]:
     """``-o TrainReader.batch_transforms=[...]`` with the config's BatchRandomResize drawing one size: ``size`` pixels,
-    or the config's eval_height for "eval"; nothing for "random" (the config's own draw) or without that op.
-    Both trainers draw their sizes with their own seeds, and a step at 768 px costs 6x one at 320 px: with the
-    draw left in, a few steps compare sizes more than trainers."""
+    or the config's eval size for "eval" (see ``eval_pixels``); nothing for "random" (the config's own draw) or
+    without that op. Both trainers draw their sizes with their own seeds, and a step at 768 px costs 6x one at
+    320 px: with the draw left in, a few steps compare sizes more than trainers."""
     if size == "random":
         return []
     cfg = read_config(config)
@@ -199,11 +211,19 @@ def size_override(config: Path, size: str) -> list[str]:
     at = next((i for i, op in enumerate(ops) if isinstance(op, dict) and "BatchRandomResize" in op), None)
     if at is None:
         return []
-    pixels = int(cfg.get("eval_height") or max(ops[at]["BatchRandomResize"]["target_size"])) if size == "eval" \
-        else int(size)
+    pixels = int(size) if size != "eval" else eval_pixels(cfg) or max(ops[at]["BatchRandomResize"]["target_size"])
     ops = [dict(op) for op in ops]
     ops[at] = {"BatchRandomResize": {**ops[at]["BatchRandomResize"], "target_size": [pixels]}}
     return [f"TrainReader.batch_transforms={json.dumps(ops, separators=(',', ':'))}"]
+
+
+def pinned_sizes(config: Path, size: str) -> dict:
+    """What ``size_override`` trains ``config`` at: ``{"train": pixels or None (the config's own draw), "eval": the
+    config's eval size in pixels or None}``, for the results' header."""
+    said = size_override(config, size)
+    ops = json.loads(said[0].split("=", 1)[1]) if said else []
+    train = next((op["BatchRandomResize"]["target_size"][0] for op in ops if "BatchRandomResize" in op), None)
+    return {"train": train, "eval": eval_pixels(read_config(config))}
 
 
 def overrides(args: argparse.Namespace, config: Path | None = None) -> list[str]:
@@ -312,13 +332,15 @@ def markdown(result: dict) -> str:
         f"Training size (`--size {result['size']}`): "
         + ("as each config draws it." if result["size"] == "random" else
            "each config's BatchRandomResize draws one size (the override is in the JSON), so both trainers train "
-           "on the same pixels in every step."),
+           "on the same pixels in every step"
+           + "".join(f"; {c}: {v['train']} px" + (f" (its eval size {v['eval']} px)" if v["eval"] else "")
+                     for c, v in result.get("sizes", {}).items() if v["train"]) + "."),
         "A ratio above 1 means ppmulti is faster.", "", *rows, ""])
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ppdet-root", required=True, type=Path, help="a PaddleDetection checkout (release/2.6)")
+    p.add_argument("--ppdet-root", required=True, type=Path, help="a PaddleDetection checkout (release/2.6 or 2.7)")
     p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), help="config paths inside the checkout")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=12, help="timed steps per run (after --skip)")
@@ -326,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8, help="TrainReader.batch_size (one process)")
     p.add_argument("--workers", type=int, default=None, help="worker_num for both (default: the config's)")
     p.add_argument("--size", default="eval", help="training size: the config's BatchRandomResize draws only this "
-                   "(pixels), or the config's eval_height (eval, the default), or as the config says (random)")
+                   "(pixels), or the config's eval size (eval, the default), or as the config says (random)")
     p.add_argument("-o", "--opt", nargs="*", default=[], help="more overrides, given to both trainers")
     p.add_argument("--python", default=sys.executable, help="the Python of the Paddle 2.6 stack (default: this one)")
     p.add_argument("--workdir", type=Path, default=None, help="where the data set and runs go (default: a temp dir)")
@@ -388,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "versions": versions(args.python), "overrides": overrides(args),
                   "size": args.size, "size_overrides": {c: size_override(root / c, args.size) for c in args.configs},
+                  "sizes": {c: pinned_sizes(root / c, args.size) for c in args.configs},
                   "window": [args.skip, args.skip + args.steps - 1], "train_images": images,
                   "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)], "configs": configs}
     finally:

@@ -126,3 +126,47 @@ def test_the_size_override_pins_the_configs_batch_random_resize(bench, tmp_path)
     assert yaml.safe_load(bench.size_override(tmp_path / "model.yml", "288")[0].split("=", 1)[1])[0][
         "BatchRandomResize"]["target_size"] == [288]
     assert bench.size_override(tmp_path / "model.yml", "random") == []
+
+
+def test_an_rtdetr_config_is_pinned_to_its_eval_size(bench, tmp_path):
+    # release/2.7's RT-DETR form: no eval_height, ``eval_size: [h, w]`` in the model file, its reader in another
+    # base, tagged schedulers beside (configs/rtdetr/_base_/ in PaddleDetection release/2.7, shortened)
+    (tmp_path / "_base_").mkdir()
+    (tmp_path / "_base_" / "rtdetr_r50vd.yml").write_text(
+        "architecture: DETR\nuse_focal_loss: True\neval_size: [640, 640]\n")
+    (tmp_path / "_base_" / "rtdetr_reader.yml").write_text(
+        "TrainReader:\n"
+        "  sample_transforms:\n  - Decode: {}\n  - RandomDistort: {prob: 0.8}\n"
+        "  batch_transforms:\n"
+        "  - BatchRandomResize: {target_size: [480, 640, 800], random_size: True, random_interp: True, "
+        "keep_ratio: False}\n"
+        "  - NormalizeBox: {}\n  - BboxXYXY2XYWH: {}\n"
+        "  batch_size: 4\n")
+    (tmp_path / "rtdetr_r18vd_6x_coco.yml").write_text(
+        "_BASE_: ['_base_/rtdetr_r50vd.yml', '_base_/rtdetr_reader.yml']\n"
+        "LearningRate:\n  schedulers:\n  - !PiecewiseDecay {gamma: 1.0, milestones: [100]}\n"
+        "ResNet:\n  depth: 18\n")
+    config = tmp_path / "rtdetr_r18vd_6x_coco.yml"
+    ops = yaml.safe_load(bench.size_override(config, "eval")[0].split("=", 1)[1])
+    assert ops[0]["BatchRandomResize"] == {"target_size": [640], "random_size": True, "random_interp": True,
+                                           "keep_ratio": False}
+    assert [next(iter(op)) for op in ops] == ["BatchRandomResize", "NormalizeBox", "BboxXYXY2XYWH"]
+    assert bench.pinned_sizes(config, "320") == {"train": 320, "eval": 640}
+    assert bench.pinned_sizes(config, "random") == {"train": None, "eval": 640}
+    assert bench.eval_pixels({"eval_height": 416, "eval_size": [640, 640]}) == 416
+    assert bench.eval_pixels({}) is None
+
+
+def test_the_table_header_says_the_pinned_size_and_the_eval_size(bench):
+    side = {"seconds_per_step": 10.0, "data_per_step": 0.001, "cpu_per_step": None, "own_per_step": 9.9}
+    config = "configs/rtdetr/rtdetr_r18vd_6x_coco.yml"
+    result = {"configs": [{"config": config, "rounds": [{"ppdet": side, "ppmulti": {**side, "seconds_per_step": 8.0},
+                                                         "ratio": 1.25}],
+                           "median_ppdet": 10.0, "median_ppmulti": 8.0, "median_ratio": 1.25}],
+              "machine": {"cpu": "cpu", "cores": 2, "memory_gib": 23.5, "python": "3.10.13"},
+              "command": "python bench/ppdet_trainer.py --size 320", "date": "2026-12-02 17:05 UTC",
+              "versions": {"paddle": "2.6.2"}, "load_average": [0.1, 1.2], "overrides": ["use_gpu=false"],
+              "window": [1, 6], "size": "320", "sizes": {config: {"train": 320, "eval": 640}}}
+    table = bench.markdown(result)
+    assert f"; {config}: 320 px (its eval size 640 px)." in table
+    assert f"| {config} | median | 10.000 | 8.000 | **1.250** |" in table
