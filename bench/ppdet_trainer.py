@@ -1,6 +1,8 @@
 """ppmulti's tools/train.py against PaddleDetection's own tools/train.py on PaddleDetection's configs, side by side.
 
     python bench/ppdet_trainer.py --ppdet-root ../PaddleDetection [--configs A.yml B.yml] [--rounds 3] [--steps 12]
+    python bench/ppdet_trainer.py --ppdet-root ../PD-2.7 --configs configs/rtdetr/rtdetr_r18vd_6x_coco.yml \
+        --size 320 --batch 4 --name ppdet_trainer_rtdetr
 
 Run it with the Python of a Paddle 2.6 stack (PaddleDetection's trainer does not start on Paddle 3). The checkout is
 release/2.6 (PP-YOLOE, PicoDet ...) or release/2.7 (``configs/rtdetr/*.yml`` too): PaddleDetection's tools/train.py
@@ -18,8 +20,8 @@ backward, optimizer, EMA, logging). The first ``--skip`` steps are warm-up; the 
 the same for both. Each trainer's own figures ride along: PaddleDetection's ``batch_cost`` (which leaves out its EMA
 update and logging) and ``data_cost``, ppmulti's data wait (its log gives the mean per step since its last line),
 and the CPU seconds per step of each trainer's process and of its loader workers (from /proc when the lines arrive:
-what each does per step, whatever the load). Writes ``ppdet_trainer.json`` and ``ppdet_trainer.md`` into ``--out``
-(default bench/results/); run it on an idle machine.
+what each does per step, whatever the load). Writes ``NAME.json`` and ``NAME.md`` into ``--out`` (default
+bench/results/; ``--name``, default ppdet_trainer); run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -353,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", default=sys.executable, help="the Python of the Paddle 2.6 stack (default: this one)")
     p.add_argument("--workdir", type=Path, default=None, help="where the data set and runs go (default: a temp dir)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where the JSON and table go")
+    p.add_argument("--name", default="ppdet_trainer", help="their file name without .json/.md (another name keeps "
+                   "an earlier result, e.g. ppdet_trainer_rtdetr beside release/2.6's ppdet_trainer)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per training run")
     args = p.parse_args(argv)
     root = args.ppdet_root.resolve()
@@ -368,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.size not in ("eval", "random") and not (args.size.isdigit() and int(args.size) >= 32):
         print(f"error: --size {args.size}: give pixels (e.g. 320, at least 32), eval or random", file=sys.stderr)
+        return 2
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        print(f"error: --name {args.name!r}: give a plain file name without .json/.md, e.g. ppdet_trainer_rtdetr",
+              file=sys.stderr)
         return 2
     # epoch 1 must hold the window: PaddleDetection's COCO source finds 12-15 % of the demo set's images invalid
     images = math.ceil((args.skip + args.steps + 2) * args.batch / 0.75)
@@ -419,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     from ppmulti.common.atomic import atomic_write_text
 
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "ppdet_trainer.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(args.out / f"{args.name}.json", json.dumps(result, indent=1) + "\n")
     table = markdown(result)
-    atomic_write_text(args.out / "ppdet_trainer.md", table)
+    atomic_write_text(args.out / f"{args.name}.md", table)
     print(table)
     cores = result["machine"]["cores"]
     if max(result["load_average"]) > cores:
