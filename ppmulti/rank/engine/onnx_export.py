@@ -260,6 +260,9 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
     if opts.half:
         require_float16()
     cfg, model = inference.build_model(config, overrides, weights, edit)
+    # the card's config now: ppdet's exporter puts the built model into cfg (a Layer, whose attributes refer
+    # back to each other: Paddle 2.6's would recurse without end in to_plain)
+    card_cfg = config_mod.resolved(cfg)
     if not opts.nms:
         inference.leave_nms_out(model)
     model_dir = inference.export_model(cfg, model, output_dir)
@@ -281,7 +284,7 @@ def export_onnx(config: str, overrides: list[str], weights: str | None, output_d
         names = class_names(cfg)
     except ValueError:   # ppdet's get_categories knows no categories for this metric: the card without names
         names = {}
-    data = with_metadata(data, model_card(config_mod.resolved(cfg), [names[i] for i in sorted(names)]))
+    data = with_metadata(data, model_card(card_cfg, [names[i] for i in sorted(names)]))
     with atomic_path(dst) as tmp:
         Path(tmp).write_bytes(data)
     log.info("paddle2onnx %s: %s (opset %d, NMS %s, batch %s%s%s)", version, dst, opts.opset,
