@@ -67,8 +67,13 @@ print(json.dumps([list(o.shape) for o in session.run(None, feeds)]))
 
 def run_onnx(model_dir):
     # its own process: paddle2onnx aborts the process (SIGABRT) on an operator it does not convert
+    # and its TMPDIR a directory of this script's: compat's temporary directory outlives an aborted child
+    import os
     import subprocess
-    proc = subprocess.run([sys.executable, "-c", ONNX, str(model_dir)], capture_output=True, text=True)
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="ppmulti-zoo-onnx-") as tmp:
+        proc = subprocess.run([sys.executable, "-c", ONNX, str(model_dir)], capture_output=True, text=True,
+                              env={**os.environ, "TMPDIR": tmp})
     if proc.returncode:
         raise RuntimeError(f"exit {proc.returncode}: " + " ".join(
             line for line in proc.stderr.splitlines() if "Paddle2ONNX" in line or "Error" in line)[-300:])
