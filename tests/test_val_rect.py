@@ -140,7 +140,7 @@ def test_training_evaluation_takes_rect_where_val_would():
     assert val_rect(cfg) is False and cfg == _cfg("YOLOv5")
 
 
-@pytest.mark.parametrize("end2end,through_nms", [(False, True), (True, False), (None, False)])
+@pytest.mark.parametrize("end2end,through_nms", [("false", True), ("true", False), (None, False)])
 def test_yolo26_predict_goes_through_nms_unless_end2end(tmp_path, end2end, through_nms):
     """tools/detect.py --end2end (`ppmulti yolo predict` nms=None/True -> false, nms=False -> true): false builds the
     one-to-many head with NMS left out of the graph, so detect's NMS runs on raw boxes and scores; true (and the

@@ -148,8 +148,7 @@ def _detect(args, frames) -> int:
     else:
         model = resolve_model(args)
         note = model.note
-        end2end = None if args.end2end is None else args.end2end == "true"
-        edit = detect_edit(args.imgsz, args.use_gpu, model, end2end=end2end)
+        edit = detect_edit(args.imgsz, args.use_gpu, model, end2end=args.end2end)
         backend = PaddleBackend(model.config, overrides(args), model.weights, edit)
     if note:
         print(note, file=sys.stderr)

@@ -262,8 +262,7 @@ def val_edit(args: argparse.Namespace, model: EvalModel) -> Callable[[Any], None
             cfg["EvalReader"]["batch_size"] = int(args.batch)
         if args.workers is not None:
             cfg["worker_num"] = int(args.workers)
-        if getattr(args, "end2end", None) and cfg.get("architecture") == "UltraYOLO":
-            cfg["UltraYOLO"]["end2end"] = args.end2end == "true"   # other models have one head: nothing to pick
+        pick_end2end(cfg, getattr(args, "end2end", None))
         if getattr(args, "rect", False):
             from ppmulti.rank.yolo_config import apply_val_rect
 
@@ -313,11 +312,17 @@ def card_file(config: dict[str, Any], names: list[str]) -> str:
     return cache_text(yaml.safe_dump({**config, "TestDataset": test}, sort_keys=False), "onnx-config", ".yml")
 
 
+def pick_end2end(cfg, end2end: str | None) -> None:
+    """--end2end (eval and detect): YOLO26's head, "true" the one-to-one branch without NMS, "false" the one-to-many
+    branch through NMS; None keeps the config's. Other models have one head: nothing to pick."""
+    if end2end is not None and cfg.get("architecture") == "UltraYOLO":
+        cfg["UltraYOLO"]["end2end"] = end2end == "true"
+
+
 def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None = None,
-                one_image: bool = True, end2end: bool | None = None) -> Callable[[Any], None]:
+                one_image: bool = True, end2end: str | None = None) -> Callable[[Any], None]:
     """tools/detect.py's (and export's) edit of the loaded config: the model's overrides, --imgsz, the device, with
-    ``one_image`` one image per TestReader batch, and with ``end2end`` (--end2end) YOLO26's head: True the
-    one-to-one branch without NMS, False the one-to-many branch through NMS (None: the config's)."""
+    ``one_image`` one image per TestReader batch, and ``end2end`` (--end2end's text: pick_end2end)."""
 
     def edit(cfg) -> None:
         from ppdet.core.workspace import merge_config
@@ -338,7 +343,6 @@ def detect_edit(imgsz: int | None, use_gpu: bool | None, model: EvalModel | None
             cfg["TestReader"]["batch_size"] = 1
         if use_gpu is not None:
             cfg["use_gpu"] = use_gpu
-        if end2end is not None and cfg.get("architecture") == "UltraYOLO":
-            cfg["UltraYOLO"]["end2end"] = end2end   # other models have one head: nothing to pick
+        pick_end2end(cfg, end2end)
 
     return edit
