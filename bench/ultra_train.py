@@ -23,8 +23,8 @@ One metric
     batches, conf 0.001, iou 0.7, max_det 300; YOLO26 read through its one-to-many head and NMS, ultralytics'
     default). It reads ultralytics' .pt without torch; bench/results/ultra_parity.md shows it within 0.002 mAP50 of
     ultralytics' own val on the same weights. Each side's own per-epoch mAP50 (its results.csv: both write
-    ultralytics' columns) is recorded too, but only as the learning curve: the two sides validate differently
-    during training (ultralytics rect batches and its own AP, ppmulti a square letterbox and pycocotools).
+    ultralytics' columns) is recorded too, but only as the learning curve: both validate in ultralytics' trainer's
+    rect batches, each with its own AP (ultralytics' interpolation, ppmulti pycocotools').
 
 Time
     * process wall time: the training command from start to exit (start-up, every epoch and its validation, the
@@ -192,7 +192,7 @@ def goals(cases: dict[str, dict]) -> dict[str, dict]:
         text = (f"ppmulti/2 reaches {target:.3f} " + (f"at epoch {reach[1]} in {reach[0]:.0f} s = {ratio:.2f} of "
                                                      f"ultralytics' {u_train:.0f} s" if reach else
                                                      f"in none of its epochs (final {two['final_mAP50']['mean']:.3f})")
-                + f" (goal <= {SCALING_GOAL})")
+                + f" (at most {SCALING_GOAL} asked)")
         out["scaling"] = {"ok": ratio is not None and ratio <= SCALING_GOAL, "reach": reach, "ratio": ratio,
                           "ultralytics_train_s": u_train, "target": target, "text": text}
     return out

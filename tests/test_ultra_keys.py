@@ -88,8 +88,18 @@ GOLDEN = [
                 "--source", "imgs",
                 "--conf-thres", "0.5", "--hide-labels", "--classes", "0", "2", "--line-thickness", "2",
                 "--project", "runs/detect", "--name", "predict"], {}),
+    # ONNX slimmed unless simplify=False, as ultralytics exports (default.yaml: simplify: True)
     ("export model=best.pdparams format=onnx half=True dynamic=True opset=13",
-     "export", ["--weights", "best.pdparams", "--include", "onnx", "--half", "--dynamic", "--opset", "13"], {}),
+     "export", ["--weights", "best.pdparams", "--simplify", "--include", "onnx", "--half", "--dynamic", "--opset",
+                "13"], {}),
+    ("export model=best.pdparams format=onnx simplify=False",
+     "export", ["--weights", "best.pdparams", "--include", "onnx"], {}),
+    # a model yaml: its untrained model (ultralytics exports one so: yolo11n.onnx)
+    ("export model=yolo11n.yaml format=onnx",
+     "export", ["--cfg", "yolo11n.yaml", "--simplify", "--include", "onnx"], {}),
+    # other formats ignore simplify, as in ultralytics
+    ("export model=best.pdparams format=paddle simplify=True",
+     "export", ["--weights", "best.pdparams", "--include", "paddle"], {}),
     ("export model=best.pdparams format=paddle quantize=fp16",
      "export", ["--weights", "best.pdparams", "--include", "paddle", "--half"], {}),
 ]
@@ -110,6 +120,7 @@ REFUSED = [
     ("train model=a.yaml batch=0.7", "batch=0.7: give the global batch as a whole number"),
     ("val model=a.pdparams epochs=3", "epochs=3 is a training key; mode=val does not use it"),
     ("export model=a.pdparams", "format= is missing"),
+    ("val model=yolo11n.yaml data=d.yaml", "model=yolo11n.yaml: a model yaml has no trained weights to val"),
     ("export model=a.pdparams format=engine", "format=engine: ppmulti exports onnx or paddle"),
     ("train model=a.yaml optimizer=RAdam", "optimizer=RAdam: ppmulti trains with SGD, MuSGD, Adam, AdamW or auto"),
     ("train model=a.yaml fraction=0.5", "fraction=0.5: training on part of the set"),

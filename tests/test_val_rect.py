@@ -136,8 +136,12 @@ def test_training_evaluation_takes_rect_where_val_would():
 
     cfg = _cfg()
     assert val_rect(cfg) is True and "RectLetterbox" in cfg["EvalReader"]["sample_transforms"][1]
+    # the hook passes twice the per-rank training batch, as ultralytics' trainer batches its val loader
+    cfg = _cfg()
+    assert val_rect(cfg, 32) is True
+    assert cfg["EvalReader"]["batch_size"] == cfg["EvalDataset"]["rect_batch"] == 32
     cfg = _cfg("YOLOv5")
-    assert val_rect(cfg) is False and cfg == _cfg("YOLOv5")
+    assert val_rect(cfg, 32) is False and cfg == _cfg("YOLOv5")   # its config's letterbox and batch
 
 
 @pytest.mark.parametrize("end2end,through_nms", [("false", True), ("true", False), (None, False)])

@@ -112,11 +112,11 @@ def test_the_tools_speak_the_dialect_only_when_ppmulti_yolo_asks():
     # each fails in the tool `ppmulti yolo` execs, before any model is read (about 0.5 s each)
     (["val", "model=w.pdparams", "conf=2"], "error: conf=2.0: use a value in [0, 1]"),
     (["val", "model=missing.pdparams"], "error: model=missing.pdparams: file not found"),
+    (["val", "model=w.onnx"], "error: model=w.onnx: evaluation runs Paddle weights; pass the .pdparams"),
     (["val", "model=w.pdparams", "device=0,1"], "error: device=0,1: one process evaluates on one GPU"),
     (["predict", "model=w.pdparams", "source=nope"], "error: source=nope: no such file or folder"),
     (["predict", "model=w.pdparams", "max_det=0"], "error: max_det=0: use a value of at least 1"),
-    (["export", "model=w.pdparams", "format=paddle", "simplify=True"],
-     "error: simplify=True applies to ONNX: add format=onnx"),
+    (["export", "model=w.pdparams", "format=onnx", "opset=30"], "error: opset=30: use 11 to 17"),
     # refused by ppmulti yolo itself, before a tool's parser meets a word where it reads a number
     (["predict", "model=w.pdparams", "conf=abc"], "error: conf=abc: expected a number, e.g. conf=0.25"),
     (["val", "model=w.pdparams", "imgsz=[640,480]"],

@@ -231,3 +231,25 @@ def test_a_set_whose_labels_are_all_empty_is_a_warning(tmp_path):
         f"train: none of the 2 images has a box (every label file is empty or missing): the model would learn "
         f"that nothing is ever there; check that each image has its label file, e.g. {first} -> "
         f"{tmp_path / 'labels' / 'train' / 'a.txt'}, with lines 'class x_center y_center width height'"]
+
+
+def test_the_files_ppdet_reads_by_path_stay_bounded(tmp_path, monkeypatch):
+    """cache_text writes each text once; writing a new one removes those no run used for CACHE_DAYS, and a use
+    keeps a file (its time renewed)."""
+    import os
+    import tempfile
+    import time
+
+    from ppmulti.rank.data.yolo import CACHE_DAYS, cache_text
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old_time = time.time() - CACHE_DAYS * 86400 - 60
+    unused = Path(cache_text("unused", "val", ".json"))
+    used = Path(cache_text("used", "val", ".json"))
+    for path in (unused, used):
+        os.utime(path, (old_time, old_time))
+    assert cache_text("used", "val", ".json") == str(used)            # a run asks for it again: kept
+    assert used.stat().st_mtime > old_time
+    fresh = Path(cache_text("another set", "val", ".json"))
+    assert sorted(p.name for p in fresh.parent.iterdir()) == sorted([used.name, fresh.name])
+    assert fresh.read_text() == "another set" and used.read_text() == "used"

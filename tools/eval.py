@@ -71,6 +71,9 @@ def parse(argv, prog: str = "tools/eval.py") -> argparse.Namespace:
         why = TASKS.get(args.task, "an unknown task")
         raise UserError(f"--task {args.task}: YOLOv5 val.py's task for {why}, which ppmulti does not run; "
                         f"--task val (the data's val split) is the one evaluated")
+    if args.weights and Path(args.weights).suffix.lower() == ".onnx":
+        raise UserError(f"--weights {args.weights}: evaluation runs Paddle weights; pass the .pdparams (or .pt) it "
+                        f"was exported from (an .onnx file is for predicting)")
     args.save_dir_wanted = not args.config or bool(args.project or args.name)
     if (args.save_txt or args.save_json is True) and not args.save_dir_wanted:
         raise UserError("--save-txt and a bare --save-json write into the results directory: add --project DIR "

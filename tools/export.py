@@ -87,9 +87,10 @@ def parse(argv) -> argparse.Namespace:
         if args.output_dir:
             raise UserError("--output_dir goes with -c CONFIG; without -c the files go beside --weights "
                             "(as YOLOv5 writes them)")
-        if not args.weights:
-            raise UserError("no weights given: pass --weights RUN/weights/best.pdparams (or -c CONFIG)")
-        if Path(args.weights).suffix.lower() == ".onnx":
+        if not args.weights and not args.cfg:
+            raise UserError("no weights given: pass --weights RUN/weights/best.pdparams (or -c CONFIG, or --cfg "
+                            "MODEL.yaml alone for its untrained model)")
+        if args.weights and Path(args.weights).suffix.lower() == ".onnx":
             raise UserError(f"--weights {args.weights}: already exported; pass the .pdparams it came from")
     elif len(args.formats) > 1:
         raise UserError(f"--include {' '.join(args.include)} with -c: one format per export")
@@ -184,21 +185,28 @@ def check_paddle_half() -> None:
 
 
 def run_yolov5(args, opts) -> int:
-    """YOLOv5's export: the model from the weights' run, each format written beside the weights."""
-    from ppmulti.rank.engine.inference import export
+    """YOLOv5's export: the model from the weights' run, each format written beside the weights. --cfg alone
+    (`ppmulti yolo export model=yolo11n.yaml`): the untrained model, as ultralytics exports a yaml, named after the
+    yaml (yolo11n.onnx in the working directory)."""
+    from ppmulti.rank.engine.inference import export, save_initial_weights
     from ppmulti.rank.engine.onnx_export import export_onnx
     from ppmulti.rank.eval_setup import detect_edit, resolve_model
 
     model = resolve_model(args)
     if model.note:
         print(model.note, file=sys.stderr)
-    weights = Path(model.weights)
+    # the files are named after the weights (W.pdparams -> W.onnx); an untrained model's after its yaml
+    home = Path(model.weights) if model.weights else Path(args.cfg).with_suffix(".pdparams")
     edit = detect_edit(args.imgsz, args.use_gpu, model, one_image=False)
-    with tempfile.TemporaryDirectory(prefix=".export-", dir=weights.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=home.parent) as tmp:
+        weights = home
+        if not model.weights:   # --cfg alone: its initial weights, in the temporary directory
+            weights = Path(tmp) / home.name
+            save_initial_weights(model.config, overrides(args), weights, edit)
         written = []
         if "onnx" in args.formats:
             written.append(export_onnx(model.config, overrides(args), str(weights), tmp, opts, edit,
-                                       dst=beside_weights(weights, "onnx"), convert=converter(keep=False)))
+                                       dst=beside_weights(home, "onnx"), convert=converter(keep=False)))
         if "paddle" in args.formats:
             if "onnx" in args.formats:
                 model_dir = next(p for p in Path(tmp).iterdir() if p.is_dir())   # the ONNX's own Paddle model
@@ -208,7 +216,7 @@ def run_yolov5(args, opts) -> int:
                 from ppmulti.rank import compat
 
                 compat.paddle_model_to_half(model_dir)
-            dst = beside_weights(weights, "paddle")
+            dst = beside_weights(home, "paddle")
             if dst.exists():
                 shutil.rmtree(dst)
             shutil.move(str(model_dir), str(dst))

@@ -136,6 +136,11 @@ def _format(v: Value, keys: dict) -> list:
                     f"implemented")
 
 
+def _simplify(v: Value, keys: dict) -> list:
+    # ultralytics slims every ONNX-based export unless simplify=False, and other formats ignore the key
+    return ["--simplify"] if v and keys.get("format") == "onnx" else []
+
+
 def _device(v: Value, keys: dict) -> list:
     if v is None or v == "":
         return []
@@ -247,7 +252,7 @@ KEYS: dict[str, Key] = {
     "optimize": Key(False, refuse="a DEEPX compiler setting: " + _FIXED),
     "int8": Key(False, refuse="INT8 quantization: " + _FIXED),
     "dynamic": Key(False, _all(EXPORT, _switch("--dynamic"))),
-    "simplify": Key(True, _all(EXPORT, _switch("--simplify"))),
+    "simplify": Key(True, _all(EXPORT, _simplify)),
     "opset": Key(None, _all(EXPORT, _flag("--opset"))),
     "workspace": Key(None, refuse="a TensorRT setting: " + _FIXED),
     # --- hyperparameters: the run's hyp file (see yolo_args) ---
@@ -277,10 +282,12 @@ KEYS: dict[str, Key] = {
     # ppmulti's own: N ranks on this machine's CPUs with device=cpu (GPUs: device=0,1,... starts one rank each)
     "nproc": Key(None, _all(TRAIN, _flag("--nproc"))),
 }
-# mode defaults ultralytics applies where default.yaml leaves None (conf) or that differ per mode
+# mode defaults ultralytics applies where default.yaml leaves None (conf) or that differ per mode, and default.yaml's
+# own where the tool's default differs (tools/export.py slims only with --simplify, as YOLOv5's export.py)
 MODE_DEFAULTS = {"train": {"batch": 16, "imgsz": 640},
                  "val": {"conf": 0.001, "iou": 0.7, "max_det": 300, "rect": True, "nms": None},
-                 "predict": {"conf": 0.25, "iou": 0.7, "max_det": 300, "nms": None}}
+                 "predict": {"conf": 0.25, "iou": 0.7, "max_det": 300, "nms": None},
+                 "export": {"simplify": True}}
 HELP = "ppmulti yolo [TASK] MODE key=value ... (TASK: detect; MODE: train, val, predict, export)"
 
 
@@ -358,6 +365,11 @@ def _model_argv(mode: str, model: Value, keys: dict) -> list[str]:
         return ["--cfg", model, "--weights", ""]
     if mode == "train" and "." not in model.rsplit("/", 1)[-1]:
         return ["--cfg", model, "--weights", ""]   # a bare name, as --cfg yolov5n
+    if model.endswith((".yaml", ".yml")):
+        if mode == "export":   # the untrained model, as ultralytics exports a yaml: MODEL.onnx beside its name
+            return ["--cfg", model]
+        raise UserError(f"model={model}: a model yaml has no trained weights to {mode}; pass weights (a run's "
+                        f"weights/best.pdparams, or a .pt)")
     return ["--weights", model]
 
 

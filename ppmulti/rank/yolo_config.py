@@ -429,9 +429,10 @@ def set_rect_batch(cfg, global_batch: int) -> None:
     cfg["TrainDataset"]["rect_batch"] = int(global_batch)
 
 
-def apply_val_rect(cfg) -> str | None:
+def apply_val_rect(cfg, batch: int | None = None) -> str | None:
     """Evaluation's --rect (and a `ppmulti yolo` run's evaluation while training, engine.hooks.evaluation):
-    ultralytics' val letterbox. The val images in aspect-ratio order, each EvalReader batch letterboxed
+    ultralytics' val letterbox. The val images in aspect-ratio order, each EvalReader batch (``batch`` images when
+    given, else the EvalReader's batch_size) letterboxed
     centred into its own shape (long side at the eval size, plus half a stride of margin: 288 x 288 for 256 x 256
     images at 256) instead of the square top-left one; UltraYOLO takes the margin back off and clips the boxes.
     Where the model or data cannot have it (`ppmulti yolo val` asks for it by default, as ultralytics' val) the
@@ -453,6 +454,8 @@ def apply_val_rect(cfg) -> str | None:
     if "Resize" not in names:
         return "it replaces the EvalReader's Resize and Pad; this config's EvalReader has no Resize"
     letterbox = {"RectLetterbox": {"img_size": size}}
+    if batch is not None:
+        cfg["EvalReader"]["batch_size"] = int(batch)
     cfg["EvalReader"]["sample_transforms"] = [letterbox if n == "Resize" else op
                                               for n, op in zip(names, ops) if n != "Pad"]
     dataset.update({"rect": True, "rect_batch": int(cfg["EvalReader"]["batch_size"]), "rect_size": size,

@@ -434,16 +434,46 @@ def cache_json(content: dict, stem: str) -> str:
     return cache_text(json.dumps(content, sort_keys=True), stem, ".json")
 
 
+# the files cache_text writes and no run has asked for in this many days are removed when it writes another
+CACHE_DAYS = 7
+
+
 def cache_text(text: str, stem: str, suffix: str) -> str:
-    """Write ``text`` once under the temp dir as ``stem-<hash><suffix>`` (ranks may race; the write is atomic)."""
+    """Write ``text`` once under the temp dir as ``stem-<hash><suffix>`` (ranks may race; the write is atomic):
+    the files ppdet reads by path (a split's ground truth as COCO json, class names, an ONNX file's config). Each
+    use marks the file as used; writing a new one removes those unused for CACHE_DAYS, so the folder stays bounded
+    by what recent runs use (a run whose file is removed writes it again)."""
     from ppmulti.common.atomic import atomic_write_text
 
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / "ppmulti-yolo" / f"{stem}-{digest}{suffix}"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, text)
+    try:
+        os.utime(path)
+        return str(path)
+    except PermissionError:   # another user's, there to read
+        return str(path)
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    prune_unused(path.parent, CACHE_DAYS * 86400.0)
     return str(path)
+
+
+def prune_unused(folder: Path, seconds: float) -> list[Path]:
+    """Remove the files in ``folder`` not modified for ``seconds``; returns those removed."""
+    import time
+
+    removed = []
+    cutoff = time.time() - seconds
+    for entry in folder.iterdir():
+        try:
+            if entry.is_file() and entry.stat().st_mtime < cutoff:
+                entry.unlink()
+                removed.append(entry)
+        except OSError:   # removed by another process first, or another user's
+            continue
+    return removed
 
 
 def categories_json(spec: DataSpec) -> str:

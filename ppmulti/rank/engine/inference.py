@@ -35,15 +35,13 @@ def _weights_path(cfg, weights: str | None) -> str:
     return str(p)
 
 
-def build_model(config: str, overrides: list[str], weights: str | None, edit: Callable[[Any], None] | None = None):
-    """Load the config (then ``edit`` it, when given), build its model on the right device and load weights
-    (shapes checked)."""
+def _built(config: str, overrides: list[str], edit: Callable[[Any], None] | None):
+    """The config loaded (then ``edit``-ed) and its model built on the right device, with its initial weights."""
     from ppmulti.rank.compat import import_ppdet
 
     import_ppdet()   # first: a bare ``import ppdet`` prints its numba notice (twice) on the console
     from ppdet.core.workspace import create
 
-    from ppmulti.rank.engine.checkpoint import load_weights
     from ppmulti.rank.ppdet_bridge import select_device
 
     dist.init()
@@ -51,7 +49,25 @@ def build_model(config: str, overrides: list[str], weights: str | None, edit: Ca
     if edit is not None:
         edit(cfg)
     select_device(cfg)
-    model = create(cfg.architecture)
+    return cfg, create(cfg.architecture)
+
+
+def save_initial_weights(config: str, overrides: list[str], dst: Path,
+                         edit: Callable[[Any], None] | None = None) -> None:
+    """The config's model as built, before any training (its layers' initialisers), saved as ``dst``: what
+    ultralytics exports for a model yaml (`yolo export model=yolo11n.yaml`)."""
+    import paddle
+
+    _, model = _built(config, overrides, edit)
+    paddle.save(model.state_dict(), str(dst))
+
+
+def build_model(config: str, overrides: list[str], weights: str | None, edit: Callable[[Any], None] | None = None):
+    """Load the config (then ``edit`` it, when given), build its model on the right device and load weights
+    (shapes checked)."""
+    from ppmulti.rank.engine.checkpoint import load_weights
+
+    cfg, model = _built(config, overrides, edit)
     model.load_meanstd(cfg["TestReader"]["sample_transforms"])
     path = _weights_path(cfg, weights)
     missing, unexpected = load_weights(model, path)

@@ -52,7 +52,9 @@ class EvaluationHook(Hook):
 
         if self.evaluator is None:
             if getattr(trainer.opts, "val_rect", False):
-                val_rect(trainer.cfg)
+                # ultralytics' trainer validates in batches of twice each rank's training batch, each rank its own
+                # contiguous batches (BaseTrainer._build_train_pipeline): the rect shapes come per such batch
+                val_rect(trainer.cfg, 2 * trainer.batch.per_rank)
             self.evaluator = make_evaluator(trainer.cfg, worker_num=trainer.cfg.get("worker_num", 0))
         self.evaluator.table = getattr(self, "table", "all")
         self.evaluator.keep_batches = 0 if getattr(trainer.opts, "noplots", False) else 3   # val_batch*.jpg
@@ -74,14 +76,14 @@ class EvaluationHook(Hook):
             model.train()
 
 
-def val_rect(cfg) -> bool:
-    """The run's plan asks for ultralytics' val letterbox (rect batches) while training: applied to the config's
-    EvalReader and EvalDataset once the run's config.yml is written (that file keeps the config's own letterbox,
-    which `ppmulti yolo val` swaps as it does here); YOLOv8/11/26 only, other models and data as they are, said
-    once. Returns whether it applied."""
+def val_rect(cfg, batch: int | None = None) -> bool:
+    """The run's plan asks for ultralytics' val letterbox (rect batches of ``batch`` images, else the EvalReader's
+    batch_size) while training: applied to the config's EvalReader and EvalDataset once the run's config.yml is
+    written (that file keeps the config's own letterbox, which `ppmulti yolo val` swaps as it does here);
+    YOLOv8/11/26 only, other models and data as they are, said once. Returns whether it applied."""
     from ppmulti.rank.yolo_config import apply_val_rect
 
-    problem = apply_val_rect(cfg)
+    problem = apply_val_rect(cfg, batch)
     if problem is not None:
         log.warning("validation letterbox: square, not ultralytics' rect batches: %s", problem)
     return problem is None
