@@ -213,8 +213,8 @@ def markdown(result: dict) -> str:
              f"Measured {result['started']} to {result['finished']} UTC at commit {result['commit']} with",
              "", "```", result["command"], "```", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average before the first case "
-             f"{m['load_before']}, the highest before a case {m['load_max']} (above {m['cores']}: not idle, "
-             "times not comparable).",
+             f"{m['load_before']}, the highest before a case {m['load_max']} (the 1-minute average, which "
+             "still counts the case before it; nothing else ran).",
              f"Versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items())}.",
              f"Data: {c['data']}. Keys on both sides: `{c['keys']}`. Seeds {c['seeds']}.",
              "Final mAP50: each run's last weights scored by `ppmulti yolo val` (pycocotools, ultralytics' val "
@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     if not exists(data_dir, fmt="yolo"):
         generate(data_dir, fmt="yolo")
     data = data_dir / "data.yaml"
-    machine = {**_machine(), "load_before": round(os.getloadavg()[0], 2)}
+    # a resumed bench keeps its first start's facts; the commit shown is the runs' own
+    machine = result.get("machine") or {**_machine(), "load_before": round(os.getloadavg()[0], 2)}
     result.update({"what": "final mAP50 (one evaluator) and time of ultralytics and ppmulti training the same "
                            "models from scratch with the same keys",
                    "started": result.get("started") or time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     def write() -> None:
         models = list(dict.fromkeys(r["model"] for r in runs.values()))
         result["summary"] = {m: summarize(runs, m) for m in models}
-        result["finished"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        result["commit"] = ", ".join(dict.fromkeys(r["commit"] for r in runs.values())) or result["commit"]
         loads = [r["load_before"] for r in runs.values()]
         result["machine"]["load_max"] = max(loads) if loads else None
         atomic_write_text(out, json.dumps(result, indent=1) + "\n")
@@ -393,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key}: done before, kept", flush=True)
             continue
         r = runs[key] = {**run_case(a, work, data, seed, model, case), "commit": result["commit"]}
+        result["finished"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
         print(f"{key}: final mAP50 {r['final']['mAP50']:.3f}, wall {r['wall_s']:.0f} s, training "
               f"{r['epochs'][-1]['time']:.0f} s", flush=True)
         write()

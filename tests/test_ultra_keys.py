@@ -211,6 +211,12 @@ def test_train_val_predict_export_from_ultralytics_line(tmp_path):
     proc = _ppmulti_yolo("export", f"model={best}", "format=onnx", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "weights" / "best.onnx").is_file()
+    assert "simplified)" in proc.stderr   # simplify=True, ultralytics' default
+    # a model yaml: its untrained model, named after it in the working directory, as ultralytics exports one
+    proc = _ppmulti_yolo("export", "model=yolo26n.yaml", "format=onnx", "imgsz=64", "simplify=False", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "yolo26n.onnx").is_file() and "simplified)" not in proc.stderr
+    assert not list(tmp_path.glob(".export-*"))
     proc = _ppmulti_yolo("predict", "model=runs/detect/train/weights/best.onnx", "source=data/images/val",
                          "conf=0.01", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -137,8 +137,9 @@ def _format(v: Value, keys: dict) -> list:
 
 
 def _simplify(v: Value, keys: dict) -> list:
-    # ultralytics slims every ONNX-based export unless simplify=False, and other formats ignore the key
-    return ["--simplify"] if v and keys.get("format") == "onnx" else []
+    # ultralytics slims every ONNX-based export unless simplify=False, and other formats ignore the key (an export
+    # line always has a format; flag_keys' probes give none)
+    return ["--simplify"] if v and keys.get("format", "onnx") == "onnx" else []
 
 
 def _device(v: Value, keys: dict) -> list:
