@@ -398,8 +398,7 @@ SMALL_MODEL = (RTDETR_R50VD.replace("hidden_dim: 256", "hidden_dim: 64").replace
                .replace("dim_feedforward: 1024", "dim_feedforward: 128").replace("num_queries: 300", "num_queries: 30")
                .replace("num_decoder_layers: 6", "num_decoder_layers: 2").replace("num_denoising: 100",
                                                                                   "num_denoising: 20")
-               .replace("num_top_queries: 300", "num_top_queries: 30").replace("depth: 50", "depth: 18")
-               .replace("use_ema: True", "use_ema: False"))
+               .replace("num_top_queries: 300", "num_top_queries: 30").replace("depth: 50", "depth: 18"))
 SMALL_READER = (RTDETR_READER.replace("worker_num: 4", "worker_num: 0")
                 .replace("[480, 512, 544, 576, 608, 640, 640, 640, 672, 704, 736, 768, 800]", "[64, 96]")
                 .replace("[640, 640]", "[96, 96]").replace("[3, 640, 640]", "[3, 96, 96]")
@@ -411,6 +410,8 @@ SMALL = {"configs/rtdetr/_base_/optimizer_6x.yml": OPTIMIZER_6X.replace("steps: 
          .replace("hidden_dim: 256", "hidden_dim: 64").replace("d_model: 256", "d_model: 64")
          .replace("dim_feedforward: 1024", "dim_feedforward: 128").replace("num_decoder_layers: 3",
                                                                            "num_decoder_layers: 2")
+         # the stem frozen, as release/2.7's R34-vd to R101-vd have it, with its EMA (ema_filter_no_grad)
+         .replace("freeze_at: -1", "freeze_at: 0")
          .replace("weights: output/rtdetr_r18_6x_coco/model_final", "weights: output/rtdetr_r18vd_small_coco/"
                   "model_final")}
 SMALL_CONFIG = "configs/rtdetr/rtdetr_r18vd_small_coco.yml"

@@ -326,6 +326,10 @@ def _ppdet_export(cfg, model, output_dir: str | Path, program_guard: Any = None)
     # ppdet's Trainer opens a VisualDL writer in the working directory (vdl_log_dir/scalar) when use_vdl is on,
     # as ppmulti's runtime.yml has it for training's own log; an export logs nothing
     cfg["use_vdl"] = False
+    # the weights are in the model already: the ModelEMA ppdet's Trainer builds for use_ema has no part in an
+    # export, and ppdet 2.6.0 builds it wrong for a frozen weight with ema_filter_no_grad (compat.model_ema, F14):
+    # release/2.7's RT-DETR configs but R18-vd's stopped here with `'set' object has no attribute 'append'`
+    cfg["use_ema"] = False
     trainer = Trainer(cfg, mode="test")
     with full_graph_to_static(), (program_guard or contextlib.nullcontext()):
         trainer.export(str(output_dir))
