@@ -214,7 +214,7 @@ def markdown(result: dict) -> str:
              "", "```", result["command"], "```", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average before the first case "
              f"{m['load_before']}, the highest before a case {m['load_max']} (the 1-minute average, which "
-             "still counts the case before it; nothing else ran).",
+             "still counts the case before it).",
              f"Versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items())}.",
              f"Data: {c['data']}. Keys on both sides: `{c['keys']}`. Seeds {c['seeds']}.",
              "Final mAP50: each run's last weights scored by `ppmulti yolo val` (pycocotools, ultralytics' val "
@@ -365,10 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     data = data_dir / "data.yaml"
     # a resumed bench keeps its first start's facts; the commit shown is the runs' own
     machine = result.get("machine") or {**_machine(), "load_before": round(os.getloadavg()[0], 2)}
+    head = _commit()
     result.update({"what": "final mAP50 (one evaluator) and time of ultralytics and ppmulti training the same "
                            "models from scratch with the same keys",
                    "started": result.get("started") or time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-                   "commit": _commit(), "versions": versions, "machine": machine,
+                   "commit": head, "versions": versions, "machine": machine,
                    "command": "python bench/ultra_train.py " + " ".join(
                        "ULTRA_VENV/bin/python" if i and argv[i - 1] == "--ultra-python" else x
                        for i, x in enumerate(argv)),
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in runs:
             print(f"{key}: done before, kept", flush=True)
             continue
-        r = runs[key] = {**run_case(a, work, data, seed, model, case), "commit": result["commit"]}
+        r = runs[key] = {**run_case(a, work, data, seed, model, case), "commit": head}
         result["finished"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
         print(f"{key}: final mAP50 {r['final']['mAP50']:.3f}, wall {r['wall_s']:.0f} s, training "
               f"{r['epochs'][-1]['time']:.0f} s", flush=True)
