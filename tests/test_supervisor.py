@@ -178,7 +178,10 @@ def test_run_captures_output_and_stops_at_the_timeout():
     ran = S.run(_py("import sys; print('out'); print('err', file=sys.stderr); sys.exit(2)"), timeout=LOADED)
     assert (ran.code, ran.stdout, ran.stderr) == (2, "out\n", "err\n")
     t0 = time.monotonic()
-    slow = S.run(_py("import time; print('early', flush=True); time.sleep(60)"), timeout=0.5)
-    assert slow.code is None and slow.stdout == "early\n" and time.monotonic() - t0 < 10.0   # not the child's 60 s
+    # one write (print under PYTHONUNBUFFERED writes the newline apart), and time enough on a loaded machine for
+    # the child to start and write it before the timeout
+    slow = S.run(_py("import sys, time; sys.stdout.write('early\\n'); sys.stdout.flush(); time.sleep(60)"),
+                 timeout=5.0)
+    assert slow.code is None and slow.stdout == "early\n" and time.monotonic() - t0 < LOADED   # not the child's 60 s
     with pytest.raises(FileNotFoundError):
         S.run(["/nonexistent/ppmulti-no-such-program"], timeout=1.0)
