@@ -1,8 +1,8 @@
-"""Every convolution of one YOLOv5s forward, forward + backward, on ppmulti's oneDNN op (float32, and its bf16
-variant that --amp uses on CPUs with AVX512-BF16/AMX) and Paddle's conv2d (and, with --torch PYTHON, torch's),
-each layer timed for every kernel in one process, best of --repeat.
+"""Every convolution of one YOLOv5s forward (or, with --model, an ultralytics model's), forward + backward, on
+ppmulti's oneDNN op (float32, and its bf16 variant that --amp uses on CPUs with AVX512-BF16/AMX) and Paddle's conv2d
+(and, with --torch PYTHON, torch's), each layer timed for every kernel in one process, best of --repeat.
 
-    python bench/conv_layers.py [--img 160] [--batch 16] [--threads 2] [--torch bench/.venv-yolov5/bin/python]
+    python bench/conv_layers.py [--model yolo11n.yaml] [--img 160] [--batch 16] [--threads 2] [--torch PYTHON]
 
 The machine's speed can move between runs (a shared VM): compare the kernels within one run.
 """
@@ -25,11 +25,12 @@ TORCH_SCRIPT = r'''
 import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[2]))
 out = []
-for xs, ws, s, p, n in json.loads(open(sys.argv[1]).read()):
+for xs, ws, s, p, g, bias, n in json.loads(open(sys.argv[1]).read()):
     x = torch.randn(*xs, requires_grad=True)
     w = (torch.randn(*ws) * 0.1).requires_grad_()
+    b = torch.zeros(ws[0], requires_grad=True) if bias else None
     def step():
-        y = torch.nn.functional.conv2d(x, w, stride=s, padding=p)
+        y = torch.nn.functional.conv2d(x, w, b, stride=s, padding=p, groups=g)
         y.backward(torch.ones_like(y))
     step()
     best = 1e9
@@ -43,35 +44,47 @@ print(json.dumps(out))
 '''
 
 
-def _layer_shapes(img: int, batch: int) -> list[tuple]:
-    """(input shape, weight shape, stride, padding, count) of every convolution the op takes in YOLOv5s."""
+def _layer_shapes(img: int, batch: int, model_name: str | None) -> list[tuple]:
+    """(input shape, weight shape, stride, padding, groups, bias, count) of every Conv2D in one forward of
+    YOLOv5s or the ultralytics model named."""
     import paddle
     from ppdet.core.workspace import create
 
+    from ppmulti.rank import compat
     from ppmulti.rank import config as config_mod
-    from ppmulti.rank.ops import conv as ops_conv
 
-    cfg = config_mod.load(REPO / "configs" / "yolov5" / "yolov5_s_300e_coco.yml")
-    model = create(cfg.architecture)
+    if model_name:
+        from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+        model = UltraDetectionModel(model_name)
+    else:
+        cfg = config_mod.load(REPO / "configs" / "yolov5" / "yolov5_s_300e_coco.yml")
+        model = create(cfg.architecture)
     model.train()
     seen: collections.Counter = collections.Counter()
     plain = paddle.nn.Conv2D.forward
 
     def record(layer, x):
-        if ops_conv.eligible(layer):
-            seen[(tuple(x.shape), tuple(layer.weight.shape), layer._stride[0], layer._updated_padding[0])] += 1
+        facts = compat.conv2d_facts(layer)
+        seen[(tuple(x.shape), tuple(layer.weight.shape), facts.stride[0], facts.padding[0], facts.groups,
+              layer.bias is not None)] += 1
         return plain(layer, x)
 
     paddle.nn.Conv2D.forward = record
     try:
-        model.neck(model.backbone({"image": paddle.randn([batch, 3, img, img])}))
+        image = paddle.randn([batch, 3, img, img])
+        if model_name:
+            model(image)
+        else:
+            model.neck(model.backbone({"image": image}))
     finally:
         paddle.nn.Conv2D.forward = plain
-    return [(list(xs), list(ws), s, p, n) for (xs, ws, s, p), n in seen.items()]
+    return [(list(xs), list(ws), s, p, g, b, n) for (xs, ws, s, p, g, b), n in seen.items()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="an ultralytics model yaml (yolo11n.yaml...) instead of YOLOv5s")
     ap.add_argument("--img", type=int, default=160)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
@@ -92,15 +105,24 @@ def main() -> None:
     compat.set_num_threads(args.threads)
     op = ops_conv.load_op()
     bf16 = ops_conv.load_bf16_op()
-    shapes = _layer_shapes(args.img, args.batch)
+    shapes = _layer_shapes(args.img, args.batch, args.model)
     rows = []
-    for xs, ws, s, p, n in shapes:
+    for xs, ws, s, p, g, bias, n in shapes:
         x = paddle.randn(xs)
         x.stop_gradient = False
         w = paddle.randn(ws) * 0.1
         w.stop_gradient = False
-        kernels = {"onednn": lambda: op(x, w, [s, s], [p, p]), "onednn_bf16": lambda: bf16(x, w, [s, s], [p, p]),
-                   "paddle": lambda: paddle.nn.functional.conv2d(x, w, stride=s, padding=p)}
+        b = None
+        if bias:
+            b = paddle.zeros([ws[0]])
+            b.stop_gradient = False
+
+        def paddle_conv(x=x, w=w, b=b, s=s, p=p, g=g):
+            return paddle.nn.functional.conv2d(x, w, b, stride=s, padding=p, groups=g)
+
+        kernels = {"onednn": lambda: op(x, w, [s, s], [p, p], g, b),
+                   "onednn_bf16": lambda: bf16(x, w, [s, s], [p, p], g, b),
+                   "paddle": paddle_conv}
         best = {}
         for _ in range(args.repeat):
             for name, f in kernels.items():   # alternate, so a slow moment hits both
@@ -111,7 +133,7 @@ def main() -> None:
                     y = f()
                     y.backward(paddle.ones_like(y))
                 best[name] = min(best.get(name, 1e9), (time.perf_counter() - t) / 4 * 1000)
-        rows.append({"input": xs, "weight": ws, "stride": s, "padding": p, "count": n,
+        rows.append({"input": xs, "weight": ws, "stride": s, "padding": p, "groups": g, "bias": bias, "count": n,
                      **{f"{k}_ms": round(v, 3) for k, v in best.items()}})
     if args.torch:
         spec = Path(args.out).with_suffix(".shapes.json")
@@ -123,17 +145,18 @@ def main() -> None:
             row["torch_ms"] = round(ms, 3)
     kernels = ["onednn", "onednn_bf16", "paddle"] + (["torch"] if args.torch else [])
     totals = {k: sum(r[f"{k}_ms"] * r["count"] for r in rows) for k in kernels}
-    print("| input | weight | stride | count | " + " | ".join(f"{k} ms" for k in kernels) + " |")
-    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in kernels) + " |")
-    for r in sorted(rows, key=lambda r: -r["paddle_ms"] * r["count"]):
-        print(f"| {r['input']} | {r['weight']} | {r['stride']} | {r['count']} | "
+    print("| input | weight | stride | groups | bias | count | " + " | ".join(f"{k} ms" for k in kernels) + " |")
+    print("| --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in kernels) + " |")
+    for r in sorted(rows, key=lambda r: -r["onednn_ms"] * r["count"]):
+        print(f"| {r['input']} | {r['weight']} | {r['stride']} | {r['groups']} | {r['bias']} | {r['count']} | "
               + " | ".join(f"{r[f'{k}_ms']:.2f}" for k in kernels) + " |")
     print(f"\nsum over {sum(r['count'] for r in rows)} convolutions (ms, forward + backward): "
           + ", ".join(f"{k} {v:.0f}" for k, v in totals.items())
           + f"; Paddle / oneDNN {totals['paddle'] / totals['onednn']:.2f}x"
           + f"; oneDNN float32 / bf16 {totals['onednn'] / totals['onednn_bf16']:.2f}x"
           + (f"; oneDNN / torch {totals['onednn'] / totals['torch']:.2f}x" if args.torch else ""))
-    atomic_write_text(args.out, json.dumps({"img": args.img, "batch": args.batch, "threads": args.threads,
+    atomic_write_text(args.out, json.dumps({"model": args.model or "yolov5s", "img": args.img, "batch": args.batch,
+                                            "threads": args.threads,
                                             "totals_ms": totals, "rows": rows}, indent=1) + "\n")
 
 

@@ -169,7 +169,7 @@ def test_custom_op_runner_runs_the_registered_op():
 
     ops_conv.load_op()   # registers it
     x, w = paddle.randn([1, 2, 6, 6]), paddle.randn([3, 2, 3, 3])
-    y = compat.custom_op_runner(ops_conv.OP_NAME)(x, w, [1, 1], [1, 1])[0]
+    y = compat.custom_op_runner(ops_conv.OP_NAME)(x, w, [1, 1], [1, 1], 1)[0]   # strides, paddings, groups
     ref = paddle.nn.functional.conv2d(x, w, padding=1)
     assert float((y - ref).abs().max()) < 1e-4
 

@@ -23,28 +23,48 @@ def _close(a, b, rtol=2e-5):
     assert float((a - b).abs().max()) / scale < rtol
 
 
-@pytest.mark.parametrize("shape,out_ch,k,stride,pad", [
-    ((2, 3, 32, 32), 8, 6, 2, 2),     # YOLOv5's stem
-    ((2, 8, 17, 13), 16, 3, 2, 1),    # odd sizes, stride 2
-    ((3, 16, 10, 10), 16, 3, 1, 1),
-    ((2, 16, 9, 9), 32, 1, 1, 0),     # 1x1
-    ((1, 4, 7, 7), 4, 5, 1, 2),
-])
-def test_values_and_gradients_match_paddle(op, shape, out_ch, k, stride, pad):
+def _inputs(shape, out_ch, k, groups, bias):
+    """x, the weight and (``bias``) a bias, all needing gradients."""
     paddle.seed(0)
     x = paddle.randn(shape)
-    x.stop_gradient = False
-    w = paddle.randn([out_ch, shape[1], k, k]) * 0.1
-    w.stop_gradient = False
-    y = op(x, w, [stride, stride], [pad, pad])
-    ref = paddle.nn.functional.conv2d(x, w, stride=stride, padding=pad)
-    assert y.shape == ref.shape
-    _close(y, ref)
+    w = paddle.randn([out_ch, shape[1] // groups, k, k]) * 0.1
+    b = paddle.randn([out_ch]) if bias else None
+    for t in (x, w, b):
+        if t is not None:
+            t.stop_gradient = False
+    return x, w, b
+
+
+def _with_paddle(run, x, w, b, stride, pad, groups):
+    """``run``'s output and gradients beside Paddle's conv2d's, for one random output gradient."""
+    y = run(x, w, [stride, stride], [pad, pad], groups, b)
+    ref = paddle.nn.functional.conv2d(x, w, b, stride=stride, padding=pad, groups=groups)
+    assert y.dtype == paddle.float32 and y.shape == ref.shape
+    inputs = [t for t in (x, w, b) if t is not None]
     g = paddle.randn(ref.shape)
-    dx, dw = paddle.grad(y, [x, w], g)
-    rdx, rdw = paddle.grad(ref, [x, w], g)
-    _close(dx, rdx)
-    _close(dw, rdw)
+    return [y, *paddle.grad(y, inputs, g)], [ref, *paddle.grad(ref, inputs, g)]
+
+
+CASES = [   # shape, out_ch, k, stride, pad, groups, bias
+    ((2, 3, 32, 32), 8, 6, 2, 2, 1, False),      # YOLOv5's stem
+    ((2, 8, 17, 13), 16, 3, 2, 1, 1, False),     # odd sizes, stride 2
+    ((3, 16, 10, 10), 16, 3, 1, 1, 1, False),
+    ((2, 16, 9, 9), 32, 1, 1, 0, 1, False),      # 1x1
+    ((1, 4, 7, 7), 4, 5, 1, 2, 1, False),
+    ((2, 16, 10, 10), 16, 3, 1, 1, 16, False),   # depth-wise (YOLO11's and YOLO26's heads, PSA)
+    ((2, 16, 11, 11), 16, 3, 2, 1, 16, False),   # depth-wise, stride 2
+    ((2, 16, 8, 8), 32, 3, 1, 1, 4, False),      # grouped, two outputs per group
+    ((2, 16, 9, 9), 7, 1, 1, 0, 1, True),        # a detection head's last 1x1, with its bias
+    ((2, 8, 10, 10), 8, 3, 1, 1, 8, True),       # depth-wise with a bias
+]
+
+
+@pytest.mark.parametrize("shape,out_ch,k,stride,pad,groups,bias", CASES)
+def test_values_and_gradients_match_paddle(op, shape, out_ch, k, stride, pad, groups, bias):
+    x, w, b = _inputs(shape, out_ch, k, groups, bias)
+    got, want = _with_paddle(op, x, w, b, stride, pad, groups)
+    for a, r in zip(got, want):
+        _close(a, r)
 
 
 def test_non_contiguous_input_is_made_contiguous(op):
@@ -62,9 +82,10 @@ def _mixed_model():
     return paddle.nn.Sequential(
         paddle.nn.Conv2D(3, 8, 3, padding=1, bias_attr=False),              # taken
         paddle.nn.Conv2D(8, 8, 3, stride=2, padding=1, bias_attr=False),    # taken
-        paddle.nn.Conv2D(8, 8, 1, bias_attr=True),                          # bias: Paddle's kernel
-        paddle.nn.Conv2D(8, 8, 3, padding=1, groups=2, bias_attr=False),    # grouped
-        paddle.nn.Conv2D(8, 8, 3, padding=2, dilation=2, bias_attr=False),  # dilated
+        paddle.nn.Conv2D(8, 8, 1, bias_attr=True),                          # taken, with its bias
+        paddle.nn.Conv2D(8, 8, 3, padding=1, groups=2, bias_attr=False),    # taken, grouped
+        paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8, bias_attr=False),    # taken, depth-wise
+        paddle.nn.Conv2D(8, 8, 3, padding=2, dilation=2, bias_attr=False),  # dilated: Paddle's kernel
         paddle.nn.Conv2D(8, 8, 3, padding=[1, 0, 1, 0], bias_attr=False),   # asymmetric padding
         paddle.nn.Conv2D(8, 8, 3, padding="SAME", bias_attr=False),         # padding algorithm
     )
@@ -85,9 +106,9 @@ def test_only_layers_it_computes_exactly_are_swapped(op):
     x = paddle.randn([2, 3, 16, 16])
     before = model(x)
     keys = list(model.state_dict())
-    assert ops_conv.use_onednn_convs(model) == 2
+    assert ops_conv.use_onednn_convs(model) == 5
     swapped = [layer for layer in model.sublayers() if "forward" in layer.__dict__]
-    assert swapped == [model[0], model[1]]
+    assert swapped == [model[i] for i in range(5)]
     _close(model(x), before)
     assert list(model.state_dict()) == keys     # checkpoints are unchanged
 
@@ -160,36 +181,23 @@ def bf16_op(op):
     return ops_conv.load_bf16_op()
 
 
-@pytest.mark.parametrize("shape,out_ch,k,stride,pad", [
-    ((2, 3, 32, 32), 8, 6, 2, 2),
-    ((2, 8, 17, 13), 16, 3, 2, 1),
-    ((3, 16, 10, 10), 16, 3, 1, 1),
-    ((2, 16, 9, 9), 32, 1, 1, 0),
-])
-def test_bf16_values_and_gradients_are_close_to_paddle_float32(bf16_op, shape, out_ch, k, stride, pad):
+@pytest.mark.parametrize("shape,out_ch,k,stride,pad,groups,bias", [CASES[i] for i in (0, 1, 2, 3, 5, 8)])
+def test_bf16_values_and_gradients_are_close_to_paddle_float32(bf16_op, shape, out_ch, k, stride, pad, groups, bias):
     """float32 in and out; within bf16's precision of Paddle's float32 conv2d, and really computed in bf16
     (further from it than the float32 op is)."""
-    paddle.seed(0)
-    x = paddle.randn(shape)
-    x.stop_gradient = False
-    w = paddle.randn([out_ch, shape[1], k, k]) * 0.1
-    w.stop_gradient = False
-    y = bf16_op(x, w, [stride, stride], [pad, pad])
-    ref = paddle.nn.functional.conv2d(x, w, stride=stride, padding=pad)
-    assert y.dtype == paddle.float32 and y.shape == ref.shape
-    g = paddle.randn(ref.shape)
-    dx, dw = paddle.grad(y, [x, w], g)
-    rdx, rdw = paddle.grad(ref, [x, w], g)
-    assert dx.dtype == paddle.float32 and dw.dtype == paddle.float32
-    for got, want in ((y, ref), (dx, rdx), (dw, rdw)):
-        _close(got, want, rtol=BF16_RTOL)
-        assert float((got - want).abs().max()) / float(want.abs().max()) > 1e-5   # not float32 in disguise
+    x, w, b = _inputs(shape, out_ch, k, groups, bias)
+    got, want = _with_paddle(bf16_op, x, w, b, stride, pad, groups)
+    for a, r in zip(got, want):
+        assert a.dtype == paddle.float32
+        _close(a, r, rtol=BF16_RTOL)
+    for a, r in zip(got[:3], want[:3]):   # the bias gradient is a float32 sum of float32 gradients
+        assert float((a - r).abs().max()) / float(r.abs().max()) > 1e-5   # not float32 in disguise
 
 
 def test_bf16_swap_keeps_float32_weights_and_state(bf16_op):
     model = _mixed_model()
     keys = {k: v.dtype for k, v in model.state_dict().items()}
-    assert ops_conv.use_onednn_convs(model, bf16=True) == 2
+    assert ops_conv.use_onednn_convs(model, bf16=True) == 5
     out = model(paddle.randn([2, 3, 16, 16]))
     assert out.dtype == paddle.float32
     assert {k: v.dtype for k, v in model.state_dict().items()} == keys

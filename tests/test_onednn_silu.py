@@ -152,3 +152,52 @@ def test_choice_paddle_keeps_paddle_silu(monkeypatch):
     assert len(fused_silu_layers(model)) == n
     assert not any(getattr(layer.__dict__.get("forward"), "__func__", None) is ops_silu._conv_bn_onednn_silu
                    for layer in model.sublayers())
+
+
+def _tensors(out) -> list:
+    """Every tensor in a head's output (a tensor, or dicts and lists of them)."""
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return [out]
+
+
+def test_ultralytics_conv_layers_are_swapped_and_give_paddles_gradients(op, monkeypatch):
+    """YOLO11n's conv+BN+SiLU layers take the op (those without SiLU keep their own forward), and with the
+    trainer's CPU set-up (oneDNN convolutions, depth-wise and biased ones included, and SiLU) the whole model
+    gives Paddle's kernels' loss and gradients, every parameter's to rounding."""
+    from ppmulti.rank.models.ultra_blocks import Conv, silu_conv_layers
+    from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+    monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
+
+    def build():
+        paddle.seed(3)
+        return UltraDetectionModel("yolo11n.yaml", nc=3)
+
+    model = build()
+    convs = [layer for layer in model.sublayers() if isinstance(layer, Conv)]
+    with_silu = silu_conv_layers(model)
+    assert 0 < len(with_silu) < len(convs)   # some Conv layers have no activation (act=False)
+    assert ops_silu.use_onednn_silus(model) == len(with_silu) and silu_conv_layers(model) == []
+    assert not any("forward" in layer.__dict__ for layer in convs if layer not in with_silu)
+
+    x = paddle.to_tensor(np.random.default_rng(0).standard_normal((2, 3, 96, 96)).astype("float32"))
+
+    def loss_and_grads(convert):
+        net = build()
+        if convert is not None:
+            convert(net)
+        loss = sum((o ** 2).mean() for o in _tensors(net(x)))
+        loss.backward()
+        return float(loss), {name: p.grad.numpy() for name, p in net.named_parameters() if p.grad is not None}
+
+    notes = []
+    loss, grads = loss_and_grads(None)
+    op_loss, op_grads = loss_and_grads(lambda m: notes.append(ops_cpu.setup_cpu_ops(m)))
+    n_convs = sum(isinstance(layer, paddle.nn.Conv2D) for layer in build().sublayers())
+    assert notes[0] == f"oneDNN float32 for {n_convs} conv layers; oneDNN SiLU in {len(with_silu)} layers"
+    assert abs(op_loss - loss) / loss < 1e-5 and grads.keys() == op_grads.keys()
+    for name, g in grads.items():   # a gradient that is zero in exact arithmetic is rounding on both sides
+        assert np.abs(op_grads[name] - g).max() <= 1e-3 * np.abs(g).max() + 1e-7, name

@@ -85,6 +85,13 @@ class Conv(nn.Layer):
         return F.silu(y) if self._silu else self.act(y)
 
 
+def silu_conv_layers(layer: nn.Layer) -> list[Conv]:
+    """The ``Conv`` layers below ``layer`` that compute conv, BN, ``F.silu`` (ppmulti/rank/ops/silu.py routes
+    their SiLU through oneDNN on CPU)."""
+    return [sub for sub in layer.sublayers(include_self=True)
+            if isinstance(sub, Conv) and sub._silu and "forward" not in sub.__dict__]
+
+
 class DWConv(Conv):
     """Depth-wise convolution: groups = gcd(c1, c2)."""
 

@@ -19,6 +19,7 @@ log = logging.getLogger("ppmulti")
 
 OP_NAME = "ppmulti_onednn_conv2d"
 BF16_OP_NAME = "ppmulti_onednn_conv2d_bf16"         # bf16 inputs/weights, float32 accumulation and results
+BIAS = "_bias"                                      # the op with a bias input: OP_NAME + BIAS, BF16_OP_NAME + BIAS
 BF16_SUPPORT_OP_NAME = "ppmulti_onednn_bf16_support"
 LIBRARY_NAME = "ppmulti_onednn_conv"
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
@@ -140,8 +141,21 @@ def build_op() -> Path:
         raise OpUnavailable(_failure) from exc
 
 
+def _caller(name: str):
+    """``f(x, weight, strides, paddings, groups=1, bias=None) -> y`` over the op ``name`` and its bias variant."""
+    plain, with_bias = compat.custom_op_runner(name), compat.custom_op_runner(name + BIAS)
+
+    def run(x, weight, strides, paddings, groups=1, bias=None):
+        if bias is None:
+            return plain(x, weight, list(strides), list(paddings), int(groups))[0]
+        return with_bias(x, weight, bias, list(strides), list(paddings), int(groups))[0]
+
+    return run
+
+
 def load_op():
-    """The op's caller ``f(x, weight, strides, paddings) -> y``, building and registering it first if needed.
+    """The op's caller ``f(x, weight, strides, paddings, groups=1, bias=None) -> y``, building and registering it
+    first if needed.
 
     Raises OpUnavailable with the reason when this machine cannot build or load it.
     """
@@ -160,22 +174,14 @@ def load_op():
             raise OpUnavailable(_failure)
         _registered = True
 
-    runner = compat.custom_op_runner(OP_NAME)
-    bf16_runner = compat.custom_op_runner(BF16_OP_NAME)
-
-    def run(x, weight, strides, paddings):
-        return runner(x, weight, list(strides), list(paddings))[0]
-
-    def run_bf16(x, weight, strides, paddings):
-        return bf16_runner(x, weight, list(strides), list(paddings))[0]
-
-    _op, _bf16_op = run, run_bf16
+    _op, _bf16_op = _caller(OP_NAME), _caller(BF16_OP_NAME)
     return _op
 
 
 def load_bf16_op():
-    """The bf16 variant's caller ``f(x, weight, strides, paddings) -> y``: float32 in and out, computed in
-    bfloat16 with float32 accumulation (oneDNN). Raises OpUnavailable like ``load_op``."""
+    """The bf16 variant's caller ``f(x, weight, strides, paddings, groups=1, bias=None) -> y``: float32 in and out,
+    computed in bfloat16 with float32 accumulation (oneDNN), the bias float32. Raises OpUnavailable like
+    ``load_op``."""
     load_op()
     return _bf16_op
 
@@ -191,13 +197,14 @@ def bf16_support() -> tuple[bool, bool]:
 
 
 def eligible(layer) -> bool:
-    """A plain NCHW Conv2D the op computes exactly: float32 weight, groups 1, dilation 1, no bias, zero padding."""
+    """An NCHW Conv2D the op computes exactly: float32 weight (and bias, if any), any groups (depth-wise
+    included), dilation 1, zero symmetric padding."""
     import paddle
 
-    if type(layer) is not paddle.nn.Conv2D or layer.bias is not None:
+    if type(layer) is not paddle.nn.Conv2D or (layer.bias is not None and layer.bias.dtype != paddle.float32):
         return False
     facts = compat.conv2d_facts(layer)
-    return (facts.groups == 1 and list(facts.dilation) == [1, 1] and facts.data_format == "NCHW"
+    return (list(facts.dilation) == [1, 1] and facts.data_format == "NCHW"
             and facts.padding_mode == "zeros" and facts.padding_algorithm == "EXPLICIT"
             and len(facts.padding) == 2 and layer.weight.dtype == paddle.float32)
 
@@ -206,14 +213,14 @@ def _forward_with(op):
     def forward(self, x):
         import paddle
 
+        facts = compat.conv2d_facts(self)
         if (not paddle.in_dynamic_mode() or x.dtype != paddle.float32 or not x.place.is_cpu_place()
-                or x.ndim != 4 or x.shape[1] != self.weight.shape[1]):
+                or x.ndim != 4 or x.shape[1] != self.weight.shape[1] * facts.groups):
             # a wrong input shape: Paddle's kernel says what is wrong (oneDNN would abort the process)
             return paddle.nn.Conv2D.forward(self, x)
         if not x.is_contiguous():
             x = x.contiguous()
-        facts = compat.conv2d_facts(self)
-        return op(x, self.weight, facts.stride, facts.padding)
+        return op(x, self.weight, facts.stride, facts.padding, facts.groups, self.bias)
 
     return forward
 

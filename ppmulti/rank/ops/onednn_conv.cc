@@ -3,7 +3,8 @@
 // Paddle 2.6's dygraph conv2d on CPU is im2col + GEMM per image, with im2col/col2im on one thread;
 // its own oneDNN kernels are only reachable from static programs. This op runs oneDNN's direct
 // convolution (the primitives PyTorch's CPU conv uses) on the libdnnl that ships inside Paddle's wheel.
-// Scope: float32, NCHW, groups 1, dilation 1, symmetric padding, no bias; ppmulti/ops/conv.py decides
+// Scope: float32, NCHW, any groups (depth-wise included: Paddle's CPU depthwise_conv2d is a plain loop), an
+// optional bias (ppmulti_onednn_conv2d_bias), dilation 1, symmetric padding; ppmulti/rank/ops/conv.py decides
 // which layers qualify.
 //
 // The bf16 variant (ppmulti_onednn_conv2d_bf16, for --amp on CPUs with AVX512-BF16/AMX) takes and returns
@@ -45,6 +46,7 @@ dnnl::engine& Engine() {
 
 // One convolution shape: its three primitives and the plain layouts Paddle's tensors have.
 struct ConvPlan {
+  bool bias = false;
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
   dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
@@ -58,9 +60,15 @@ Dims OutShape(const Dims& x, const Dims& w, const std::vector<int>& strides, con
   return {x[0], w[0], (x[2] + 2 * pads[0] - w[2]) / strides[0] + 1, (x[3] + 2 * pads[1] - w[3]) / strides[1] + 1};
 }
 
+// Paddle's weight [O, I/g, kh, kw] is oneDNN's grouped [g, O/g, I/g, kh, kw] (goihw) in the same memory.
+Dims WeightDims(const Dims& w, int groups) {
+  if (groups == 1) return w;
+  return {groups, w[0] / groups, w[1], w[2], w[3]};
+}
+
 // Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
 std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
-                                  const std::vector<int>& pads, bool bf16) {
+                                  const std::vector<int>& pads, int groups, bool bias, bool bf16) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<ConvPlan>> plans;
   std::string key;
@@ -70,38 +78,53 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   for (const auto& part : {strides, pads}) {
     for (auto v : part) key += std::to_string(v) + ";";
   }
+  key += "g" + std::to_string(groups);
+  if (bias) key += "b";
   if (bf16) key += "bf16";
   std::lock_guard<std::mutex> lock(mu);
   auto found = plans.find(key);
   if (found != plans.end()) return found->second;
 
   const Dims y = OutShape(x, w, strides, pads);
+  const Dims wd = WeightDims(w, groups);
   const memory::dims stride{strides[0], strides[1]};
   const memory::dims pad{pads[0], pads[1]};
   // "any": oneDNN picks its blocked layouts; Reordered() below converts at the edges (and, for bf16, the
   // type). With bf16 the sources (x, w, dy) are bf16 and every result (y, dx, dw) float32.
   const DType in = bf16 ? DType::bf16 : DType::f32;
   const auto x_any = memory::desc(x, in, Tag::any);
-  const auto w_any = memory::desc(w, in, Tag::any);
+  const auto w_any = memory::desc(wd, in, Tag::any);
   const auto y_any = memory::desc(y, DType::f32, Tag::any);
   const auto x_out = memory::desc(x, DType::f32, Tag::any);
-  const auto w_out = memory::desc(w, DType::f32, Tag::any);
+  const auto w_out = memory::desc(wd, DType::f32, Tag::any);
+  const auto b_plain = memory::desc({w[0]}, DType::f32, Tag::x);   // bias and its gradient: float32 in every mode
   const auto dy_any = memory::desc(y, in, Tag::any);
   auto plan = std::make_shared<ConvPlan>();
   const auto algo = dnnl::algorithm::convolution_direct;
   dnnl::primitive_attr attr;   // scratchpads from Workspace too (see there)
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
-      Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, y_any, stride, pad, pad, attr);
+  plan->bias = bias;
+  if (bias) {
+    plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
+        Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, b_plain, y_any, stride, pad, pad, attr);
+  } else {
+    plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
+        Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, y_any, stride, pad, pad, attr);
+  }
   plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
       Engine(), algo, x_out, w_any, dy_any, stride, pad, pad, plan->fwd_pd, attr);
-  plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-      Engine(), algo, x_any, w_out, dy_any, stride, pad, pad, plan->fwd_pd, attr);
+  if (bias) {
+    plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+        Engine(), algo, x_any, w_out, b_plain, dy_any, stride, pad, pad, plan->fwd_pd, attr);
+  } else {
+    plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+        Engine(), algo, x_any, w_out, dy_any, stride, pad, pad, plan->fwd_pd, attr);
+  }
   plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
   plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
   plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
   plan->x_plain = memory::desc(x, DType::f32, Tag::nchw);
-  plan->w_plain = memory::desc(w, DType::f32, Tag::oihw);
+  plan->w_plain = memory::desc(wd, DType::f32, groups == 1 ? Tag::oihw : Tag::goihw);
   plan->y_plain = memory::desc(y, DType::f32, Tag::nchw);
   plans.emplace(key, plan);
   return plan;
@@ -206,32 +229,42 @@ std::shared_ptr<SiluPlan> SiluPlanFor(const Dims& shape) {
 
 }  // namespace
 
-static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle::Tensor& w, const std::vector<int>& strides,
-                                    const std::vector<int>& paddings, bool bf16) {
+// ``b``: the bias, or nullptr for a convolution without one.
+static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor* b,
+                                           const std::vector<int>& strides, const std::vector<int>& paddings,
+                                           int groups, bool bf16) {
   CheckDense(x, "input");
   CheckDense(w, "weight");
-  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, bf16);
+  if (b != nullptr) CheckDense(*b, "bias");
+  PD_CHECK(groups >= 1 && x.shape()[1] == w.shape()[1] * groups && w.shape()[0] % groups == 0,
+           "ppmulti_onednn_conv2d: the input's channels, the weight's and groups disagree");
+  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, groups, b != nullptr, bf16);
   auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
   dnnl::stream s(Engine());
   Workspace ws(x.place());
   auto src = ws.Reordered(s, plan->x_plain, plan->fwd_pd.src_desc(), Data(x));
   auto wei = ws.Reordered(s, plan->w_plain, plan->fwd_pd.weights_desc(), Data(w));
   auto dst = ws.Destination(plan->y_plain, plan->fwd_pd.dst_desc(), y.data<float>());
-  plan->fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
-                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->fwd_pd.scratchpad_desc())}});
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                                       {DNNL_ARG_SCRATCHPAD, ws.Make(plan->fwd_pd.scratchpad_desc())}};
+  if (b != nullptr) args.emplace(DNNL_ARG_BIAS, memory(plan->fwd_pd.bias_desc(), Engine(), Data(*b)));
+  plan->fwd.execute(s, args);
   WriteBack(s, dst, plan->y_plain, y.data<float>());
   s.wait();
   return {y};
 }
 
+// Returns {dx, dw} without a bias, {dx, dw, db} with one.
 static std::vector<paddle::Tensor> Backward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
-                                     const std::vector<int>& strides, const std::vector<int>& paddings, bool bf16) {
+                                            bool bias, const std::vector<int>& strides,
+                                            const std::vector<int>& paddings, int groups, bool bf16) {
   CheckDense(x, "input");
   CheckDense(w, "weight");
   CheckDense(dy, "output gradient");
-  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, bf16);
+  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, groups, bias, bf16);
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
+  auto db = paddle::empty({bias ? w.shape()[0] : 1}, w.dtype(), w.place());
   dnnl::stream s(Engine());
   Workspace ws(x.place());
 
@@ -247,11 +280,14 @@ static std::vector<paddle::Tensor> Backward(const paddle::Tensor& x, const paddl
     diff_dst = ws.Reordered(s, plan->y_plain, plan->bwd_weights_pd.diff_dst_desc(), Data(dy));
   }
   auto diff_wei = ws.Destination(plan->w_plain, plan->bwd_weights_pd.diff_weights_desc(), dw.data<float>());
-  plan->bwd_weights.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
-                                {DNNL_ARG_DIFF_WEIGHTS, diff_wei},
-                                {DNNL_ARG_SCRATCHPAD, ws.Make(plan->bwd_weights_pd.scratchpad_desc())}});
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
+                                       {DNNL_ARG_DIFF_WEIGHTS, diff_wei},
+                                       {DNNL_ARG_SCRATCHPAD, ws.Make(plan->bwd_weights_pd.scratchpad_desc())}};
+  if (bias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(plan->bwd_weights_pd.diff_bias_desc(), Engine(), db.data<float>()));
+  plan->bwd_weights.execute(s, args);
   WriteBack(s, diff_wei, plan->w_plain, dw.data<float>());
   s.wait();
+  if (bias) return {dx, dw, db};
   return {dx, dw};
 }
 
@@ -319,7 +355,12 @@ static std::vector<paddle::Tensor> Bf16Support(const paddle::Tensor& x) {
 }
 
 std::vector<Dims> OnednnConvInferShape(const Dims& x, const Dims& w, const std::vector<int>& strides,
-                                       const std::vector<int>& paddings) {
+                                       const std::vector<int>& paddings, int) {
+  return {OutShape(x, w, strides, paddings)};
+}
+
+std::vector<Dims> OnednnConvBiasInferShape(const Dims& x, const Dims& w, const Dims&, const std::vector<int>& strides,
+                                           const std::vector<int>& paddings, int) {
   return {OutShape(x, w, strides, paddings)};
 }
 
@@ -327,27 +368,37 @@ std::vector<paddle::DataType> OnednnConvInferDtype(const paddle::DataType& x, co
   return {x};
 }
 
-std::vector<paddle::Tensor> OnednnConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
-                                              const std::vector<int>& strides, const std::vector<int>& paddings) {
-  return Forward(x, w, strides, paddings, false);
+std::vector<paddle::DataType> OnednnConvBiasInferDtype(const paddle::DataType& x, const paddle::DataType&,
+                                                       const paddle::DataType&) {
+  return {x};
 }
 
-std::vector<paddle::Tensor> OnednnConvBackward(const paddle::Tensor& x, const paddle::Tensor& w,
-                                               const paddle::Tensor& dy, const std::vector<int>& strides,
-                                               const std::vector<int>& paddings) {
-  return Backward(x, w, dy, strides, paddings, false);
-}
+// The kernels Paddle calls: without and with a bias, float32 and bf16.
+#define PPMULTI_CONV_KERNELS(NAME, BF16)                                                                      \
+  std::vector<paddle::Tensor> NAME##Forward(const paddle::Tensor& x, const paddle::Tensor& w,                  \
+                                            const std::vector<int>& strides, const std::vector<int>& paddings, \
+                                            int groups) {                                                      \
+    return Forward(x, w, nullptr, strides, paddings, groups, BF16);                                            \
+  }                                                                                                            \
+  std::vector<paddle::Tensor> NAME##Backward(const paddle::Tensor& x, const paddle::Tensor& w,                 \
+                                             const paddle::Tensor& dy, const std::vector<int>& strides,        \
+                                             const std::vector<int>& paddings, int groups) {                   \
+    return Backward(x, w, dy, false, strides, paddings, groups, BF16);                                        \
+  }                                                                                                            \
+  std::vector<paddle::Tensor> NAME##BiasForward(const paddle::Tensor& x, const paddle::Tensor& w,              \
+                                                const paddle::Tensor& b, const std::vector<int>& strides,      \
+                                                const std::vector<int>& paddings, int groups) {                \
+    return Forward(x, w, &b, strides, paddings, groups, BF16);                                                 \
+  }                                                                                                            \
+  std::vector<paddle::Tensor> NAME##BiasBackward(const paddle::Tensor& x, const paddle::Tensor& w,             \
+                                                 const paddle::Tensor&, const paddle::Tensor& dy,              \
+                                                 const std::vector<int>& strides,                              \
+                                                 const std::vector<int>& paddings, int groups) {               \
+    return Backward(x, w, dy, true, strides, paddings, groups, BF16);                                         \
+  }
 
-std::vector<paddle::Tensor> OnednnConvBf16Forward(const paddle::Tensor& x, const paddle::Tensor& w,
-                                                  const std::vector<int>& strides, const std::vector<int>& paddings) {
-  return Forward(x, w, strides, paddings, true);
-}
-
-std::vector<paddle::Tensor> OnednnConvBf16Backward(const paddle::Tensor& x, const paddle::Tensor& w,
-                                                   const paddle::Tensor& dy, const std::vector<int>& strides,
-                                                   const std::vector<int>& paddings) {
-  return Backward(x, w, dy, strides, paddings, true);
-}
+PPMULTI_CONV_KERNELS(OnednnConv, false)
+PPMULTI_CONV_KERNELS(OnednnConvBf16, true)
 
 std::vector<Dims> Bf16SupportInferShape(const Dims&) { return {{2}}; }
 
@@ -356,7 +407,7 @@ std::vector<paddle::DataType> Bf16SupportInferDtype(const paddle::DataType&) { r
 PD_BUILD_OP(ppmulti_onednn_conv2d)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
-    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
     .SetKernelFn(PD_KERNEL(OnednnConvForward))
     .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvInferDtype));
@@ -364,13 +415,27 @@ PD_BUILD_OP(ppmulti_onednn_conv2d)
 PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d)
     .Inputs({"X", "W", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
-    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
     .SetKernelFn(PD_KERNEL(OnednnConvBackward));
+
+PD_BUILD_OP(ppmulti_onednn_conv2d_bias)
+    .Inputs({"X", "W", "B"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
+    .SetKernelFn(PD_KERNEL(OnednnConvBiasForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvBiasInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvBiasInferDtype));
+
+PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d_bias)
+    .Inputs({"X", "W", "B", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W"), paddle::Grad("B")})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
+    .SetKernelFn(PD_KERNEL(OnednnConvBiasBackward));
 
 PD_BUILD_OP(ppmulti_onednn_conv2d_bf16)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
-    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
     .SetKernelFn(PD_KERNEL(OnednnConvBf16Forward))
     .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvInferDtype));
@@ -378,8 +443,22 @@ PD_BUILD_OP(ppmulti_onednn_conv2d_bf16)
 PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d_bf16)
     .Inputs({"X", "W", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
-    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
     .SetKernelFn(PD_KERNEL(OnednnConvBf16Backward));
+
+PD_BUILD_OP(ppmulti_onednn_conv2d_bf16_bias)
+    .Inputs({"X", "W", "B"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
+    .SetKernelFn(PD_KERNEL(OnednnConvBf16BiasForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvBiasInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvBiasInferDtype));
+
+PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d_bf16_bias)
+    .Inputs({"X", "W", "B", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W"), paddle::Grad("B")})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
+    .SetKernelFn(PD_KERNEL(OnednnConvBf16BiasBackward));
 
 PD_BUILD_OP(ppmulti_onednn_bf16_support)
     .Inputs({"X"})

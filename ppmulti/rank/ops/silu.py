@@ -1,4 +1,4 @@
-"""oneDNN SiLU for CPU training: YOLOv5's fused conv+BN+SiLU layers call the op library's swish instead of F.silu."""
+"""oneDNN SiLU for CPU training: YOLOv5's fused and ultralytics' conv+BN+SiLU layers call the op library's swish."""
 
 # Why: Paddle's CPU silu and its gradient are single-threaded Eigen loops, about 70 ms of a 520 ms YOLOv5n
 # training step (256 px, batch 16, 2 threads); oneDNN's eltwise swish, in the library that already holds the
@@ -13,7 +13,9 @@ from ppmulti.rank import compat
 from ppmulti.rank.ops import conv
 
 OP_NAME = "ppmulti_onednn_silu"
-_YOLOV5 = "ppmulti.rank.models.yolov5"
+# the modules whose conv+BN+SiLU layers are swapped, and their function listing those layers
+_SILU_LAYERS = (("ppmulti.rank.models.yolov5", "fused_silu_layers"),
+                ("ppmulti.rank.models.ultra_blocks", "silu_conv_layers"))
 
 _op = None   # the registered op's caller, once loaded
 
@@ -54,15 +56,17 @@ def _conv_bn_onednn_silu(self, x):
 
 
 def use_onednn_silus(model) -> int:
-    """Make every layer of ``model`` that YOLOv5's ``fuse_silu`` fused apply SiLU through the oneDNN op;
-    returns how many. Other activations (PP-YOLOE's, ppdet's unfused BaseConv) keep Paddle's kernels.
+    """Make every layer of ``model`` that YOLOv5's ``fuse_silu`` fused, and every conv+BN+SiLU of an ultralytics
+    model, apply SiLU through the oneDNN op; returns how many. Other activations (PP-YOLOE's, ppdet's unfused
+    BaseConv) keep Paddle's kernels.
 
     Only the layers' forward changes: parameters, state dicts and checkpoints stay as they are.
     """
-    yolov5 = sys.modules.get(_YOLOV5)
-    if yolov5 is None:   # its fused layers are made by that module: without it there are none
-        return 0
-    layers = yolov5.fused_silu_layers(model)
+    layers = []
+    for name, lister in _SILU_LAYERS:
+        module = sys.modules.get(name)   # the layers are made by that module: without it there are none
+        if module is not None:
+            layers += getattr(module, lister)(model)
     if not layers:
         return 0
     load_op()
