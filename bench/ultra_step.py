@@ -138,7 +138,7 @@ def markdown(result: dict) -> str:
              f"Machine: {result['machine']}; load average before the first round {result['load']:.2f}. "
              f"Versions: {result['versions']}. Batch {result['batch']} at {result['imgsz']} px, {result['threads']} "
              f"thread(s) per side, median of {result['steps']} steps, best of {result['rounds']} rounds "
-             f"(ms). ppmulti's CPU kernels: {result['cpu_ops']}.\n",
+             f"(ms). ppmulti's CPU kernels for the last model: {result['cpu_ops']}.\n",
              "| model | side | forward + loss | backward | optimizer | step | ppmulti / ultralytics |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for model, sides in result["models"].items():
