@@ -46,7 +46,6 @@ dnnl::engine& Engine() {
 
 // One convolution shape: its three primitives and the plain layouts Paddle's tensors have.
 struct ConvPlan {
-  bool bias = false;
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
   dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
@@ -103,7 +102,6 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   const auto algo = dnnl::algorithm::convolution_direct;
   dnnl::primitive_attr attr;   // scratchpads from Workspace too (see there)
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  plan->bias = bias;
   if (bias) {
     plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
         Engine(), dnnl::prop_kind::forward_training, algo, x_any, w_any, b_plain, y_any, stride, pad, pad, attr);
@@ -264,7 +262,6 @@ static std::vector<paddle::Tensor> Backward(const paddle::Tensor& x, const paddl
   auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, groups, bias, bf16);
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
-  auto db = paddle::empty({bias ? w.shape()[0] : 1}, w.dtype(), w.place());
   dnnl::stream s(Engine());
   Workspace ws(x.place());
 
@@ -283,7 +280,11 @@ static std::vector<paddle::Tensor> Backward(const paddle::Tensor& x, const paddl
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst},
                                        {DNNL_ARG_DIFF_WEIGHTS, diff_wei},
                                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->bwd_weights_pd.scratchpad_desc())}};
-  if (bias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(plan->bwd_weights_pd.diff_bias_desc(), Engine(), db.data<float>()));
+  paddle::Tensor db;
+  if (bias) {
+    db = paddle::empty({w.shape()[0]}, w.dtype(), w.place());
+    args.emplace(DNNL_ARG_DIFF_BIAS, memory(plan->bwd_weights_pd.diff_bias_desc(), Engine(), db.data<float>()));
+  }
   plan->bwd_weights.execute(s, args);
   WriteBack(s, diff_wei, plan->w_plain, dw.data<float>());
   s.wait();
