@@ -50,7 +50,8 @@ Defaults and cost
     (start-up, 2 epochs, final validation) 41, 34 and 48; each evaluation 30-38 s wall. From the CPU seconds (about
     15 per epoch at this size, the 2 cores about 1.7x one) and the models' size (YOLO11n and YOLO26n 0.6-0.75 of
     YOLOv8n's GFLOPs): about 10 s an epoch on an idle machine, 3-3.5 min a yolov8n training, 60-75 minutes for
-    the whole default run. ``--epochs 15`` takes a quarter off; ``--models``/``--seeds`` split it over sessions
+    the whole default run. Measured on 2026-12-03, idle: 91 minutes, 2.5-4.8 min a training, about 10 s an
+    evaluation. ``--epochs 15`` takes a quarter off; ``--models``/``--seeds`` split it over sessions
     (the json resumes).
     Not alike, and not hidden: ultralytics' command validates best.pt once more after its last epoch (a few
     seconds, in its wall time); ppmulti's does not.
