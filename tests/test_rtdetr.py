@@ -508,8 +508,11 @@ def _onnx_runs_as_paddle(model_dir: Path) -> None:
     predictor.run()
     paddle_out = [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
     assert [a.shape for a in ort] == [b.shape for b in paddle_out] == [(30, 6), (1,)]
-    for a, b in zip(ort, paddle_out):
-        np.testing.assert_allclose(a, b, atol=1e-3)
+    np.testing.assert_array_equal(ort[1], paddle_out[1])
+    # row for row, in either order: the top-k's order of nearly tied scores is free (an untrained release/2.7
+    # R18-vd at 640 px swapped two rows 1e-8 apart between the two runtimes, which agreed within 2.5e-4 otherwise)
+    gap = np.abs(ort[0][:, None, :] - paddle_out[0][None, :, :]).max(-1)
+    assert gap.min(1).max() <= 1e-3 and gap.min(0).max() <= 1e-3, (gap.min(1).max(), gap.min(0).max())
 
 
 def test_ema_filter_no_grad_keeps_frozen_weights_out_of_the_average():
