@@ -83,6 +83,8 @@ import sys
 import time
 from pathlib import Path
 
+from ppmulti.common.cpus import ULTRALYTICS_SPARE_CORES
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import time_to_accuracy as tta  # noqa: E402  (mean curves, seconds to a target, --seeds)
 import ultra_parity  # noqa: E402  (ppmulti's val, its result line parsed)
@@ -291,7 +293,7 @@ def run_case(a: argparse.Namespace, work: Path, data: Path, seed: int, model: st
         nproc = int(case.split("/")[1])
         cmd = [str(Path(sys.executable).parent / "ppmulti"), "yolo", "detect", "train", *keys]
         cmd += [f"nproc={nproc}"] if nproc > 1 else []
-        threads, env = vs.ppmulti_threads(nproc, auto=True)
+        threads, env = vs.ppmulti_threads(nproc, auto=True, spare=ULTRALYTICS_SPARE_CORES)   # the yolo line's rule
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
         weights = run_dir / "weights" / "last.pdparams"
     load = os.getloadavg()[0]

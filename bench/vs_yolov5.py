@@ -340,18 +340,19 @@ def run_yolov5(python: Path, yolov5: Path, data: Path, img: int, batch: int, epo
             "torchvision_shim": info["torchvision_shim"], "epochs": info["epochs"]}
 
 
-def ppmulti_threads(nproc: int, auto: bool) -> tuple[int, dict]:
+def ppmulti_threads(nproc: int, auto: bool, spare: int = 0) -> tuple[int, dict]:
     """Paddle threads per rank for a run, and the environment that makes it so.
 
     Pinned (default): cores // ranks through PPMULTI_CPU_THREADS -- in one process that is every core, as torch
-    takes for YOLOv5. ``auto`` leaves ppmulti's own rule (the same share, unless PPMULTI_CPU_THREADS is set).
+    takes for YOLOv5. ``auto`` leaves ppmulti's own rule (the same share, less ``spare`` cores: a ``ppmulti yolo``
+    run's, unless PPMULTI_CPU_THREADS is set).
     """
     from ppmulti.common.cpus import choose_cpu_threads, usable_cores
     from ppmulti.common.envvars import PPMULTI_CPU_THREADS
 
     env = _run_env()
     if auto:
-        return choose_cpu_threads(usable_cores(), nproc, env.get(PPMULTI_CPU_THREADS)), env
+        return choose_cpu_threads(usable_cores(), nproc, env.get(PPMULTI_CPU_THREADS), spare), env
     threads = max(1, usable_cores() // nproc)
     env[PPMULTI_CPU_THREADS] = str(threads)
     return threads, env

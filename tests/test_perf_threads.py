@@ -21,6 +21,14 @@ def test_choose_cpu_threads(cores, ranks, override, expected):
     assert choose_cpu_threads(cores, ranks, override) == expected
 
 
+@pytest.mark.parametrize("cores,ranks,spare,expected", [
+    (2, 1, 1, 1), (2, 2, 1, 1), (4, 1, 1, 3), (8, 2, 1, 3), (16, 1, 1, 15), (1, 1, 1, 1), (0, 1, 1, 1), (8, 2, 0, 4),
+])
+def test_choose_cpu_threads_leaves_spare_cores(cores, ranks, spare, expected):
+    assert choose_cpu_threads(cores, ranks, None, spare) == expected
+    assert choose_cpu_threads(cores, ranks, "5", spare) == 5   # PPMULTI_CPU_THREADS still wins
+
+
 @pytest.mark.parametrize("bad", ["x", "0", "-1", "1.5", "two"])
 def test_choose_cpu_threads_rejects(bad):
     with pytest.raises(UserError, match="PPMULTI_CPU_THREADS"):

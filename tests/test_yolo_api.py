@@ -4,6 +4,7 @@ import them, and run in every rank when they can (2 CPU ranks, as several GPUs w
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 
@@ -130,3 +131,7 @@ def test_a_callback_can_stop_the_run(tmp_path, monkeypatch):
     args = yaml.safe_load((tmp_path / "runs" / "detect" / "train" / "args.yaml").read_text())   # as the CLI's
     assert (args["model"], args["epochs"], args["batch"], args["save_dir"]) == ("yolov5n.yaml", 3, 4,
                                                                                  "runs/detect/train")
+    # one process on a CPU leaves a core out of its threads, as ultralytics does (cpus.ULTRALYTICS_SPARE_CORES)
+    threads = max(1, len(os.sched_getaffinity(0)) - 1) if "PPMULTI_CPU_THREADS" not in os.environ else None
+    log = (tmp_path / "runs" / "detect" / "train" / "train.log").read_text()
+    assert threads is None or f"CPU threads per rank: {threads} " in log, log[-2000:]

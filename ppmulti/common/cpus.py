@@ -11,9 +11,16 @@ from ppmulti.common.envvars import PPMULTI_CPU_THREADS
 from ppmulti.common.errors import UserError
 
 
-def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None) -> int:
-    """Compute threads for each rank: this machine's cores shared evenly by its ranks (at least 1), unless
-    ``override`` (PPMULTI_CPU_THREADS) names a number.
+# ``ppmulti yolo`` runs leave one core out of the ranks' threads, as ultralytics does on a CPU (its select_device:
+# torch threads = cores - 1, at most 8; its trainer loads in the training process, workers=0). Measured on 2 idle
+# cores, YOLO26n 160 px, 5 epochs, one process: 1 thread 40.7 / 42.7 s, 2 threads 50.9 / 55.4 s, ultralytics
+# 43.4 / 39.4 s (bench/results/ultra_threads.md has the bench of it).
+ULTRALYTICS_SPARE_CORES = 1
+
+
+def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None, spare: int = 0) -> int:
+    """Compute threads for each rank: this machine's cores, less ``spare``, shared evenly by its ranks (at least
+    1), unless ``override`` (PPMULTI_CPU_THREADS) names a number.
 
     The count does not follow the machine's momentary load: a run's threading stays the same from one start
     to the next. On a machine shared with other work, set PPMULTI_CPU_THREADS=1 (bench/PERF.md: one rank ran
@@ -24,7 +31,7 @@ def choose_cpu_threads(cores: int, local_ranks: int, override: str | None = None
         if not text.isdigit() or int(text) < 1:
             raise UserError(f"{PPMULTI_CPU_THREADS}={override!r}: expected a whole number of threads >= 1")
         return int(text)
-    return max(1, max(1, cores) // max(1, local_ranks))
+    return max(1, (max(1, cores) - max(0, spare)) // max(1, local_ranks))
 
 
 def usable_cores() -> int:

@@ -139,8 +139,9 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return [float(v) for v in t.numpy()]
 
 
-def set_cpu_threads(local_size: int | None = None) -> int:
-    """Give each rank its share of this machine's cores; returns the thread count set.
+def set_cpu_threads(local_size: int | None = None, spare: int = 0) -> int:
+    """Give each rank its share of this machine's cores, less ``spare`` (cpus.choose_cpu_threads); returns the
+    thread count set.
 
     Why this is needed: ``import paddle`` sets OMP_NUM_THREADS=1 when it is unset (paddle/base/__init__.py),
     so a Paddle process computes on one thread -- MKL's GEMM inside conv2d/matmul included -- whatever the
@@ -153,7 +154,7 @@ def set_cpu_threads(local_size: int | None = None) -> int:
     from ppmulti.common.envvars import KMP_BLOCKTIME, PPMULTI_CPU_THREADS, worker_info
 
     n_local = local_size or worker_info().local_size or 1
-    threads = choose_cpu_threads(usable_cores(), n_local, os.environ.get(PPMULTI_CPU_THREADS))
+    threads = choose_cpu_threads(usable_cores(), n_local, os.environ.get(PPMULTI_CPU_THREADS), spare)
     if threads > 1:
         os.environ.setdefault(KMP_BLOCKTIME, "0")
     compat.set_num_threads(threads)

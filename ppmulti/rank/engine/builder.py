@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ppmulti.common.atomic import atomic_write_text
+from ppmulti.common.cpus import ULTRALYTICS_SPARE_CORES
 from ppmulti.common.errors import UserError
 from ppmulti.common.rundir import new_run_dir
 from ppmulti.rank import config as config_mod
@@ -78,7 +79,10 @@ class _Build:
 
         self.device = select_device(self.cfg)
         hsv_on_device = place_hsv(self.cfg, self.device)
-        self.threads = dist.set_cpu_threads() if self.device == "cpu" else None
+        if self.device == "cpu":   # ppmulti yolo runs: a core left out, as ultralytics leaves one
+            self.threads = dist.set_cpu_threads(spare=ULTRALYTICS_SPARE_CORES if opts.ultra_args is not None else 0)
+        else:
+            self.threads = None
         self._seed(opts.seed)
         if opts.epochs is not None:
             self.cfg["epoch"] = int(opts.epochs)

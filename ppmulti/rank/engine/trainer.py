@@ -338,6 +338,8 @@ class Trainer:
             log.info("%s", self.optim.describe())
         if self.conv_kernel:
             log.info("CPU convolutions: %s", self.conv_kernel)
+        if self.threads:
+            log.info("CPU threads per rank: %d (PPMULTI_CPU_THREADS sets them)", self.threads)
 
     # ----------------------------------------------------------------- weights
     def inference_weights(self) -> dict:
