@@ -12,9 +12,10 @@ from ppmulti.common.errors import UserError
 
 
 # ``ppmulti yolo`` runs leave one core out of the ranks' threads, as ultralytics does on a CPU (its select_device:
-# torch threads = cores - 1, at most 8; its trainer loads in the training process, workers=0). Measured on 2 idle
-# cores, YOLO26n 160 px, 5 epochs, one process: 1 thread 40.7 / 42.7 s, 2 threads 50.9 / 55.4 s, ultralytics
-# 43.4 / 39.4 s (bench/results/ultra_threads.md has the bench of it).
+# torch threads = cores - 1, at most 8; its trainer loads in the training process, workers=0). One process on 2
+# idle cores, 160 px, 20 epochs (bench/results/ultra_threads.md): YOLOv8n / YOLO11n / YOLO26n 134 / 143 / 155 s
+# on 1 thread, 145 / 164 / 204 s on 2, ultralytics 123 / 134 / 147 s. The nano models' many small operators lose
+# more to waking a second thread than they gain from it.
 ULTRALYTICS_SPARE_CORES = 1
 
 
