@@ -309,8 +309,14 @@ def run_case(a: argparse.Namespace, work: Path, data: Path, seed: int, model: st
         logs / f"{slug}_val.log")
     return {"model": name, "case": case, "seed": seed, "started": started, "load_before": round(load, 2),
             "wall_s": wall, "cpu_s": cpu, "threads": threads, "run_dir": str(run_dir), "weights": str(weights),
-            "command": " ".join(cmd), "final": final, "epochs": read_epochs(run_dir / "results.csv"),
+            "command": _portable(cmd, a.ultra_python), "final": final, "epochs": read_epochs(run_dir / "results.csv"),
             "settings": {k: getattr(a, k) for k in SETTINGS}}
+
+
+def _portable(cmd: list[str], ultra_python: str) -> str:
+    """The command as the results show it: this machine's venv paths as ULTRA_VENV and a bare ``ppmulti``."""
+    text = " ".join(cmd).replace(str(Path(ultra_python).parent.parent), "ULTRA_VENV")
+    return text.replace(str(Path(sys.executable).parent / "ppmulti"), "ppmulti")
 
 
 def _children_cpu() -> float:
