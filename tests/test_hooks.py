@@ -108,6 +108,30 @@ def test_signal_hook_sets_the_flag_on_sigterm_and_restores_the_old_handlers():
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
+def test_signal_hook_on_several_ranks_votes_after_optimizer_steps_only(monkeypatch):
+    """The micro-steps of an accumulation hold no vote (each would wait for the slowest rank at every batch);
+    the stepping batch does, where the gradients' all-reduce has just met every rank."""
+    from ppmulti.rank import dist
+
+    votes = []
+    monkeypatch.setattr(dist, "world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce_sum", lambda values: votes.append(list(values)) or list(values))
+    hook, trainer = StopOnSignalHook(), _trainer(optimizer_stepped=True)
+    hook.before_train(trainer)
+    try:
+        hook.signum = signal.SIGTERM
+        for step in range(3):                 # micro-steps: the flag waits
+            trainer.optimizer_stepped = False
+            hook.after_step(trainer, 0, step, {}, 0.1, 0.0)
+        assert votes == [] and not trainer.stop_training
+        trainer.optimizer_stepped = True      # the accumulation's last batch
+        hook.after_step(trainer, 0, 3, {}, 0.1, 0.0)
+        assert votes == [[0.0, 1.0]] and trainer.stop_training
+        assert (trainer.interrupted.epoch, trainer.interrupted.step) == (0, 3)
+    finally:
+        hook.close(trainer)
+
+
 def test_signal_hook_votes_at_the_epoch_end_but_not_after_the_last_or_an_early_stop():
     hook, trainer = StopOnSignalHook(), _trainer(epochs=3)
     hook.before_train(trainer)

@@ -38,9 +38,13 @@ class Interruption:
 class StopOnSignalHook(Hook):
     """SIGINT/SIGTERM handlers that only take note; the ranks agree on stopping at a step boundary.
 
-    Stopping where the signal lands would leave a rank inside an all-reduce its peers never join, so after every
-    step the ranks sum their flags (one all-reduce of two numbers: which signals came) and all stop at the same
-    step, within a step of the signal: ``trainer.stop_training`` and ``trainer.interrupted`` are set, the loop
+    Stopping where the signal lands would leave a rank inside an all-reduce its peers never join, so the ranks sum
+    their flags (one all-reduce of two numbers: which signals came) after every step that stepped the optimizer
+    and all stop at the same step: within a step of the signal, or within an accumulation's batches when several
+    batches make one optimizer step. There the gradients' all-reduce has just brought the ranks together, so the
+    vote makes none wait; a vote after each micro-step would hold every rank to the slowest one's pace at every
+    batch, and a stop there would drop the accumulation's batches anyway (the resume redoes them). One process
+    checks its own flag after every step. ``trainer.stop_training`` and ``trainer.interrupted`` are set, the loop
     ends, the checkpoint hook saves where the run stands (mid-epoch: ``step_in_epoch`` and the epoch's running
     losses), and ``after_train`` here raises ``Interrupted``. The loader workers never see the signal
     (``feed.shield_workers``), so only the ranks decide. A second Ctrl-C stops at once, without a checkpoint.
@@ -76,6 +80,8 @@ class StopOnSignalHook(Hook):
         return int(signal.SIGTERM) if got[1] > 0 else None
 
     def after_step(self, trainer, epoch, step, outputs, lr, data_time) -> None:
+        if dist.world_size() > 1 and not getattr(trainer, "optimizer_stepped", True):
+            return   # a micro-step: every rank votes after the accumulation's last batch instead
         signum = self.agreed()
         if signum is not None:
             self._stop(trainer, Interruption(signum, epoch, step))
