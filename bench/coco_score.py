@@ -56,7 +56,7 @@ def scoring_case(seed: int = 1, images: int = 64):
         dets.append({"image_id": a["image_id"], "category_id": a["category_id"],
                      "bbox": [v + rng.normal(0, 2) for v in a["bbox"]], "score": float(rng.uniform(0.4, 1))})
     gt = COCO()
-    gt.dataset = {"images": records, "annotations": anns,
+    gt.dataset = {"info": {}, "images": records, "annotations": anns,   # pycocotools 2.0.10's loadRes copies info
                   "categories": [{"id": k, "name": f"c{k}"} for k in (1, 2, 3)]}
     with contextlib.redirect_stdout(io.StringIO()):
         gt.createIndex()
