@@ -99,7 +99,9 @@ def main() -> None:
             raise SystemExit(f"the two scorings disagree: {stats}")
     from importlib.metadata import version
 
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+    from ppmulti.common.atomic import atomic_write_text
+
+    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
                             text=True).stdout.strip()
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
               "command": "python bench/coco_score.py " + " ".join(sys.argv[1:]),
@@ -112,9 +114,7 @@ def main() -> None:
               "seconds": {way: {"median": round(statistics.median(v), 4), "min": round(min(v), 4),
                                 "max": round(max(v), 4)} for way, v in times.items()}}
     result["speedup"] = round(result["seconds"]["every range"]["median"] / result["seconds"]["all alone"]["median"], 2)
-    tmp = Path(a.out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, a.out)
+    atomic_write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 
 
