@@ -261,6 +261,49 @@ def test_early_stop_hook_ends_a_toy_run_and_the_last_metrics_are_the_stopped_epo
     assert trainer.state.epoch == 4 and metrics["epochs"] == 4 and metrics["mAP50_95"] == 0.45
 
 
+def test_resume_state_is_the_file_paddle_save_writes(tmp_path):
+    """save_nested (the .pdstate writer) pickles as paddle.save does: paddle.load gives the same nested state back,
+    tensors with their names and values (a model's, AdamW's, an EMA's), and everything else as it was."""
+    import numpy as np
+    import paddle
+
+    from ppmulti.rank.engine.checkpoint import save_nested
+
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3), paddle.nn.BatchNorm2D(4))
+    adamw = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+    model(paddle.rand([2, 3, 8, 8])).mean().backward()
+    adamw.step()
+    payload = {"model": model.state_dict(), "optimizer": adamw.state_dict(),
+               "hooks": {"ema": {"weights": {k: v.clone() for k, v in model.state_dict().items()}, "updates": 1}},
+               "rng": {"numpy": np.random.get_state()}, "train": {"epoch": 1}, "pair": ("name", 3)}
+    paddle.save(payload, str(tmp_path / "paddle.pdstate"))
+    save_nested(payload, str(tmp_path / "ours.pdstate"))
+    theirs, ours = paddle.load(str(tmp_path / "paddle.pdstate")), paddle.load(str(tmp_path / "ours.pdstate"))
+
+    tensors = []
+
+    def same(a, b, where):
+        assert type(a) is type(b), where
+        if isinstance(a, dict):
+            assert list(a) == list(b), where
+            for k in a:
+                same(a[k], b[k], f"{where}/{k}")
+        elif isinstance(a, (list, tuple)):
+            assert len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{where}[{i}]")
+        elif isinstance(a, paddle.Tensor):
+            assert a.name == b.name and a.dtype == b.dtype and (a.numpy() == b.numpy()).all(), where
+            tensors.append(where)
+        elif isinstance(a, np.ndarray):
+            assert (a == b).all(), where
+        else:
+            assert a == b, where
+
+    same(theirs, ours, "")
+    assert any(t.startswith("/optimizer/") for t in tensors) and any(t.startswith("/hooks/ema") for t in tensors)
+
+
 def test_checkpoint_hook_writes_last_and_best_atomically(tmp_path):
     import paddle
 
