@@ -15,16 +15,14 @@ Run (an idle machine; about half a minute)
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab  # noqa: E402  (alternated rounds, the result json)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "yolo26" / "yolo26_n_500e_coco.yml"
@@ -72,36 +70,20 @@ def main() -> None:
 
     state = yolo26n_state()
     load = os.getloadavg()[0]
-    times: dict[str, list[float]] = {"paddle.save": [], "save_nested": []}
     with tempfile.TemporaryDirectory() as tmp:
-        files = {way: os.path.join(tmp, way + ".pdstate") for way in times}
-        writers = {"paddle.save": paddle.save, "save_nested": save_nested}
-        for _ in range(a.rounds):
-            for way, write in writers.items():
-                t = time.perf_counter()
-                write(state, files[way])
-                times[way].append(time.perf_counter() - t)
+        files = {way: os.path.join(tmp, way + ".pdstate") for way in ("paddle.save", "save_nested")}
+
+        def same_bytes(_: dict) -> None:
             if Path(files["paddle.save"]).read_bytes() != Path(files["save_nested"]).read_bytes():
                 raise SystemExit("the two files differ")
+
+        times = ab.alternate({"paddle.save": lambda: paddle.save(state, files["paddle.save"]),
+                              "save_nested": lambda: save_nested(state, files["save_nested"])}, a.rounds, same_bytes)
         size = os.path.getsize(files["save_nested"])
     from importlib.metadata import version
 
-    from ppmulti.common.atomic import atomic_write_text
-
-    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip()
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
-              "command": "python bench/checkpoint.py " + " ".join(sys.argv[1:]),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "load_before": round(load, 2), "model": "yolo26n, 3 classes", "bytes": size,
-              "files_equal": True,
-              "versions": {"paddlepaddle": version("paddlepaddle"), "python": platform.python_version()},
-              "seconds": {way: {"median": round(statistics.median(v), 4), "min": round(min(v), 4),
-                                "max": round(max(v), 4)} for way, v in times.items()}}
-    result["speedup"] = round(result["seconds"]["paddle.save"]["median"] / result["seconds"]["save_nested"]["median"],
-                              2)
-    atomic_write_text(a.out, json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    ab.write(a.out, "checkpoint.py", load, {"model": "yolo26n, 3 classes", "bytes": size, "files_equal": True},
+             {"paddlepaddle": version("paddlepaddle")}, times)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,14 @@ import argparse
 import contextlib
 import copy
 import io
-import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab  # noqa: E402  (alternated rounds, the result json)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,35 +85,22 @@ def main() -> None:
     a = ap.parse_args()
     gt, dets = scoring_case(images=a.images)
     load = os.getloadavg()[0]
-    times: dict[str, list[float]] = {"every range": [], "all alone": []}
-    for _ in range(a.rounds):
-        stats = []
-        for way, all_only in (("every range", False), ("all alone", True)):
-            t = time.perf_counter()
-            ev = scored(gt, dets, all_only)
-            times[way].append(time.perf_counter() - t)
-            stats.append(tuple(ev.stats[:2]))
-        if stats[0] != stats[1]:
+    stats: dict[str, tuple] = {}
+
+    def agree(evals: dict) -> None:
+        stats.update({way: tuple(ev.stats[:2]) for way, ev in evals.items()})
+        if len(set(stats.values())) != 1:
             raise SystemExit(f"the two scorings disagree: {stats}")
+
+    times = ab.alternate({"every range": lambda: scored(gt, dets, False), "all alone": lambda: scored(gt, dets, True)},
+                         a.rounds, agree)
     from importlib.metadata import version
 
-    from ppmulti.common.atomic import atomic_write_text
-
-    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip()
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
-              "command": "python bench/coco_score.py " + " ".join(sys.argv[1:]),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "load_before": round(load, 2), "images": a.images, "detections": len(dets),
-              "labels": len(gt.dataset["annotations"]), "mAP50_95": round(stats[0][0], 6),
-              "mAP50": round(stats[0][1], 6),
-              "versions": {"pycocotools": version("pycocotools"),
-                           "python": platform.python_version()},
-              "seconds": {way: {"median": round(statistics.median(v), 4), "min": round(min(v), 4),
-                                "max": round(max(v), 4)} for way, v in times.items()}}
-    result["speedup"] = round(result["seconds"]["every range"]["median"] / result["seconds"]["all alone"]["median"], 2)
-    atomic_write_text(a.out, json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    m50_95, m50 = stats["all alone"]
+    ab.write(a.out, "coco_score.py", load,
+             {"images": a.images, "detections": len(dets), "labels": len(gt.dataset["annotations"]),
+              "mAP50_95": round(m50_95, 6), "mAP50": round(m50, 6)},
+             {"pycocotools": version("pycocotools")}, times)
 
 
 if __name__ == "__main__":

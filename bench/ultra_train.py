@@ -86,6 +86,7 @@ from pathlib import Path
 from ppmulti.common.cpus import ULTRALYTICS_SPARE_CORES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab  # noqa: E402  (the commit results name)
 import time_to_accuracy as tta  # noqa: E402  (mean curves, seconds to a target, --seeds)
 import ultra_parity  # noqa: E402  (ppmulti's val, its result line parsed)
 import vs_yolov5 as vs  # noqa: E402  (running a timed command, threads per rank, offline ultralytics)
@@ -346,12 +347,6 @@ def _versions(ultra_python: str) -> dict:
             "pycocotools": version("pycocotools"), "ppmulti's Python": platform.python_version()}
 
 
-def _commit() -> str:
-    out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
-                         text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
@@ -374,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     data = data_dir / "data.yaml"
     # a resumed bench keeps its first start's facts; the commit shown is the runs' own
     machine = result.get("machine") or {**_machine(), "load_before": round(os.getloadavg()[0], 2)}
-    head = _commit()
+    head = ab.commit()
     result.update({"what": "final mAP50 (one evaluator) and time of ultralytics and ppmulti training the same "
                            "models from scratch with the same keys",
                    "started": result.get("started") or time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
