@@ -127,6 +127,29 @@ def test_p_r_map_match_yolov5s_formulas_on_fixed_detections():
     assert np.allclose(again.p, cm.p) and np.allclose(again.ap, cm.ap)
 
 
+def test_matching_is_val_pys_on_random_crowded_images():
+    """match_detections against val.py's rule (``_ref_correct``) at all ten thresholds, on 300 random images:
+    crowded labels of three classes, detections scattered around them in confidence order, equal confidences
+    and equal IoUs (a label given twice) included: the first label, the earlier detection win, as in val.py."""
+    from ppmulti.rank.engine.diagnostics import IOU_THRESHOLDS, match_detections
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        m, n = int(rng.integers(0, 6)), int(rng.integers(0, 25))
+        xy = rng.uniform(0, 40, (m, 2))
+        labels = np.c_[rng.integers(0, 3, m), xy, xy + rng.uniform(4, 20, (m, 2))]
+        if m > 1:   # a label given twice: equal IoUs with every detection
+            labels = np.r_[labels, labels[:1]]
+        near = labels[rng.integers(0, len(labels), n), 1:] if m else rng.uniform(0, 40, (n, 4))
+        boxes = near + rng.normal(0, rng.choice([0.5, 2.0, 6.0]), (n, 4))
+        conf = np.sort(np.round(rng.uniform(0, 1, n), 1))[::-1]                    # equal confidences
+        dets = np.c_[boxes, conf, rng.integers(0, 3, n)]
+        dets[:, 2:4] = np.maximum(dets[:, 2:4], dets[:, :2] + 1)
+        got = match_detections(dets, labels)
+        for t, threshold in enumerate(IOU_THRESHOLDS):
+            assert got[:, t].tolist() == _ref_correct(dets, labels, threshold)
+
+
 def test_confusion_matrix_counts_by_yolov5s_rule():
     from ppmulti.rank.engine.diagnostics import ConfusionMatrix
 

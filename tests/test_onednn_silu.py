@@ -201,3 +201,50 @@ def test_ultralytics_conv_layers_are_swapped_and_give_paddles_gradients(op, monk
     assert abs(op_loss - loss) / loss < 1e-5 and grads.keys() == op_grads.keys()
     for name, g in grads.items():   # a gradient that is zero in exact arithmetic is rounding on both sides
         assert np.abs(op_grads[name] - g).max() <= 1e-3 * np.abs(g).max() + 1e-7, name
+
+
+def test_evaluation_folds_batchnorm_into_one_op(op, monkeypatch):
+    """In evaluation (eval mode, no gradient) YOLO11n's conv+BN+SiLU layers run as one oneDNN convolution with the
+    BatchNorm folded into its weights and SiLU as a post-op: the model's outputs are Paddle's kernels' to
+    rounding. With gradients on, or in training mode, the layers keep the separate ops (gradients flow)."""
+    from ppmulti.rank.models.ultra_blocks import silu_conv_layers
+    from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+    monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
+    rng = np.random.default_rng(1)
+
+    def build():
+        paddle.seed(5)
+        net = UltraDetectionModel("yolo11n.yaml", nc=3)
+        for layer in net.sublayers():   # BatchNorm statistics as a trained model has them, not 0 and 1
+            if isinstance(layer, paddle.nn.BatchNorm2D):
+                c = layer._mean.shape[0]
+                r = np.random.default_rng(c)
+                layer._mean.set_value(r.normal(0, 0.5, c).astype("float32"))
+                layer._variance.set_value(r.uniform(0.2, 2.0, c).astype("float32"))
+                layer.weight.set_value(r.uniform(0.5, 1.5, c).astype("float32"))
+                layer.bias.set_value(r.normal(0, 0.2, c).astype("float32"))
+        net.eval()
+        return net
+
+    x = paddle.to_tensor(rng.standard_normal((2, 3, 96, 96)).astype("float32"))
+    with paddle.no_grad():
+        ref = [t.numpy() for t in _tensors(build()(x))]
+    model = build()
+    n = len(silu_conv_layers(model))
+    ops_cpu.setup_cpu_ops(model)
+    calls = []
+    real = ops_silu._eval_op
+    monkeypatch.setattr(ops_silu, "_eval_op", lambda *a: calls.append(1) or real(*a))
+    with paddle.no_grad():
+        out = [t.numpy() for t in _tensors(model(x))]
+    assert len(calls) == n > 0
+    assert len(out) == len(ref)
+    for a, b in zip(out, ref):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+
+    calls.clear()   # gradients on: the separate ops, whose backward exists
+    y = sum((t ** 2).mean() for t in _tensors(model(x)))
+    y.backward()
+    assert calls == [] and model.parameters()[0].grad is not None

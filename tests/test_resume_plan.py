@@ -176,6 +176,33 @@ def test_batch_on_resume_that_does_not_divide_the_effective_batch_is_one_line():
         plan_batch(2, 4, batch=6, trained=plan.trained)
 
 
+def test_best_is_a_hard_link_to_last_where_the_file_system_allows(tmp_path, monkeypatch):
+    """copy_checkpoint publishes weights/best as a hard link to weights/last (no bytes written); where links
+    fail (some network file systems) it copies. Either way the next last, renamed into place, leaves best's
+    bytes as they were."""
+    from ppmulti.common.atomic import atomic_save
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    for suffix, data in ((".pdparams", b"weights 1"), (".pdstate", b"state 1")):
+        (weights / f"last{suffix}").write_bytes(data)
+    copy_checkpoint(weights / "last", weights / "best")
+    assert os.path.samefile(weights / "best.pdparams", weights / "last.pdparams")
+    atomic_save(weights / "last.pdparams", lambda tmp: Path(tmp).write_bytes(b"weights 2"))
+    assert (weights / "best.pdparams").read_bytes() == b"weights 1"
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    copy_checkpoint(weights / "last", weights / "best")
+    assert not os.path.samefile(weights / "best.pdparams", weights / "last.pdparams")
+    assert (weights / "best.pdparams").read_bytes() == b"weights 2"
+    assert (weights / "best.pdstate").read_bytes() == b"state 1"
+    assert sorted(p.name for p in weights.iterdir()) == ["best.pdparams", "best.pdstate", "last.pdparams",
+                                                         "last.pdstate"]   # no temp file left
+
+
 # --resume with fewer epochs than done, refused by the launching process from the checkpoint's sidecar
 # (weights/last.json), by the same rule and words as decide's in the rank
 
@@ -187,9 +214,15 @@ def test_the_sidecar_says_what_its_own_state_file_holds(tmp_path):
     assert read_progress(f"{last}.pdstate") == read_progress(last) == Progress(3, False, 3)
     copy_checkpoint(last, run / "weights" / "best")   # the copy is another file: its own sidecar names it
     assert read_progress(run / "weights" / "best.pdstate") == Progress(3, False, 3)
-    # a crash between a new state file and its sidecar leaves the older sidecar: it names another file, ignored
-    (run / "weights" / "last.pdstate").write_bytes(b"the next save")
+    # a crash between a new state file (written as every checkpoint is: a temp file renamed onto it) and its
+    # sidecar leaves the older sidecar: it names another file, ignored
+    before = (run / "weights" / "best.pdstate").read_bytes()
+    (run / "weights" / ".next").write_bytes(b"the next save")
+    os.replace(run / "weights" / ".next", run / "weights" / "last.pdstate")
     assert read_progress(f"{last}.pdstate") is None
+    # best, a hard link to the old last where the file system allows, keeps its bytes and its sidecar
+    assert (run / "weights" / "best.pdstate").read_bytes() == before
+    assert read_progress(run / "weights" / "best.pdstate") == Progress(3, False, 3)
     (run / "weights" / "best.json").write_text('{"epochs_done": 3')   # torn by hand (writes are atomic)
     assert read_progress(run / "weights" / "best.pdstate") is None
 

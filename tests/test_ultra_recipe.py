@@ -250,6 +250,41 @@ def test_adamw_section_builds_through_ppdet():
         assert changed == R.decays(p.name), p.name
 
 
+def test_an_ultralytics_models_adamw_leaves_biases_and_batchnorm_undecayed():
+    """optimizer=auto's AdamW section as config.yml holds it (plain data), built by ppdet's OptimizerBuilder inside
+    adamw_decay_groups for YOLOv8n: a pure decay step (zero gradients) shrinks convolution weights only, as in
+    ultralytics' groups; the section is plain again afterwards. PaddleDetection's architectures keep ppdet's AdamW
+    (every parameter decayed)."""
+    from ppdet.optimizer import OptimizerBuilder
+
+    from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+    cfg = _auto_cfg()
+    R.choose_for_run(cfg, range(16), _batch(8, 8), 64)
+    plain = dict(cfg["OptimizerBuilder"]["optimizer"])
+    paddle.seed(0)
+    model = UltraDetectionModel("yolov8n.yaml", nc=3)
+    for architecture, ultralytics in (("UltraYOLO", True), ("RTDETR", False)):
+        cfg["architecture"] = architecture
+        with R.adamw_decay_groups(cfg) as applied:
+            opt = OptimizerBuilder(**cfg["OptimizerBuilder"])(0.1, model)
+        assert applied is ultralytics and cfg["OptimizerBuilder"]["optimizer"] == plain
+        before = {p.name: p.numpy().copy() for p in model.parameters() if not p.stop_gradient}
+        for p in model.parameters():
+            if not p.stop_gradient:
+                p.grad = paddle.zeros_like(p)   # the step sees only the decay
+        opt.step()
+        opt.clear_grad()
+        kinds = {True: set(), False: set()}
+        for p in model.parameters():
+            if p.name in before:
+                changed = not np.array_equal(p.numpy(), before[p.name])
+                kinds[changed].add(p.name.split("_")[0])
+                if ultralytics:
+                    assert changed == R.decays(p.name), p.name
+        assert kinds[True] == ({"conv2d"} if ultralytics else {"conv2d", "batch"})
+
+
 def _auto_cfg(nc=3, epochs=2):
     """configs/ultralytics/_base_/optimizer_500e.yml's sections, as the engine holds them before the lr plan."""
     return {"num_classes": nc, "epoch": epochs, "ref_batch": 64, "warmup_bias_lr": 0.1,

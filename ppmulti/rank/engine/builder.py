@@ -316,7 +316,8 @@ class _Build:
             self.plan_notes.append(self.optimizer.describe(self.lr_plan.lr))
             musgd_run.refuse_amp(*self._amp_mode())
         else:
-            self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
+            with ultra_recipe.adamw_decay_groups(cfg):   # an ultralytics model's AdamW: its no-decay groups
+                self.optimizer = create("OptimizerBuilder")(self.lr, self.model)
         self.amp.setup(self)   # may cast the model (O2): before it is wrapped for several ranks
         self.conv_kernel = None
         if self.device == "cpu":

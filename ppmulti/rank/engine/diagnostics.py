@@ -30,22 +30,32 @@ def match_detections(dets: np.ndarray, labels: np.ndarray, thresholds: np.ndarra
     """Which detections are true positives at each IoU threshold, by YOLOv5 val.py's rule: a pair counts when the
     classes agree and IoU >= the threshold; each detection keeps its best-IoU label, then each label keeps the most
     confident detection that chose it. ``dets`` (N, 6: x1, y1, x2, y2, conf, class), ``labels`` (M, 5: class, x1,
-    y1, x2, y2). Returns bool (N, len(thresholds)) in the order of ``dets``."""
+    y1, x2, y2). Returns bool (N, len(thresholds)) in the order of ``dets``.
+
+    A detection's best label is the same at every threshold (its best same-class IoU, first label on ties), counted
+    where that IoU reaches the threshold; so one pass finds, for every label and threshold at once, the most
+    confident detection that chose it."""
     dets = np.asarray(dets, dtype=np.float64).reshape(-1, 6)
     labels = np.asarray(labels, dtype=np.float64).reshape(-1, 5)
+    thresholds = np.asarray(thresholds, dtype=np.float64).reshape(-1)
     correct = np.zeros((len(dets), len(thresholds)), dtype=bool)
-    if not len(dets) or not len(labels):
+    if not len(dets) or not len(labels) or not len(thresholds):
         return correct
-    iou = box_iou(labels[:, 1:], dets[:, :4])                       # (M, N)
-    same = labels[:, :1] == dets[None, :, 5]
     order = np.argsort(-dets[:, 4], kind="stable")                  # most confident first
-    for t, thr in enumerate(thresholds):
-        scored = np.where((iou >= thr) & same, iou, -1.0)[:, order]  # columns: most confident first
-        best = scored.argmax(axis=0)                                 # each detection's best label
-        chose = scored.max(axis=0) >= 0
-        cols = np.nonzero(chose)[0]
-        _, first = np.unique(best[cols], return_index=True)          # each label's most confident chooser
-        correct[order[cols[first]], t] = True
+    iou = box_iou(labels[:, 1:], dets[order, :4])                   # (M, N), columns most confident first
+    scored = np.where(labels[:, :1] == dets[order][None, :, 5], iou, -1.0)
+    best = scored.argmax(axis=0)                                    # each detection's best label
+    best_iou = scored[best, np.arange(len(order))]
+    cols = np.nonzero(best_iou >= thresholds.min())[0]              # those that count at some threshold
+    if not len(cols):
+        return correct
+    chose = best_iou[cols, None] >= thresholds[None, :]             # (K, T)
+    rank = np.where(chose, np.arange(len(cols))[:, None], len(cols))   # a position, or "none" past the end
+    by_label = np.argsort(best[cols], kind="stable")
+    starts = np.nonzero(np.r_[True, np.diff(best[cols][by_label]) != 0])[0]
+    first = np.minimum.reduceat(rank[by_label], starts, axis=0)      # (labels chosen, T): the earliest chooser
+    won = first < len(cols)
+    correct[order[cols[first[won]]], np.nonzero(won)[1]] = True
     return correct
 
 

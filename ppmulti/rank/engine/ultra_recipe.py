@@ -3,16 +3,17 @@ nominal-batch accumulation, weight-decay scaling, per-epoch lr lambda, batch war
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sized
+from typing import Iterable, Iterator, Sized
 
 __all__ = ["HYP", "NBS", "OptimizerChoice", "auto_optimizer", "choose_optimizer", "nominal_accumulate",
            "scaled_weight_decay", "auto_iterations", "lr_lambda", "warmup_batches", "WarmupState", "warmup_state",
            "mosaic_closed", "GROUP_DECAY", "GROUP_NORM", "GROUP_BIAS", "GROUP_MUON", "classify_parameter",
            "ParamGroupSpec", "param_groups", "MUSGD_MUON", "MUSGD_SGD", "MUSGD_HEAD_LR_GAIN", "Recipe", "plan",
            "decays", "ppdet_optimizer", "lr_reference", "AUTO_TYPE", "MUSGD_TYPE", "wants_musgd", "choose_for_run",
-           "auto_note"]
+           "auto_note", "adamw_decay_groups"]
 
 # cfg/default.yaml's training hyperparameters in 8.4 (the keys a detection run reads).
 HYP: dict[str, float | int | bool | str] = {
@@ -321,8 +322,8 @@ def choose_for_run(cfg, images: Sized, batch, nbs: int | None = None) -> list[st
     BatchPlan. Returns the notes to log; [] (nothing changed) for any other optimizer type.
 
     MuSGD (past 10,000 steps) is written as ``type: MuSGD``, which the engine builds itself with ultralytics'
-    parameter groups (engine.musgd_run). One difference, said in the note: AdamW's decoupled decay reaches biases
-    and BatchNorm weights too (ppdet's config cannot carry ultralytics' no-decay groups)."""
+    parameter groups (engine.musgd_run). AdamW's no-decay groups (biases, BatchNorm) are a function, which
+    config.yml cannot hold: the engine adds it while ppdet builds the optimizer (``adamw_decay_groups``)."""
     builder = cfg["OptimizerBuilder"]
     section = builder.get("optimizer") or {}
     if str(section.get("type")) != AUTO_TYPE:
@@ -341,8 +342,25 @@ def choose_for_run(cfg, images: Sized, batch, nbs: int | None = None) -> list[st
     lr_cfg["base_lr"] = choice.lr
     cfg["warmup_bias_lr"] = choice.warmup_bias_lr
     cfg["ref_batch"] = lr_reference(choice, batch.effective_batch, nbs)
-    notes = [auto_note(choice, iterations, nc, ignored)]
-    if choice.name == "AdamW":
-        notes.append("optimizer: ppmulti's AdamW decays every weight, biases and BatchNorm's included "
-                     "(ultralytics leaves those two groups undecayed)")
-    return notes
+    return [auto_note(choice, iterations, nc, ignored)]
+
+
+@contextlib.contextmanager
+def adamw_decay_groups(cfg) -> Iterator[bool]:
+    """While ppdet's OptimizerBuilder builds an ultralytics model's AdamW (``optimizer=auto``'s choice, or
+    ``optimizer=AdamW``), its section carries ``apply_decay_param_fun=decays``: biases and BatchNorm weights
+    undecayed, as in ultralytics' groups (SGD and Adam read the layers' own L2Decay(0) on those). Afterwards the
+    section is plain data again, as config.yml keeps it. Yields whether it applied: not to other architectures
+    (PaddleDetection's AdamW decays every parameter) nor to a section that names its own function."""
+    builder = cfg.get("OptimizerBuilder") or {}
+    section = builder.get("optimizer") or {}
+    applies = (cfg.get("architecture") == "UltraYOLO" and str(section.get("type")) == "AdamW"
+               and "apply_decay_param_fun" not in section)
+    if not applies:
+        yield False
+        return
+    section["apply_decay_param_fun"] = decays
+    try:
+        yield True
+    finally:
+        section.pop("apply_decay_param_fun", None)
