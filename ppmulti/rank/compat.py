@@ -998,13 +998,6 @@ def batchnorm_data_format(layer: Any) -> str:
     return layer._data_format
 
 
-def batchnorm_uses_running_stats(layer: Any) -> bool:
-    """Whether a BatchNorm in eval mode normalises with its running statistics: Paddle's ``use_global_stats``
-    (kept as ``_use_global_stats``) is None (batch statistics in training only) or True; False means batch
-    statistics always."""
-    return getattr(layer, "_use_global_stats", None) is not False
-
-
 def batchnorm_running_stats(layer: Any) -> tuple[Any, Any]:
     """A BatchNorm's running mean and variance tensors (the buffers named by ``batchnorm_state_names``)."""
     return layer._mean, layer._variance

@@ -17,10 +17,6 @@
 // training step); oneDNN's kernel is vectorised and threaded, about 3x faster where fresh output pages do
 // not dominate. It lives here so that one build and one loaded library serve both ops;
 // ppmulti/rank/ops/silu.py decides where it runs.
-//
-// And ppmulti_onednn_conv2d_bias_silu, for evaluation and prediction only (no gradient): one forward_inference
-// primitive computing a convolution whose weights and bias already hold the BatchNorm (folded by silu.py), with
-// SiLU as its post-op, so the BatchNorm and SiLU passes over the output are gone.
 
 #include <algorithm>
 #include <memory>
@@ -69,9 +65,11 @@ Dims WeightDims(const Dims& w, int groups) {
   return {groups, w[0] / groups, w[1], w[2], w[3]};
 }
 
-// A convolution's shape as the key of its cached primitives.
-std::string PlanKey(const Dims& x, const Dims& w, const std::vector<int>& strides, const std::vector<int>& pads,
-                    int groups) {
+// Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
+std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
+                                  const std::vector<int>& pads, int groups, bool bias, bool bf16) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<ConvPlan>> plans;
   std::string key;
   for (const auto& part : {x, w}) {
     for (auto v : part) key += std::to_string(v) + ",";
@@ -79,15 +77,7 @@ std::string PlanKey(const Dims& x, const Dims& w, const std::vector<int>& stride
   for (const auto& part : {strides, pads}) {
     for (auto v : part) key += std::to_string(v) + ";";
   }
-  return key + "g" + std::to_string(groups);
-}
-
-// Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
-std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
-                                  const std::vector<int>& pads, int groups, bool bias, bool bf16) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<ConvPlan>> plans;
-  std::string key = PlanKey(x, w, strides, pads, groups);
+  key += "g" + std::to_string(groups);
   if (bias) key += "b";
   if (bf16) key += "bf16";
   std::lock_guard<std::mutex> lock(mu);
@@ -235,53 +225,6 @@ std::shared_ptr<SiluPlan> SiluPlanFor(const Dims& shape) {
   return plan;
 }
 
-// A convolution with bias and SiLU for inference: the one primitive and the plain layouts.
-struct InferPlan {
-  dnnl::convolution_forward::primitive_desc fwd_pd;
-  dnnl::convolution_forward fwd;
-  memory::desc x_plain, w_plain, y_plain;
-};
-
-std::shared_ptr<InferPlan> InferPlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
-                                        const std::vector<int>& pads, int groups) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<InferPlan>> plans;
-  const std::string key = PlanKey(x, w, strides, pads, groups);
-  std::lock_guard<std::mutex> lock(mu);
-  auto found = plans.find(key);
-  if (found != plans.end()) return found->second;
-
-  const Dims y = OutShape(x, w, strides, pads);
-  const Dims wd = WeightDims(w, groups);
-  const memory::dims stride{strides[0], strides[1]};
-  const memory::dims pad{pads[0], pads[1]};
-  const auto algo = dnnl::algorithm::convolution_direct;
-  const auto b_plain = memory::desc({w[0]}, DType::f32, Tag::x);
-  dnnl::primitive_attr plain_attr;
-  plain_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  // The layouts training's convolution picks (nChw8c-like blocks): left to "any", inference on AVX2 picks the
-  // channels-last brgconv, whose reorders from and to NCHW cost more than the fused BN and SiLU save.
-  const auto training = dnnl::convolution_forward::primitive_desc(
-      Engine(), dnnl::prop_kind::forward_training, algo, memory::desc(x, DType::f32, Tag::any),
-      memory::desc(wd, DType::f32, Tag::any), b_plain, memory::desc(y, DType::f32, Tag::any), stride, pad, pad,
-      plain_attr);
-  dnnl::post_ops ops;
-  ops.append_eltwise(dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);   // x * sigmoid(1 * x): SiLU
-  dnnl::primitive_attr attr;
-  attr.set_post_ops(ops);
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  auto plan = std::make_shared<InferPlan>();
-  plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
-      Engine(), dnnl::prop_kind::forward_inference, algo, training.src_desc(), training.weights_desc(), b_plain,
-      training.dst_desc(), stride, pad, pad, attr);
-  plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
-  plan->x_plain = memory::desc(x, DType::f32, Tag::nchw);
-  plan->w_plain = memory::desc(wd, DType::f32, groups == 1 ? Tag::oihw : Tag::goihw);
-  plan->y_plain = memory::desc(y, DType::f32, Tag::nchw);
-  plans.emplace(key, plan);
-  return plan;
-}
-
 }  // namespace
 
 // ``b``: the bias, or nullptr for a convolution without one.
@@ -304,32 +247,6 @@ static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle
                                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->fwd_pd.scratchpad_desc())}};
   if (b != nullptr) args.emplace(DNNL_ARG_BIAS, memory(plan->fwd_pd.bias_desc(), Engine(), Data(*b)));
   plan->fwd.execute(s, args);
-  WriteBack(s, dst, plan->y_plain, y.data<float>());
-  s.wait();
-  return {y};
-}
-
-// silu(conv(x, w) + b), no gradient: the evaluation form of a conv+BN+SiLU layer whose BN is folded into w, b.
-std::vector<paddle::Tensor> OnednnConvBiasSiluForward(const paddle::Tensor& x, const paddle::Tensor& w,
-                                                      const paddle::Tensor& b, const std::vector<int>& strides,
-                                                      const std::vector<int>& paddings, int groups) {
-  const char* op = "ppmulti_onednn_conv2d_bias_silu";
-  CheckDense(x, "input", op);
-  CheckDense(w, "weight", op);
-  CheckDense(b, "bias", op);
-  PD_CHECK(groups >= 1 && x.shape()[1] == w.shape()[1] * groups && w.shape()[0] % groups == 0 &&
-               b.numel() == w.shape()[0],
-           op, ": the input's channels, the weight's, the bias' and groups disagree");
-  auto plan = InferPlanFor(x.shape(), w.shape(), strides, paddings, groups);
-  auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
-  dnnl::stream s(Engine());
-  Workspace ws(x.place());
-  auto src = ws.Reordered(s, plan->x_plain, plan->fwd_pd.src_desc(), Data(x));
-  auto wei = ws.Reordered(s, plan->w_plain, plan->fwd_pd.weights_desc(), Data(w));
-  auto dst = ws.Destination(plan->y_plain, plan->fwd_pd.dst_desc(), y.data<float>());
-  plan->fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
-                        {DNNL_ARG_BIAS, memory(plan->fwd_pd.bias_desc(), Engine(), Data(b))},
-                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->fwd_pd.scratchpad_desc())}});
   WriteBack(s, dst, plan->y_plain, y.data<float>());
   s.wait();
   return {y};
@@ -562,11 +479,3 @@ PD_BUILD_GRAD_OP(ppmulti_onednn_silu)
     .Inputs({"X", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X")})
     .SetKernelFn(PD_KERNEL(OnednnSiluBackward));
-
-PD_BUILD_OP(ppmulti_onednn_conv2d_bias_silu)
-    .Inputs({"X", "W", "B"})
-    .Outputs({"Out"})
-    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
-    .SetKernelFn(PD_KERNEL(OnednnConvBiasSiluForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvBiasInferShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvBiasInferDtype));

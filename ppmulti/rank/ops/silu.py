@@ -1,12 +1,8 @@
-"""oneDNN SiLU for CPU runs: YOLOv5's fused and ultralytics' conv+BN+SiLU layers call the op library's swish, and in
-evaluation its convolution with the BatchNorm folded in and SiLU as a post-op."""
+"""oneDNN SiLU for CPU training: YOLOv5's fused and ultralytics' conv+BN+SiLU layers call the op library's swish."""
 
 # Why: Paddle's CPU silu and its gradient are single-threaded Eigen loops, about 70 ms of a 520 ms YOLOv5n
 # training step (256 px, batch 16, 2 threads); oneDNN's eltwise swish, in the library that already holds the
 # convolution op (one build serves both), is vectorised and threaded, several times faster.
-# In evaluation (eval mode, no gradient) the BatchNorm is a fixed per-channel affine: folded into the convolution's
-# weights and bias, the layer is one oneDNN primitive with SiLU as its post-op, one pass over its output instead of
-# three (bench/eval_fold.py measures the forward pass both ways).
 
 from __future__ import annotations
 
@@ -17,13 +13,11 @@ from ppmulti.rank import compat
 from ppmulti.rank.ops import conv
 
 OP_NAME = "ppmulti_onednn_silu"
-EVAL_OP_NAME = "ppmulti_onednn_conv2d_bias_silu"   # silu(conv(x, w) + b), forward only
 # the modules whose conv+BN+SiLU layers are swapped, and their function listing those layers
 _SILU_LAYERS = (("ppmulti.rank.models.yolov5", "fused_silu_layers"),
                 ("ppmulti.rank.models.ultra_blocks", "silu_conv_layers"))
 
 _op = None   # the registered op's caller, once loaded
-_eval_op = None   # the evaluation op's runner, once loaded
 
 
 def load_op():
@@ -32,7 +26,7 @@ def load_op():
 
     Raises conv.OpUnavailable with the reason when this machine cannot build or load it.
     """
-    global _op, _eval_op
+    global _op
     if _op is None:
         conv.load_op()
         runner = compat.custom_op_runner(OP_NAME)
@@ -40,7 +34,6 @@ def load_op():
         def run(x):
             return runner(x)[0]
 
-        _eval_op = compat.custom_op_runner(EVAL_OP_NAME)
         _op = run
     return _op
 
@@ -58,42 +51,7 @@ def silu(x):
     return _op(x)
 
 
-def fold_bn(conv_layer, bn):
-    """(weight, bias) of one convolution computing ``bn(conv_layer(x))`` with ``bn``'s running statistics:
-    the weight scaled per output channel by gamma / sqrt(var + eps), the bias beta - mean x that scale (plus the
-    convolution's own bias, scaled)."""
-    import paddle
-
-    mean, variance = compat.batchnorm_running_stats(bn)
-    scale = bn.weight * paddle.rsqrt(variance + compat.batchnorm_eps_momentum(bn)[0])
-    weight = conv_layer.weight * scale.reshape([-1, 1, 1, 1])
-    bias = bn.bias - mean * scale
-    if conv_layer.bias is not None:
-        bias = bias + conv_layer.bias * scale
-    return weight, bias
-
-
-def _folds(self, x) -> bool:
-    """Whether this forward is evaluation the folded op computes (to rounding): eval mode without gradients, in
-    dygraph (export traces Paddle's own layers), a float32 CPU NCHW input whose channels fit, a convolution the
-    oneDNN op takes, a BatchNorm on its running statistics."""
-    import paddle
-
-    bn = self.bn
-    return (_eval_op is not None and not self.training and not bn.training and paddle.in_dynamic_mode()
-            and not paddle.is_grad_enabled() and x.dtype == paddle.float32 and x.place.is_cpu_place()
-            and x.ndim == 4 and x.shape[1] == self.conv.weight.shape[1] * compat.conv2d_facts(self.conv).groups
-            and 0 not in x.shape and conv.eligible(self.conv) and compat.batchnorm_uses_running_stats(bn)
-            and compat.batchnorm_data_format(bn) == "NCHW")
-
-
 def _conv_bn_onednn_silu(self, x):
-    if _folds(self, x):
-        if not x.is_contiguous():
-            x = x.contiguous()
-        facts = compat.conv2d_facts(self.conv)
-        weight, bias = fold_bn(self.conv, self.bn)
-        return _eval_op(x, weight, bias, list(facts.stride), list(facts.padding), int(facts.groups))[0]
     return silu(self.bn(self.conv(x)))
 
 
