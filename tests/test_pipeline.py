@@ -43,6 +43,7 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
 
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
+    from ppmulti.rank.data.feed import reader_batches
     from ppmulti.rank.entry import resolve
     from ppmulti.rank.yolo_config import apply_edit
 
@@ -60,16 +61,21 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
     cfg["TrainReader"]["use_shared_memory"] = False
     random.seed(seed)
     np.random.seed(seed)
-    loader = create("TrainReader")(create("TrainDataset")(), 0)
+    # the trainer's way through a reader without workers (data.feed): one thread, stopped and joined by close(),
+    # so that no batch of this call is drawn from the global generators after the next call has seeded them
+    batches = reader_batches(create("TrainReader")(create("TrainDataset")(), 0))
     out = []
-    for i, data in enumerate(loader):
-        if i >= n_batches:
-            break
-        if raw is not None:
-            raw.append({k: v.numpy().copy() for k, v in data.items() if isinstance(v, paddle.Tensor)})
-        data = to_model_input(data, input_norm(cfg))
-        mask = data["pad_gt_mask"].numpy()[..., 0] > 0
-        out.append((data["image"].numpy(), data["gt_bbox"].numpy(), mask))
+    try:
+        for i, data in enumerate(batches):
+            if i >= n_batches:
+                break
+            if raw is not None:
+                raw.append({k: v.numpy().copy() for k, v in data.items() if isinstance(v, paddle.Tensor)})
+            data = to_model_input(data, input_norm(cfg))
+            mask = data["pad_gt_mask"].numpy()[..., 0] > 0
+            out.append((data["image"].numpy(), data["gt_bbox"].numpy(), mask))
+    finally:
+        batches.close()
     return out
 
 
