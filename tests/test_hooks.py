@@ -11,6 +11,7 @@ import pytest
 from ppmulti.rank.engine.hooks import (HOOK_POINTS, CheckpointHook, ConsoleLogHook, EarlyStopHook, EMAHook,
                                        EvaluationHook, Hook, Interrupted, PlotsHook, ResultsHook, ResumeHook,
                                        StopOnSignalHook, VisualDLHook)
+from ppmulti.rank.engine import checkpoint as ckpt_mod
 from ppmulti.rank.engine.trainer import RunPlan
 from toys import Recorder, ScriptedEvaluation, toy_trainer
 
@@ -327,21 +328,102 @@ def test_checkpoint_hook_writes_last_and_best_atomically(tmp_path):
 
     # a save that fails half-way leaves the previous file whole and no temp file
     before = (weights / "last.pdparams").read_bytes()
-    real_save = paddle.save
+    real_pickle = ckpt_mod._pickle
 
-    def broken(obj, path, *a, **kw):
+    def broken(obj, path):
         with open(path, "wb") as f:
             f.write(b"half")
         raise OSError("disk full")
 
-    paddle.save = broken
+    ckpt_mod._pickle = broken
     try:
         with pytest.raises(OSError, match="disk full"):
             trainer.save_checkpoint("last")
     finally:
-        paddle.save = real_save
+        ckpt_mod._pickle = real_pickle
     assert (weights / "last.pdparams").read_bytes() == before
     assert not [p for p in weights.iterdir() if p.suffix == ".tmp"]
+
+
+def test_an_epochs_checkpoint_is_written_while_the_next_epoch_trains(tmp_path, monkeypatch):
+    """The checkpoint hook copies the state between two steps and writes its files in a thread of its own: the
+    files hold the state of the moment it was copied, not of the steps after it; a failed write is raised in the
+    training thread (at the end of the run here), and leaves the previous files whole."""
+    import threading
+
+    import paddle
+
+    from ppmulti.rank.engine.checkpoint import load_state
+
+    released = threading.Event()
+    seen: dict = {}
+    real_pickle = ckpt_mod._pickle
+
+    def slow(obj, path):   # epoch 1's write waits until a step of epoch 2 has changed the weights
+        if path.startswith(str(tmp_path / "weights" / ".last.pdparams")) and "first" not in seen:
+            seen["first"] = threading.current_thread().name
+            assert released.wait(30)
+        real_pickle(obj, path)
+
+    class Epoch2Step(Hook):
+        def after_step(self, trainer, epoch, step, outputs, lr, data_time):
+            if epoch == 1 and step == 1:
+                seen["weights"] = {k: v.numpy().copy() for k, v in trainer.model.state_dict().items()}
+                released.set()
+
+    class Epoch1Weights(Hook):
+        priority = 59   # just before the checkpoint hook: the weights it copies
+        def after_epoch(self, trainer, stats):
+            if stats.epoch == 0:
+                seen["epoch1"] = {k: v.numpy().copy() for k, v in trainer.model.state_dict().items()}
+
+    monkeypatch.setattr(ckpt_mod, "_pickle", slow)
+    trainer = toy_trainer(epochs=2, steps=2, run_dir=tmp_path, hooks=[CheckpointHook(), Epoch2Step(), Epoch1Weights()])
+    real_run = trainer.run_epoch
+
+    def run_epoch(epoch):   # look at the files when epoch 2 ends, before its own save
+        stats = real_run(epoch)
+        if epoch == 1:
+            trainer.wait_for_checkpoints()
+            seen["file"] = paddle.load(str(tmp_path / "weights" / "last.pdparams"))
+            seen["state"] = load_state(tmp_path / "weights" / "last.pdstate")
+        return stats
+
+    trainer.run_epoch = run_epoch
+    trainer.train()
+    assert seen["first"] == "ppmulti-checkpoint"   # written off the training thread
+    assert seen["state"]["train"]["epoch"] == 1
+    changed = [k for k in seen["epoch1"] if not (seen["epoch1"][k] == seen["weights"][k]).all()]
+    assert changed   # epoch 2's steps changed weights while epoch 1's file was being written ...
+    for k, v in seen["epoch1"].items():   # ... and the file holds epoch 1's
+        assert (seen["file"][k].numpy() == v).all(), k
+
+    # a background write that fails: raised by the run, the files before it whole, no temp file left
+    before = (tmp_path / "weights" / "last.pdparams").read_bytes()
+
+    def broken(obj, path):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt_mod, "_pickle", broken)
+    again = toy_trainer(epochs=1, steps=2, run_dir=tmp_path, hooks=[CheckpointHook()])
+    with pytest.raises(OSError, match="disk full"):
+        again.train()
+    assert (tmp_path / "weights" / "last.pdparams").read_bytes() == before
+    assert not [p for p in (tmp_path / "weights").iterdir() if p.suffix == ".tmp"]
+    assert not [t for t in threading.enumerate() if t.name == "ppmulti-checkpoint"]
+
+
+def test_the_weights_file_is_paddle_saves_byte_for_byte(tmp_path):
+    """weights_layout pickled (what a checkpoint's .pdparams holds) is the file paddle.save writes for the same
+    state dict, on this Paddle: PaddleDetection's and Paddle's loaders read it as their own."""
+    import paddle
+
+    from ppmulti.rank.engine.checkpoint import _pickle, weights_layout
+
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3), paddle.nn.BatchNorm2D(4), paddle.nn.Linear(6, 2))
+    paddle.save(model.state_dict(), str(tmp_path / "paddle.pdparams"))
+    _pickle(weights_layout(model.state_dict()), str(tmp_path / "ours.pdparams"))
+    assert (tmp_path / "ours.pdparams").read_bytes() == (tmp_path / "paddle.pdparams").read_bytes()
 
 
 def test_load_weights_reads_the_models_keys_once_and_skips_the_unexpected(tmp_path):
@@ -379,6 +461,7 @@ def test_checkpoint_hook_nosave_and_save_period(tmp_path):
         priority = 65   # right after the checkpoint hook (60)
 
         def after_epoch(self, trainer, stats):
+            trainer.wait_for_checkpoints()   # the epoch's files are written in the background
             seen.append((trainer.run_dir / "weights" / "last.pdparams").is_file())
 
     toy_trainer(epochs=3, steps=1, run_dir=tmp_path / "nosave", nosave=True, hooks=[CheckpointHook(), Look()]).train()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
 import shutil
+import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -76,10 +78,28 @@ def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_
          hooks: dict[str, dict[str, Any]]) -> None:
     """Write ``stem.pdparams`` (weights to use), ``stem.pdstate`` (resume: the loop's state and each hook's, by
     hook name) and ``stem.json`` (its progress, for the launching process: ``Progress``) atomically."""
-    import paddle
+    snapshot(stem, model, inference_weights, optimizer, lr_scheduler, state, hooks).write()
 
-    stem = str(stem)
-    atomic_save(stem + WEIGHTS, lambda tmp: paddle.save(inference_weights, tmp))
+
+@dataclass
+class Snapshot:
+    """A checkpoint copied to host memory: what ``save`` writes, taken between two steps so that its files can be
+    pickled, written and fsynced while training goes on (``BackgroundWriter``)."""
+
+    stem: str
+    weights: dict      # the .pdparams content, in paddle.save's layout (``weights_layout``)
+    payload: Any       # the .pdstate content, tensors as ``HostTensor``
+    progress: Progress
+
+    def write(self) -> None:
+        atomic_save(self.stem + WEIGHTS, lambda tmp: _pickle(self.weights, tmp))
+        atomic_save(self.stem + STATE, lambda tmp: _pickle(self.payload, tmp))
+        write_progress(self.stem, self.progress)
+
+
+def snapshot(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_scheduler, state: TrainState,
+             hooks: dict[str, dict[str, Any]]) -> Snapshot:
+    """The checkpoint ``save`` writes, copied now: the model, optimizer and hooks may change right after."""
     payload = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -88,29 +108,106 @@ def save(stem: str | os.PathLike, model, inference_weights: dict, optimizer, lr_
         "rng": rng_state(),
         "hooks": hooks,
     }
-    atomic_save(stem + STATE, lambda tmp: save_nested(payload, tmp))
     planned = (hooks.get("resume") or {}).get("epochs")
-    write_progress(stem, Progress(int(state.epoch), int(state.step_in_epoch or 0) > 0,
-                                  None if planned is None else int(planned)))
+    return Snapshot(str(stem), weights_layout(inference_weights), host_copy(payload),
+                    Progress(int(state.epoch), int(state.step_in_epoch or 0) > 0,
+                             None if planned is None else int(planned)))
+
+
+NAME_TABLE = "StructuredToParameterName@@"   # paddle.save's key for a state dict's parameter names
+
+
+def weights_layout(weights: dict) -> dict:
+    """What paddle.save pickles for a state dict (Paddle 2.6 and 3.x): each tensor as a host array under its key,
+    and the keys' parameter names under ``NAME_TABLE``; pickled at protocol 4 it is paddle.save's file, byte for
+    byte (tests/test_hooks.py)."""
+    import paddle
+
+    out = {k: v.numpy() if isinstance(v, paddle.Tensor) else v for k, v in weights.items()}
+    out[NAME_TABLE] = {k: v.name for k, v in weights.items() if isinstance(v, paddle.Tensor)}
+    return out
+
+
+class HostTensor:
+    """A tensor's name and values in host memory. It pickles as paddle.save pickles a tensor nested in a state:
+    a ``(name, array)`` tuple, which paddle.load turns back into a tensor."""
+
+    __slots__ = ("name", "array")
+
+    def __init__(self, name: str, array) -> None:
+        self.name, self.array = name, array
+
+    def __reduce__(self):
+        return tuple, ((self.name, self.array),)
+
+
+def host_copy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
+    """``obj`` with each tensor copied to host memory once (``Tensor.numpy()`` copies; a tensor met twice is one
+    ``HostTensor``) and its containers rebuilt, so that nothing in the copy changes with the live state."""
+    import numpy as np
+    import paddle
+
+    memo = {} if memo is None else memo
+    if isinstance(obj, paddle.Tensor):
+        if id(obj) not in memo:
+            memo[id(obj)] = HostTensor(obj.name, obj.numpy())
+        return memo[id(obj)]
+    if isinstance(obj, dict):
+        out = copy.copy(obj)   # its own type (an OrderedDict stays one), then its values copied
+        for k, v in obj.items():
+            out[k] = host_copy(v, memo)
+        return out
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(host_copy(v, memo) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    return copy.deepcopy(obj)
 
 
 def save_nested(obj: Any, path: str) -> None:
-    """``paddle.save(obj, path)`` for a nested state (dicts of state dicts), in the same file: paddle.save pickles
-    each tensor, wherever it is, as its ``(name, array)`` pair, which ``paddle.load`` turns back into a tensor;
-    this pickler makes each pair with one copy (``Tensor.numpy()``) where paddle.save makes two (``Tensor.cpu()``,
-    then ``np.array``). Measured: bench/results/checkpoint.json."""
+    """``paddle.save(obj, path)`` for a nested state (dicts of state dicts), in the same file: each tensor,
+    wherever it is, pickled as paddle.save pickles it (``HostTensor``), with one copy (``Tensor.numpy()``) where
+    paddle.save makes two (``Tensor.cpu()``, then ``np.array``). Measured: bench/results/checkpoint.json."""
+    _pickle(host_copy(obj), path)
+
+
+def _pickle(obj: Any, path: str) -> None:
     import pickle
 
-    import paddle
-
-    class TensorPickler(pickle.Pickler):
-        def reducer_override(self, value):
-            if isinstance(value, paddle.Tensor):
-                return tuple, ((value.name, value.numpy()),)
-            return NotImplemented
-
     with open(path, "wb") as f:
-        TensorPickler(f, protocol=4).dump(obj)
+        pickle.dump(obj, f, protocol=4)   # paddle.save's protocol
+
+
+class BackgroundWriter:
+    """Writes one checkpoint at a time in a thread of its own while training goes on (``Snapshot.write`` and
+    what follows it: ``best``, ``epochN``). ``submit`` first waits for the write before it; ``wait`` joins the
+    write in progress and raises what it raised. The trainer waits before any other save, before its end (a
+    stop's save, ``model_final``, the pictures) and before users' callbacks that may read the files."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, job) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                job()
+            except BaseException as e:   # raised in the training thread by the next wait
+                self._error = e
+
+        # not a daemon: an interpreter that exits still finishes the file (atomic either way)
+        self._thread = threading.Thread(target=run, name="ppmulti-checkpoint")
+        self._thread.start()
+
+    def wait(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 PROGRESS = ".json"   # beside a .pdstate: its epochs done and planned, readable without Paddle (``Progress``)

@@ -160,6 +160,7 @@ class Trainer:
         self.last_metrics: dict | None = None   # the last evaluation's (EvaluationHook)
         self.class_maps: list[float] | None = None   # the last evaluation's mAP50-95 per class (EvaluationHook)
         self.ema = None              # EMAHook's ModelEMA when the config uses EMA
+        self.checkpoints = ckpt.BackgroundWriter()   # the checkpoint hook's epoch saves, written while training goes on
         self._add(*hooks)
 
     @property
@@ -212,7 +213,10 @@ class Trainer:
             self.call("after_train")
         finally:
             self.feed.close()
-            self.call("close")
+            try:
+                self.wait_for_checkpoints()   # however the run ends, the last checkpoint begun is finished
+            finally:
+                self.call("close")
         return self.final_metrics
 
     def run_epoch(self, epoch: int) -> EpochStats | None:
@@ -348,17 +352,29 @@ class Trainer:
             return self.model.state_dict()
         return self.ema.apply()
 
-    def save_checkpoint(self, name: str = "last") -> Path:
-        """Write ``weights/<name>``: the inference weights, and the loop's and every hook's state for resume."""
+    def checkpoint_snapshot(self, name: str = "last") -> ckpt.Snapshot:
+        """``weights/<name>`` as it would be written now, in host memory (``Snapshot.write`` writes it): the
+        inference weights, and the loop's and every hook's state for resume."""
         if self.run_dir is None:
             raise ValueError("Trainer.save_checkpoint: this trainer has no run_dir")
-        stem = self.run_dir / "weights" / name
         heartbeat.beat("checkpoint")
         hooks = {h.name: state for h in self.hooks if h.name and (state := h.state_dict()) is not None}
         if self.state.step_in_epoch and self.meter is not None:   # mid-epoch (a stop): the steps' losses so far
             self.state.loss_sums = self.meter.totals()
-        ckpt.save(stem, self.model, self.inference_weights(), self.optimizer, self.lr, self.state, hooks)
-        return stem
+        return ckpt.snapshot(self.run_dir / "weights" / name, self.model, self.inference_weights(), self.optimizer,
+                             self.lr, self.state, hooks)
+
+    def save_checkpoint(self, name: str = "last") -> Path:
+        """Write ``weights/<name>`` now, after any checkpoint still being written in the background."""
+        self.wait_for_checkpoints()
+        snap = self.checkpoint_snapshot(name)
+        snap.write()
+        return Path(snap.stem)
+
+    def wait_for_checkpoints(self) -> None:
+        """Return once the checkpoint written in the background (``self.checkpoints``) is on disk; raise its
+        error if writing it failed."""
+        self.checkpoints.wait()
 
     @property
     def best_map(self) -> float:

@@ -26,7 +26,8 @@ class Hook:
     as "EMA update right after the optimizer step, evaluate before checkpointing" is stated by the hooks
     themselves, not by where they were registered. A hook with state for resume names itself with
     ``name`` and returns that state from ``state_dict()`` (plain values and tensors: the file must not
-    depend on where our classes live).
+    depend on where our classes live). The checkpoint hook writes an epoch's ``weights/`` files while the next
+    epoch trains: a hook that reads them in ``after_epoch`` calls ``trainer.wait_for_checkpoints()`` first.
     """
 
     priority: int = 95        # user hooks: after the built-in reporting hooks, before the stop-on-signal vote

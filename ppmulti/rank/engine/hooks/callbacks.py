@@ -71,6 +71,8 @@ class CallbacksHook(Hook):
             self._call(trainer, "after_step", epoch=epoch, step=step, loss_items=host_losses(outputs), lr=lr)
 
     def after_epoch(self, trainer, stats) -> None:
+        if self._funcs.get("after_epoch"):
+            trainer.wait_for_checkpoints()   # on_model_save / on_fit_epoch_end may read this epoch's weights files
         self._call(trainer, "after_epoch", epoch=stats.epoch, loss_items=dict(stats.losses),
                    metrics=dict(stats.metrics or trainer.last_metrics or {}))
 

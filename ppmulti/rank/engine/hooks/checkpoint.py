@@ -3,6 +3,7 @@ a PaddleDetection config's run also ends with model_final.pdparams, as PaddleDet
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ppmulti.rank import dist
@@ -10,7 +11,8 @@ from ppmulti.rank.engine.hooks.base import Hook
 
 
 class CheckpointHook(Hook):
-    """Rank 0 writes ``weights/last`` every snapshot epoch and copies it to ``weights/best`` on a new best;
+    """Rank 0 writes ``weights/last`` every snapshot epoch and copies it to ``weights/best`` on a new best (in the
+    background: the state is copied between two steps and its files written while the next epoch trains);
     ``--nosave`` keeps only the final save, ``--save-period N`` also keeps ``weights/epochN`` every N epochs.
     A run stopped by a signal is saved as ``weights/last`` with its interrupted epoch, for ``--resume``.
     Its state in a checkpoint: the mAP50-95 of ``weights/best`` (-1: none yet)."""
@@ -39,14 +41,21 @@ class CheckpointHook(Hook):
         is_best = score is not None and score > self.best_map
         if is_best:
             self.best_map = score
-        stem = trainer.save_checkpoint("last")
-        best = stem.parent / "best"
-        if is_best or not (best.parent / ("best" + WEIGHTS)).exists():
-            copy_checkpoint(stem, best)
-        if periodic:
-            copy_checkpoint(str(stem), stem.parent / f"epoch{epoch}", state=False)
+        snap = trainer.checkpoint_snapshot("last")   # the next step may change the weights from here on
+
+        def publish() -> None:   # in the background while the next epoch trains (trainer.checkpoints)
+            snap.write()
+            stem = Path(snap.stem)
+            best = stem.parent / "best"
+            if is_best or not (best.parent / ("best" + WEIGHTS)).exists():
+                copy_checkpoint(stem, best)
+            if periodic:
+                copy_checkpoint(stem, stem.parent / f"epoch{epoch}", state=False)
+
+        trainer.checkpoints.submit(publish)
 
     def after_train(self, trainer) -> None:
+        trainer.wait_for_checkpoints()   # the epoch's files before a stop's save, model_final and the pictures
         stop = getattr(trainer, "interrupted", None)
         if stop is not None and dist.is_main():
             stop.checkpoint = trainer.save_checkpoint("last")
@@ -68,8 +77,6 @@ def write_model_final(run_dir) -> None:
     """``run_dir/model_final.pdparams``: the final ``weights/last`` weights (EMA's when on, as PaddleDetection's
     trainer saves them), where a PaddleDetection user's ``-o weights=output/CONFIG/model_final`` finds them. Only a
     run that finished writes it (a stopped one resumes from weights/last); YOLOv5-style runs keep YOLOv5's files."""
-    from pathlib import Path
-
     from ppmulti.rank.engine.checkpoint import WEIGHTS, copy_checkpoint
 
     last = Path(run_dir) / "weights" / "last"
