@@ -30,6 +30,12 @@ CONFIG = REPO / "configs" / "yolo26" / "yolo26_n_500e_coco.yml"
 
 def yolo26n_state():
     """The nested state ppmulti writes to weights/last.pdstate for a YOLO26n run, after one AdamW step."""
+    return yolo26n_run()[3]
+
+
+def yolo26n_run(threads: int = 1):
+    """A YOLO26n training on ``threads`` threads after one AdamW step: (model, optimizer, a batch, the state ppmulti
+    writes to weights/last.pdstate)."""
     import numpy as np
 
     from ppmulti.rank.ppdet_bridge import register_extensions
@@ -42,7 +48,7 @@ def yolo26n_state():
     from ppmulti.rank import config as config_mod
 
     paddle.set_device("cpu")
-    compat.set_num_threads(1)
+    compat.set_num_threads(threads)
     cfg = config_mod.load(str(CONFIG), {"num_classes": 3, "UltraYOLO": {"verbose": False}})
     model = create(cfg.architecture)
     model.train()
@@ -53,10 +59,10 @@ def yolo26n_state():
     model(batch)["loss"].backward()
     adamw.step()
     ema = {k: v.clone() for k, v in model.state_dict().items()}
-    return {"model": model.state_dict(), "optimizer": adamw.state_dict(), "lr": None,
-            "train": {"epoch": 1, "global_step": 16}, "rng": {"python": random.getstate(),
-                                                               "numpy": np.random.get_state()},
-            "hooks": {"ema": {"weights": ema, "updates": 4}, "checkpoint": {"best_map": 0.0}}}
+    return model, adamw, batch, {
+        "model": model.state_dict(), "optimizer": adamw.state_dict(), "lr": None,
+        "train": {"epoch": 1, "global_step": 16}, "rng": {"python": random.getstate(), "numpy": np.random.get_state()},
+        "hooks": {"ema": {"weights": ema, "updates": 4}, "checkpoint": {"best_map": 0.0}}}
 
 
 def main() -> None:
