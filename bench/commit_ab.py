@@ -72,18 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     keys = [f"model={a.model}", f"data={data_dir / 'data.yaml'}", f"imgsz={a.imgsz}", f"batch={a.batch}",
             f"epochs={a.epochs}", f"workers={a.workers}", "device=cpu", "seed=0", "deterministic=True",
             "pretrained=False", "amp=False", "plots=False"]
-    ways = {"checkout": REPO, f"base {base}": base_tree}
+    ways = {"checkout": ("head", REPO), f"base {base}": ("base", base_tree)}
     runs: dict[str, list[dict]] = {way: [] for way in ways}
-    count = {way: 0 for way in ways}
 
-    def train(way: str, tree: Path):
+    def train(way: str, label: str, tree: Path):
         def run() -> None:
-            count[way] += 1
-            name = f"{'head' if tree == REPO else 'base'}{count[way]}"
+            name = f"{label}{len(runs[way]) + 1}"
             project = work / "runs"
             shutil.rmtree(project / name, ignore_errors=True)
-            cmd = [str(Path(sys.executable).parent / "ppmulti"), "yolo", "detect", "train", *keys, f"project={project}",
-                   f"name={name}", "exist_ok=True"]
+            cmd = [str(Path(sys.executable).parent / "ppmulti"), "yolo", "detect", "train", *keys,
+                   f"project={project}", f"name={name}", "exist_ok=True"]
             vs._run(cmd, work / f"{name}.log", env={**env, "PYTHONPATH": str(tree)}, cwd=work)
             runs[way].append(epoch_summary(ultra_train.read_epochs(project / name / "results.csv")))
         return run
@@ -91,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     try:
-        times = ab.alternate({way: train(way, tree) for way, tree in ways.items()}, a.rounds)
+        times = ab.alternate({way: train(way, *place) for way, place in ways.items()}, a.rounds)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], capture_output=True)
     facts = {"started": started, "what": "one ppmulti yolo detect train at the checkout and at BASE, alternated",
@@ -99,14 +97,10 @@ def main(argv: list[str] | None = None) -> int:
              "runs": runs,
              "median": {way: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
                         for way, rs in runs.items()}}
-    ab.write(a.out, "commit_ab.py", load, facts, {"paddlepaddle": _version("paddlepaddle")}, times)
-    return 0
-
-
-def _version(dist: str) -> str:
     from importlib.metadata import version
 
-    return version(dist)
+    ab.write(a.out, "commit_ab.py", load, facts, {"paddlepaddle": version("paddlepaddle")}, times)
+    return 0
 
 
 if __name__ == "__main__":

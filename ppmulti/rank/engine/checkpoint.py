@@ -157,7 +157,7 @@ def host_copy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
         for k, v in obj.items():
             out[k] = host_copy(v, memo)
         return out
-    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+    if type(obj) in (list, tuple):   # a named tuple or another sequence type: deep-copied below
         return type(obj)(host_copy(v, memo) for v in obj)
     if isinstance(obj, np.ndarray):
         return obj.copy()
@@ -181,8 +181,8 @@ def _pickle(obj: Any, path: str) -> None:
 class BackgroundWriter:
     """Writes one checkpoint at a time in a thread of its own while training goes on (``Snapshot.write`` and
     what follows it: ``best``, ``epochN``). ``submit`` first waits for the write before it; ``wait`` joins the
-    write in progress and raises what it raised. The trainer waits before any other save, before its end (a
-    stop's save, ``model_final``, the pictures) and before users' callbacks that may read the files."""
+    write in progress and raises what it raised. The trainer waits before any other save, at its end, and before
+    each hook that may read the files (``Hook.reads_weights``)."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None

@@ -193,6 +193,8 @@ class Trainer:
         """Call ``point`` (one of HOOK_POINTS) on every hook, in priority order."""
         assert point in HOOK_POINTS, point
         for hook in self.hooks:
+            if point == "after_epoch" and hook.reads_weights:
+                self.wait_for_checkpoints()   # the epoch's files, being written since the checkpoint hook's turn
             getattr(hook, point)(self, *args)
 
     # ----------------------------------------------------------------- loop

@@ -27,11 +27,13 @@ class Hook:
     themselves, not by where they were registered. A hook with state for resume names itself with
     ``name`` and returns that state from ``state_dict()`` (plain values and tensors: the file must not
     depend on where our classes live). The checkpoint hook writes an epoch's ``weights/`` files while the next
-    epoch trains: a hook that reads them in ``after_epoch`` calls ``trainer.wait_for_checkpoints()`` first.
+    epoch trains; before a hook's ``after_epoch`` the trainer finishes that write, unless the hook says it reads
+    no weights files (``reads_weights = False``).
     """
 
     priority: int = 95        # user hooks: after the built-in reporting hooks, before the stop-on-signal vote
     name: str | None = None   # key of this hook's state in a checkpoint; None: the hook keeps none
+    reads_weights: bool = True   # its after_epoch may read weights/ files: the trainer waits for their write first
 
     def before_train(self, trainer) -> None: ...
 

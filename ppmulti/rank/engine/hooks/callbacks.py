@@ -46,6 +46,10 @@ class CallbacksHook(Hook):
         self.priority = 25 if order == "early" else 97   # evaluation is 30; the stop-on-signal vote is 100
         self._funcs: dict[str, list[tuple[str, Callable[..., Any]]]] = {}
 
+    @property
+    def reads_weights(self) -> bool:   # on_model_save / on_fit_epoch_end may read the epoch's weights files
+        return bool(self._funcs.get("after_epoch"))
+
     def _call(self, trainer, point: str, **extra) -> None:
         for event, func in self._funcs.get(point, []):
             view = RunView(trainer, event)
@@ -71,8 +75,6 @@ class CallbacksHook(Hook):
             self._call(trainer, "after_step", epoch=epoch, step=step, loss_items=host_losses(outputs), lr=lr)
 
     def after_epoch(self, trainer, stats) -> None:
-        if self._funcs.get("after_epoch"):
-            trainer.wait_for_checkpoints()   # on_model_save / on_fit_epoch_end may read this epoch's weights files
         self._call(trainer, "after_epoch", epoch=stats.epoch, loss_items=dict(stats.losses),
                    metrics=dict(stats.metrics or trainer.last_metrics or {}))
 

@@ -21,6 +21,7 @@ class PlotsHook(Hook):
     normalisation and --multi-scale's resize)."""
 
     priority = 80   # after ResultsHook: it draws from the results.csv just written
+    reads_weights = False   # names the weights files at most: the checkpoint's write goes on
 
     def __init__(self) -> None:
         self._handle = None

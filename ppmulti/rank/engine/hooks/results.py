@@ -29,6 +29,7 @@ class ResultsHook(Hook):
     (common.metrics.ultra_header), as its users read them."""
 
     priority = 70   # after the checkpoint (metrics.json names its best mAP); plots draw from this csv next
+    reads_weights = False   # names the weights files at most: the checkpoint's write goes on
 
     def before_train(self, trainer) -> None:
         self.path = Path(trainer.run_dir) / "results.csv"

@@ -51,6 +51,7 @@ class StopOnSignalHook(Hook):
     The old handlers come back at the end."""
 
     priority = 100   # last: the vote comes after every other hook finished its step or epoch
+    reads_weights = False   # names the weights files at most: the checkpoint's write goes on
 
     def __init__(self) -> None:
         self.signum: int | None = None

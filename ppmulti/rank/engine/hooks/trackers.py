@@ -111,6 +111,7 @@ class TrackersHook(Hook):
     MLflow's run id is kept in checkpoints, so a resumed run continues its MLflow run."""
 
     priority = 90
+    reads_weights = False   # names the weights files at most: the checkpoint's write goes on
     name = "trackers"
 
     def __init__(self, only: tuple[str, ...] | None = None):
