@@ -273,3 +273,34 @@ def test_configs_build_the_losses_with_the_runs_epochs():
     assert (loss.epochs, loss.one2many.ref_batch, loss.one2many.batch_scale) == (7, 64, "ref_batch")
     assert (loss.one2many.topk, loss.one2one.topk, loss.one2one.topk2) == (10, 7, 1)
     assert loss.weights(6) == pytest.approx((0.1, 0.9))
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_ranks_average_to_one_process_on_the_whole_batch(tmp_path):
+    """`ppmulti launch --nproc_per_node 2`: each rank's loss on its half of a batch whose halves hold 1 and 9 boxes
+    (YOLOv8's loss, and YOLO26's two branches) gives, averaged over the ranks, one process's gradients on the whole
+    batch: the normaliser is the mean of the ranks' assigned scores' sums."""
+    from conftest import run_tool
+
+    import ultra_loss_ranks as ranks
+
+    out = tmp_path / "ranks.npz"
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(FIXTURES / "ultra_loss_ranks.py"),
+                     str(out)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = np.load(out)
+    assert int(got["world"]) == 2
+    for reg_max in (16, 1):
+        c = ranks.batch(reg_max)
+        whole, halves = ranks.params(c), ranks.params(c)
+        ranks.loss_of(c, whole, slice(None)).backward()
+        for rows in (slice(0, 2), slice(2, 4)):   # the control: each half over its own sum, as ultralytics' DDP
+            ranks.loss_of(c, halves, rows).backward()
+        for name, param in whole.items():
+            want = param.grad.numpy()
+            np.testing.assert_allclose(got[f"r{reg_max}_{name}"], want, rtol=1e-4, atol=1e-6,
+                                       err_msg=f"reg_max {reg_max} {name}")
+            # a half's own gradient here is the rank's / 2 (its loss is x its 2 images, not x 2 x 2): their sum
+            # is the ranks' mean
+            assert not np.allclose(halves[name].grad.numpy(), want, rtol=1e-2, atol=1e-6), name

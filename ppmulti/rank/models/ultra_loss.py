@@ -121,6 +121,18 @@ class UltraDetectionLoss(nn.Layer):
             pred_dist = paddle.matmul(probs, paddle.arange(reg_max, dtype=probs.dtype))
         return dist2bbox(pred_dist, points)
 
+    def _over_ranks(self, scores_sum: paddle.Tensor) -> paddle.Tensor:
+        """The loss's normaliser, the assigned scores' sum, as the mean over the ranks in training (PP-YOLOE's
+        rule): each rank divides its images' loss by the global batch's sum / world, so the averaged gradients
+        are one process's on the whole batch. ultralytics divides by each rank's own sum, which weights a rank
+        whose images hold few objects more. In evaluation (validation losses, per rank) and alone: its own."""
+        world = paddle.distributed.get_world_size()
+        if not self.training or world <= 1:
+            return scores_sum
+        scores_sum = scores_sum.detach().clone()   # the assigner's targets: no gradient flows through the sum
+        paddle.distributed.all_reduce(scores_sum)
+        return scores_sum / world
+
     def _multiplier(self, batch: int) -> float:
         if self.batch_scale == "batch":
             return float(batch)
@@ -150,7 +162,7 @@ class UltraDetectionLoss(nn.Layer):
         assigned = self._assigner(strides, nc)(F.sigmoid(pred_scores.detach()), pred_bboxes.detach() * stride_col,
                                            points * stride_col, gt_labels, gt_bboxes, mask_gt)
         target_scores = assigned.scores.astype(pred_scores.dtype)
-        scores_sum = paddle.clip(target_scores.sum(), min=1.0)
+        scores_sum = paddle.clip(self._over_ranks(target_scores.sum()), min=1.0)
 
         loss_cls = F.binary_cross_entropy_with_logits(pred_scores, target_scores, reduction="sum") / scores_sum
 
