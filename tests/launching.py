@@ -93,3 +93,18 @@ class Launches:
                         break
                     except (ProcessLookupError, subprocess.TimeoutExpired):
                         continue
+
+
+def two_rank_arrays(script: str, tmp_path: Path):
+    """``ppmulti launch --nproc_per_node 2 SCRIPT OUT.npz`` in ``tmp_path``; the arrays rank 0 saved (its ``world``
+    checked to be 2)."""
+    import numpy as np
+
+    from conftest import run_tool
+
+    out = tmp_path / "ranks.npz"
+    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", script, str(out)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = np.load(out)
+    assert int(got["world"]) == 2
+    return got

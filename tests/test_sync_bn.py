@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_tool
-from launching import FIXTURES
+from launching import FIXTURES, two_rank_arrays
 
 
 def test_conversion_keeps_parameters_keys_and_single_process_batchnorm():
@@ -101,12 +101,7 @@ def _reference(name: str):
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_two_ranks_match_batchnorm_on_the_whole_batch(tmp_path):
-    out = tmp_path / "ranks.npz"
-    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(FIXTURES / "sync_bn_ranks.py"),
-                     str(out)], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    got = np.load(out)
-    assert int(got["world"]) == 2
+    got = two_rank_arrays(str(FIXTURES / "sync_bn_ranks.py"), tmp_path)
     for name in ("bn2d", "bn1d"):
         want = _reference(name)
         for key, value in want.items():

@@ -281,16 +281,10 @@ def test_two_ranks_average_to_one_process_on_the_whole_batch(tmp_path):
     """`ppmulti launch --nproc_per_node 2`: each rank's loss on its half of a batch whose halves hold 1 and 9 boxes
     (YOLOv8's loss, and YOLO26's two branches) gives, averaged over the ranks, one process's gradients on the whole
     batch: the normaliser is the mean of the ranks' assigned scores' sums."""
-    from conftest import run_tool
-
     import ultra_loss_ranks as ranks
+    from launching import two_rank_arrays
 
-    out = tmp_path / "ranks.npz"
-    proc = run_tool(["-m", "ppmulti.cli", "launch", "--nproc_per_node", "2", str(FIXTURES / "ultra_loss_ranks.py"),
-                     str(out)], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    got = np.load(out)
-    assert int(got["world"]) == 2
+    got = two_rank_arrays(str(FIXTURES / "ultra_loss_ranks.py"), tmp_path)
     for reg_max in (16, 1):
         c = ranks.batch(reg_max)
         whole, halves = ranks.params(c), ranks.params(c)

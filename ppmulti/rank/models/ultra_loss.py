@@ -18,9 +18,10 @@ __all__ = ["UltraDetectionLoss", "UltraE2ELoss", "ultra_gt", "e2e_weights", "BAT
 # How the mean loss is scaled before backward. ultralytics multiplies it by the rank's batch (and, under DDP, by
 # the world size, as DDP averages gradients), then sums `accumulate` batches before a step at lr0: a step's
 # gradient is the effective batch x the mean gradient. ppmulti's trainer averages the accumulated batches and
-# the ranks, so 'effective' (x global batch x accumulate, lr0 unscaled) is ultralytics' step exactly, for SGD
-# and Adam alike; 'ref_batch' (x ref_batch, with ppmulti's lr scaled linearly from ref_batch) is the same step
-# for SGD; 'batch' is ultralytics' returned value (x the rank's batch), for comparing numbers.
+# the ranks, so 'effective' (x global batch x accumulate, lr0 unscaled) is ultralytics' one-process step exactly
+# on any number of ranks (each divides by the mean of the ranks' normalisers: _over_ranks), for SGD and Adam
+# alike; 'ref_batch' (x ref_batch, with ppmulti's lr scaled linearly from ref_batch) is the same step for SGD;
+# 'batch' is ultralytics' returned value (x the rank's batch), for comparing numbers.
 BATCH_SCALES = ("effective", "ref_batch", "batch")
 
 
