@@ -309,15 +309,17 @@ def run_case(a: argparse.Namespace, work: Path, data: Path, seed: int, model: st
          f"imgsz={a.imgsz}", f"batch={a.batch}", f"project={work / 'val' / name}", f"name={slug}", "exist_ok=True"],
         logs / f"{slug}_val.log")
     return {"model": name, "case": case, "seed": seed, "started": started, "load_before": round(load, 2),
-            "wall_s": wall, "cpu_s": cpu, "threads": threads, "run_dir": str(run_dir), "weights": str(weights),
-            "command": _portable(cmd, a.ultra_python), "final": final, "epochs": read_epochs(run_dir / "results.csv"),
+            "wall_s": wall, "cpu_s": cpu, "threads": threads, "run_dir": f"WORK/{run_dir.relative_to(work)}",
+            "weights": f"WORK/{weights.relative_to(work)}", "command": _portable(cmd, a.ultra_python, work),
+            "final": final, "epochs": read_epochs(run_dir / "results.csv"),
             "settings": {k: getattr(a, k) for k in SETTINGS}}
 
 
-def _portable(cmd: list[str], ultra_python: str) -> str:
-    """The command as the results show it: this machine's venv paths as ULTRA_VENV and a bare ``ppmulti``."""
+def _portable(cmd: list[str], ultra_python: str, work: Path) -> str:
+    """The command as the results show it: this machine's venv paths as ULTRA_VENV, a bare ``ppmulti``, and the
+    bench's work directory as WORK."""
     text = " ".join(cmd).replace(str(Path(ultra_python).parent.parent), "ULTRA_VENV")
-    return text.replace(str(Path(sys.executable).parent / "ppmulti"), "ppmulti")
+    return text.replace(str(Path(sys.executable).parent / "ppmulti"), "ppmulti").replace(str(work), "WORK")
 
 
 def _children_cpu() -> float:
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                    "started": result.get("started") or time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                    "commit": head, "versions": versions, "machine": machine,
                    "command": "python bench/ultra_train.py " + " ".join(
-                       "ULTRA_VENV/bin/python" if i and argv[i - 1] == "--ultra-python" else x
+                       {"--ultra-python": "ULTRA_VENV/bin/python", "--work": "WORK"}.get(argv[i - 1], x) if i else x
                        for i, x in enumerate(argv)),
                    "conditions": {"data": "ppmulti demo set (synthdata seed 0), 256 train / 64 val, 256 px, 3 classes",
                                   "keys": " ".join(train_keys(a, "M", 0, Path("demo/data.yaml"))).replace(
