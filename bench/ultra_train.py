@@ -96,7 +96,7 @@ CASES = ("ultralytics", "ppmulti/1", "ppmulti/2")
 DEFAULT_MODELS = ("yolov8n.yaml", "yolo11n.yaml", "yolo26n.yaml")
 DEFAULT_OUT = REPO / "bench" / "results" / "ultra_train.json"
 SCALING_GOAL = 0.75
-SETTINGS = ("epochs", "imgsz", "batch", "workers")   # what every record of one json must share
+SETTINGS = ("epochs", "imgsz", "batch", "workers", "ppmulti_keys")   # what every record of one json must share
 VERSIONS = """
 import json, platform, torch, ultralytics
 print("VERSIONS " + json.dumps({"ultralytics": ultralytics.__version__, "torch": torch.__version__,
@@ -265,6 +265,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--imgsz", type=int, default=160)
     ap.add_argument("--batch", type=int, default=16, help="global batch, both sides")
     ap.add_argument("--workers", type=int, default=2, help="loader workers per process, both sides")
+    ap.add_argument("--ppmulti-keys", nargs="*", default=[],
+                    help="keys of ppmulti's own added to its lines, e.g. sync_bn=True (docs/from-ultralytics.md)")
     ap.add_argument("--work", default="/tmp/ultra_train", help="data, every run's directory and logs")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="the json (the .md is written beside it)")
     ap.add_argument("--fresh", action="store_true", help="forget the json's records and train every case again")
@@ -293,7 +295,7 @@ def run_case(a: argparse.Namespace, work: Path, data: Path, seed: int, model: st
     else:
         nproc = int(case.split("/")[1])
         cmd = [str(Path(sys.executable).parent / "ppmulti"), "yolo", "detect", "train", *keys]
-        cmd += [f"nproc={nproc}"] if nproc > 1 else []
+        cmd += ([f"nproc={nproc}"] if nproc > 1 else []) + list(a.ppmulti_keys)
         threads, env = vs.ppmulti_threads(nproc, auto=True, spare=ULTRALYTICS_SPARE_CORES)   # the yolo line's rule
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
         weights = run_dir / "weights" / "last.pdparams"

@@ -82,7 +82,8 @@ def test_train_on_two_ranks_runs_callbacks_in_each_then_val_predict_export(tmp_p
     model.add_callback("on_train_epoch_end", yolo_callbacks.record)
     model.add_callback("on_fit_epoch_end", yolo_callbacks.record)
     model.add_callback("on_train_end", yolo_callbacks.record)
-    metrics = model.train(data="data/data.yaml", epochs=2, imgsz=64, batch=8, workers=0, device="cpu", nproc=2)
+    metrics = model.train(data="data/data.yaml", epochs=2, imgsz=64, batch=8, workers=0, device="cpu", nproc=2,
+                          sync_bn=True)
     assert set(metrics) >= {"mAP50", "mAP50_95"}
     assert model.model == "runs/detect/train/weights/best.pdparams"
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -99,6 +100,8 @@ def test_train_on_two_ranks_runs_callbacks_in_each_then_val_predict_export(tmp_p
 
     args = yaml.safe_load((tmp_path / "runs" / "detect" / "train" / "args.yaml").read_text())
     assert (args["nproc"], args["epochs"], args["name"], args["save_dir"]) == (2, 2, "train", "runs/detect/train")
+    assert args["sync_bn"] is True   # ppmulti's own key, as YOLOv5's --sync-bn: BatchNorm over both ranks' images
+    assert "BatchNorm layers synchronised across 2 ranks" in (tmp_path / "runs/detect/train/train.log").read_text()
 
     val = model.val(data="data/data.yaml", imgsz=64)
     assert set(val) >= {"mAP50", "mAP50_95"}

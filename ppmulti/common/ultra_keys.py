@@ -280,9 +280,12 @@ KEYS: dict[str, Key] = {
     "erasing": Key(0.4, any_value="a classification key"),
     "cfg": Key(None),
     "tracker": Key("tracktrack.yaml", any_value="a track-mode key (track mode is not implemented)"),
-    # ppmulti's own: N ranks on this machine's CPUs with device=cpu (GPUs: device=0,1,... starts one rank each)
+    # ppmulti's own: N ranks on this machine's CPUs with device=cpu (GPUs: device=0,1,... starts one rank each);
+    # BatchNorm over the global batch on several ranks (YOLOv5's --sync-bn; ultralytics normalises per rank)
     "nproc": Key(None, _all(TRAIN, _flag("--nproc"))),
+    "sync_bn": Key(False, _all(TRAIN, _switch("--sync-bn"))),
 }
+OWN_KEYS = ("nproc", "sync_bn")
 # mode defaults ultralytics applies where default.yaml leaves None (conf) or that differ per mode, and default.yaml's
 # own where the tool's default differs (tools/export.py slims only with --simplify, as YOLOv5's export.py)
 MODE_DEFAULTS = {"train": {"batch": 16, "imgsz": 640},
@@ -421,7 +424,7 @@ def args_record(command: YoloCommand, save_dir: str) -> dict[str, Value]:
     resolved (the line's and cfg='s keys, else the mode's default, else default.yaml's), ``name`` as numbered
     (train2) and ``save_dir``."""
     keys = {"task": command.task, "mode": command.mode}
-    keys.update({name: spec.default for name, spec in KEYS.items() if name not in ("task", "mode", "nproc")})
+    keys.update({name: spec.default for name, spec in KEYS.items() if name not in ("task", "mode", *OWN_KEYS)})
     keys.update(MODE_DEFAULTS.get(command.mode, {}))
     keys.update({k: v for k, v in command.keys.items() if k in KEYS})
     keys["name"] = save_dir.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]   # train2: the numbered one

@@ -61,14 +61,22 @@ class _SyncBatchNormFn(PyLayer):
         in_dtype = x.dtype
         if in_dtype != paddle.float32:   # statistics in float32, as Paddle's kernels keep them
             x, weight, bias = x.astype("float32"), weight.astype("float32"), bias.astype("float32")
-        count = paddle.full([1], math.prod(x.shape) // channels, dtype="float32")
-        stats = paddle.concat([_channel_sum(x, axis), _channel_sum(paddle.square(x), axis), count])
+        # each rank's own mean and centred sum of squares (two passes, as Paddle's BatchNorm kernels), combined
+        # across ranks in float64: E[x^2] - E[x]^2 summed in float32 loses the variance of a channel whose mean
+        # is far from zero next to its spread
+        local_n = math.prod(x.shape) // channels
+        local_mean = _channel_sum(x, axis) / float(local_n)
+        centred = _affine(x, paddle.ones([channels], dtype="float32"), -local_mean, fmt)
+        local_m2 = _channel_sum(paddle.square(centred), axis).astype("float64")
+        local_mean = local_mean.astype("float64")
+        stats = paddle.concat([local_mean * local_n, local_m2 + local_mean * local_mean * local_n,
+                               paddle.full([1], local_n, dtype="float64")])
         pdist.all_reduce(stats)
         n = stats[2 * channels]
-        mean = stats[:channels] / n
-        # E[x^2] - E[x]^2 in float32: the activations BatchNorm sees are not far enough from zero for the
-        # cancellation to matter; clipped so that rounding never makes it negative
-        var = paddle.clip(stats[channels:2 * channels] / n - mean * mean, min=0.0)
+        mean64 = stats[:channels] / n
+        # clipped so that rounding never makes it negative
+        var = paddle.clip(stats[channels:2 * channels] / n - mean64 * mean64, min=0.0).astype("float32")
+        mean, n = mean64.astype("float32"), n.astype("float32")
         y = F.batch_norm(x, mean, var, weight=weight, bias=bias, training=False, epsilon=eps, data_format=fmt)
         # Paddle's running statistics, as its batch_norm and sync_batch_norm kernels keep them: the weight of the
         # old value is the momentum, and the variance is the biased one that normalised the batch
