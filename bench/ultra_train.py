@@ -51,8 +51,8 @@ Defaults and cost
     15 per epoch at this size, the 2 cores about 1.7x one) and the models' size (YOLO11n and YOLO26n 0.6-0.75 of
     YOLOv8n's GFLOPs): about 10 s an epoch on an idle machine, 3-3.5 min a yolov8n training, 60-75 minutes for
     the whole default run. Measured on 2026-12-03, idle: 91 minutes, 2.5-4.8 min a training, about 10 s an
-    evaluation. ``--epochs 15`` takes a quarter off; ``--models``/``--seeds`` split it over sessions
-    (the json resumes).
+    evaluation; on 2026-12-04 on a 2-core Intel Xeon: 67 minutes. ``--epochs 15`` takes a quarter off;
+    ``--models``/``--seeds`` split it over sessions (the json resumes).
     Not alike, and not hidden: ultralytics' command validates best.pt once more after its last epoch (a few
     seconds, in its wall time); ppmulti's does not.
 
@@ -64,7 +64,8 @@ Resumable
 Run (on an idle machine):
     python bench/ultra_train.py --ultra-python ULTRA_VENV/bin/python
         [--models yolov8n.yaml yolo11n.yaml yolo26n.yaml] [--seeds 0,1,2] [--cases ultralytics,ppmulti/1,ppmulti/2]
-        [--epochs 20] [--imgsz 160] [--batch 16] [--workers 2] [--work /tmp/ultra_train] [--fresh]
+        [--epochs 20] [--imgsz 160] [--batch 16] [--workers 2] [--ppmulti-keys sync_bn=True] [--work /tmp/ultra_train]
+        [--fresh]
 Writes bench/results/ultra_train.json and ultra_train.md (--out; the .md beside the .json).
 """
 

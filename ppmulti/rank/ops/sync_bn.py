@@ -45,7 +45,7 @@ _UNIT_SCALE = (1.0 + _UNIT_EPS) ** 0.5   # undoes batch_norm's 1/sqrt(1 + eps) o
 
 
 class _SyncBatchNormFn(PyLayer):
-    """Batch statistics of all ranks' batches together: one all-reduce of [sum, sum of squares, count] per
+    """Batch statistics of all ranks' batches together: one float64 all-reduce of [sum, sum of squares, count] per
     channel in forward, one of [sum dy, sum dy*xhat] in backward (the two terms the input gradient needs from
     every rank). The weight and bias gradients stay local: the data-parallel wrapper averages them as it
     averages every other gradient."""
