@@ -130,6 +130,8 @@ REFUSED = [
     ("train model=a.yaml epochs=2.5", "epochs=2.5: expected a whole number, e.g. epochs=100"),
     ("train model=a.yaml close_mosaic=last", "close_mosaic=last: expected a whole number, e.g. close_mosaic=10"),
     ("val model=a.pdparams iou=high", "iou=high: expected a number, e.g. iou=0.7"),
+    ("train model=a.yaml sync_bn=abc", "sync_bn=abc: expected True or False, e.g. sync_bn=True"),
+    ("train model=a.yaml cos_lr=1", "cos_lr=1: expected True or False, e.g. cos_lr=True"),
     ("predict model=a.pt imgsz=big", "imgsz=big: expected a size in pixels, e.g. imgsz=640"),
     ("predict model=a.pt show=True", "show=True: a window on screen"),
     ("train model=a.yaml multi_scale=0.25", "multi_scale=0.25: ppmulti's multi-scale draws sizes in [0.5, 1.5]"),

@@ -438,6 +438,13 @@ def args_record(command: YoloCommand, save_dir: str) -> dict[str, Value]:
 _WHOLE_KEYS = ("epochs", "patience", "workers", "seed", "close_mosaic", "max_det", "vid_stride", "line_width",
                "save_period", "opset", "nproc")
 _NUMBER_KEYS = ("conf", "iou")
+# ultralytics 8.4's CFG_BOOL_KEYS that ppmulti knows, and its own sync_bn: a switch takes True or False only, as
+# ultralytics' check_cfg asks (sync_bn=abc would otherwise switch it on); cache, resume, pretrained and compile
+# also take a word, as there
+_BOOL_KEYS = ("agnostic_nms", "augment", "cls_remap", "cos_lr", "deterministic", "dnn", "dynamic", "exist_ok", "nms",
+              "optimize", "overlap_mask", "plots", "profile", "rect", "retina_masks", "save", "save_conf",
+              "save_crop", "save_frames", "save_json", "save_txt", "show", "show_boxes", "show_conf", "show_labels",
+              "simplify", "single_cls", "stream_buffer", "sync_bn", "val", "verbose", "visualize")
 _EXAMPLES = {"conf": 0.25, "iou": 0.7, "line_width": 3, "opset": 17, "nproc": 2}
 
 
@@ -451,6 +458,8 @@ def _check_type(name: str, value: Value) -> None:
         raise UserError(f"{name}={value}: expected a whole number, e.g. {name}={example}")
     if name in _NUMBER_KEYS and not (whole or isinstance(value, float)):
         raise UserError(f"{name}={value}: expected a number, e.g. {name}={example}")
+    if name in _BOOL_KEYS and not isinstance(value, bool):
+        raise UserError(f"{name}={value}: expected True or False, e.g. {name}=True")
     if name == "imgsz":
         sizes = value if isinstance(value, list) else [value]
         if not sizes or not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
