@@ -135,7 +135,10 @@ def rotation(seeds: list[int], models: list[str], cases: list[str]) -> list[tupl
 def stale_runs(runs: dict[str, dict], settings: dict) -> list[str]:
     """The records trained with other settings than ``settings`` (epochs, imgsz, batch, workers): a resumed
     bench must not mix them."""
-    return [key for key, r in runs.items() if r.get("settings") != settings]
+    def full(given: dict) -> dict:   # a record written before --ppmulti-keys existed ran with none
+        return {"ppmulti_keys": [], **given}
+
+    return [key for key, r in runs.items() if "settings" not in r or full(r["settings"]) != full(settings)]
 
 
 def target_curve(run: dict) -> list[dict]:

@@ -137,6 +137,9 @@ def test_a_resumed_bench_keeps_only_runs_of_its_settings(ut):
     runs = {"a": {"settings": dict(settings)}, "b": {"settings": {**settings, "epochs": 2}}, "c": {}}
     assert ut.stale_runs(runs, settings) == ["b", "c"]
     assert ut.stale_runs({}, settings) == []
+    # records from before --ppmulti-keys ran without any: they resume with none, not with sync_bn=True
+    assert ut.stale_runs(runs, {**settings, "ppmulti_keys": []}) == ["b", "c"]
+    assert ut.stale_runs(runs, {**settings, "ppmulti_keys": ["sync_bn=True"]}) == ["a", "b", "c"]
 
 
 def test_curve_text_picks_epochs_evenly_down_from_the_last(ut):
