@@ -552,3 +552,29 @@ def test_ema_hook_averages_a_toy_run_and_its_weights_are_the_ones_saved(tmp_path
     assert gap > 1e-4                                                  # the average lags the trained weights
     saved = load_state(tmp_path / "weights" / "last.pdstate")["hooks"]["ema"]
     assert saved["step"] == 6 and set(saved["weights"]) == set(raw)
+
+
+def test_an_epochs_evaluation_and_checkpoint_share_one_ema_apply(tmp_path, monkeypatch):
+    """ppdet's ModelEMA.apply() counts epochs for ``cycle_epoch`` (the average restarts there) and its trainer
+    applies once per snapshot epoch. An epoch's evaluation and checkpoint share one apply: the weights scored are
+    the weights saved, and with cycle_epoch 2 the average restarts every 2 epochs, not every one."""
+    import paddle
+
+    class Scoring(ScriptedEvaluation):
+        def evaluate(self, trainer):
+            self.scored = trainer.inference_weights()["linear.weight"].numpy().copy()
+            return super().evaluate(trainer)
+
+    ema, scoring = EMAHook(), Scoring([0.1, 0.2, 0.3, 0.4])
+    trainer = toy_trainer(epochs=4, steps=3, run_dir=tmp_path, validate=True, hooks=[ema, scoring, CheckpointHook()],
+                          cfg={"use_ema": True, "ema_decay": 0.5, "cycle_epoch": 2})
+    from ppdet.optimizer import ModelEMA
+
+    applies, real_apply = [], ModelEMA.apply
+    monkeypatch.setattr(ModelEMA, "apply", lambda self: applies.append(self.step) or real_apply(self))
+    trainer.train()
+    assert applies == [3, 6, 3, 6]   # one per epoch (3 steps each), the average restarted after the 2nd epoch
+    assert ema.ema.step == 0         # and after the 4th (two applies per epoch restarted it after the 1st, ...)
+    trainer.wait_for_checkpoints()
+    shipped = paddle.load(str(tmp_path / "weights" / "last.pdparams"))["linear.weight"].numpy()
+    assert (shipped == scoring.scored).all()

@@ -10,6 +10,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ppmulti.rank.models.yolov5 import YOLOv5CSPDarkNet, YOLOv5CSPPAN, fused_silu_layers
+from ppmulti.rank.ops import conv as ops_conv
 from ppmulti.rank.ops import cpu as ops_cpu
 from toys import sgd_losses
 from ppmulti.rank.ops import silu as ops_silu
@@ -201,3 +202,81 @@ def test_ultralytics_conv_layers_are_swapped_and_give_paddles_gradients(op, monk
     assert abs(op_loss - loss) / loss < 1e-5 and grads.keys() == op_grads.keys()
     for name, g in grads.items():   # a gradient that is zero in exact arithmetic is rounding on both sides
         assert np.abs(op_grads[name] - g).max() <= 1e-3 * np.abs(g).max() + 1e-7, name
+
+
+def _with_running_statistics(model, seed: int = 0) -> None:
+    """Every BatchNorm given statistics and an affine transform far from the identity, so that folding them into
+    the convolutions changes every weight."""
+    rng = np.random.default_rng(seed)
+    for layer in model.sublayers():
+        if isinstance(layer, paddle.nn.BatchNorm2D):
+            n = layer._mean.shape[0]
+            for tensor, values in ((layer._mean, rng.normal(0, 0.5, n)), (layer._variance, rng.uniform(0.3, 2, n)),
+                                   (layer.weight, rng.uniform(0.5, 1.5, n)), (layer.bias, rng.normal(0, 0.2, n))):
+                tensor.set_value(paddle.to_tensor(values.astype("float32")))
+
+
+@pytest.mark.parametrize("name", ["yolo11n.yaml", "yolov8n.yaml"])
+def test_fused_inference_gives_the_models_eval_outputs(op, name, monkeypatch):
+    """In eval mode under ``fused_for_inference`` every swapped conv+BN+SiLU layer (depth-wise and strided ones
+    included) runs as one inference convolution with BatchNorm folded in and SiLU fused: the model's outputs equal
+    its unfused eval outputs to rounding. On exit nothing of it is left, and training mode never takes it."""
+    from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+    monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
+    paddle.seed(5)
+    model = UltraDetectionModel(name, nc=3)
+    _with_running_statistics(model)
+    swapped = ops_silu.use_onednn_silus(model)
+    ops_conv.use_onednn_convs(model)
+    model.eval()
+    x = paddle.to_tensor(np.random.default_rng(1).random((3, 3, 96, 128)).astype("float32"))
+    with paddle.no_grad():
+        want = _tensors(model(x))
+        with ops_silu.fused_for_inference(model) as fused:
+            got = _tensors(model(x))
+            assert all("_fused_inference" in layer.__dict__ for layer in model.sublayers()
+                       if getattr(layer.__dict__.get("forward"), "__func__", None) is ops_silu._conv_bn_onednn_silu)
+        assert not any("_fused_inference" in layer.__dict__ for layer in model.sublayers())
+        again = _tensors(model(x))
+    assert fused == swapped > 50
+    for a, b in zip(got, want):
+        _close(a, b, rtol=2e-5)
+    for a, b in zip(again, want):
+        assert float((a - b).abs().max()) == 0.0
+
+
+def test_fused_inference_leaves_training_and_bf16_layers_alone(op, monkeypatch):
+    """A model in training mode inside the block computes its unfused training outputs (batch statistics), and
+    layers whose convolution is not oneDNN's float32 one (bf16, or Paddle's kernel) are not fused."""
+    from ppmulti.rank.models.ultra_model import UltraDetectionModel
+
+    monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
+    paddle.seed(6)
+    model = UltraDetectionModel("yolo11n.yaml", nc=3)
+    ops_silu.use_onednn_silus(model)   # SiLU swapped, convolutions left to Paddle
+    with ops_silu.fused_for_inference(model) as fused:
+        assert fused == 0
+    ops_conv.use_onednn_convs(model)
+    model.train()
+    x = paddle.to_tensor(np.random.default_rng(2).random((2, 3, 64, 64)).astype("float32"))
+    want = _tensors(model(x))
+    with ops_silu.fused_for_inference(model) as fused:
+        assert fused > 0
+        got = _tensors(model(x))
+    for a, b in zip(got, want):
+        assert float((a - b).abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("k,stride,pad,groups,silu", [(3, 1, 1, 1, True), (3, 2, 1, 1, False), (3, 1, 1, 8, True),
+                                                      (1, 1, 0, 1, True), (5, 2, 2, 4, False)])
+def test_inference_op_is_conv_bias_and_silu(op, k, stride, pad, groups, silu):
+    """The inference op alone: Paddle's conv2d with the bias, then F.silu when asked, to rounding."""
+    rng = np.random.default_rng(k * 10 + groups)
+    x = paddle.to_tensor(rng.standard_normal((2, 8, 13, 11)).astype("float32"))
+    w = paddle.to_tensor(rng.standard_normal((16, 8 // groups, k, k)).astype("float32"))
+    b = paddle.to_tensor(rng.standard_normal(16).astype("float32"))
+    run = ops_silu.compat.custom_op_runner(ops_silu.INFER_OP_NAME)
+    got = run(x, w, b, [stride, stride], [pad, pad], groups, silu)[0]
+    want = F.conv2d(x, w, b, stride=stride, padding=pad, groups=groups)
+    _close(got, F.silu(want) if silu else want, rtol=2e-6)

@@ -528,3 +528,17 @@ def test_onnx_export_runs_in_onnxruntime_as_in_paddle(tmp_path):
     print("largest differences from Paddle (box px, score):",
           ", ".join(f"{n} {w} {b:.2g} {s:.2g}" for (n, w), (b, s) in gaps.items()))
     assert all(gaps[n, "half"][1] > 10 * gaps[n, "float32"][1] for n in ("yolov8", "yolo26"))   # float16 ran
+
+
+def test_dfl_is_the_expected_bin_of_a_softmax_over_the_bins():
+    """DFL as ultralytics computes it (a frozen 1x1 convolution with weights 0..reg_max-1 over the softmax on the
+    bins' axis): per box side and anchor, the expected bin of the softmax over its reg_max logits."""
+    from ppmulti.rank.models.ultra_blocks import DFL
+
+    x = np.random.default_rng(0).normal(0, 3, (2, 4 * 16, 50)).astype("float32")
+    got = DFL(16)(paddle.to_tensor(x)).numpy()
+    logits = x.reshape(2, 4, 16, 50).astype("float64")
+    probs = np.exp(logits - logits.max(axis=2, keepdims=True))
+    probs /= probs.sum(axis=2, keepdims=True)
+    want = (probs * np.arange(16).reshape(1, 1, 16, 1)).sum(axis=2)
+    assert got.shape == (2, 4, 50) and np.abs(got - want).max() < 1e-5

@@ -137,11 +137,13 @@ class CocoEvaluator:
         from ppmulti.rank.engine.progress import track
 
         from ppmulti.rank.engine.val_loss import ValLoss
+        from ppmulti.rank.ops.silu import fused_for_inference
 
         val_loss = ValLoss.for_model(model, self.labels_of)   # YOLOv5's, ultralytics': their losses, same pass
         self.last_val_batches = []
         keep = self.keep_batches if dist.is_main() else 0
-        with paddle.no_grad(), val_loss or contextlib.nullcontext():
+        # CPU: each conv+BN+SiLU layer as one oneDNN convolution for this pass (ops.silu)
+        with paddle.no_grad(), val_loss or contextlib.nullcontext(), fused_for_inference(model):
             # without workers: ppmulti's thread, whose errors reach here (Paddle's own would hang, data.feed)
             for data in track(reader_batches(self.loader), "eval", total=len(self.loader)):  # a bar on rank 0
                 heartbeat.beat("evaluation")   # per batch: a long evaluation is moving, not hung

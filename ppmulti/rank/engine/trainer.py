@@ -349,10 +349,16 @@ class Trainer:
 
     # ----------------------------------------------------------------- weights
     def inference_weights(self) -> dict:
-        """The weights to evaluate and ship: EMA's when EMA is on."""
+        """The weights to evaluate and ship: EMA's when EMA is on, ppdet's ``ModelEMA.apply()`` taken once per
+        optimizer step (an epoch's evaluation and checkpoint share it; ppdet's ``cycle_epoch`` counts one apply
+        per epoch, as its trainer applies once per snapshot epoch, not one per caller)."""
         if self.ema is None:
             return self.model.state_dict()
-        return self.ema.apply()
+        applied = getattr(self, "_ema_applied", None)
+        if applied is None or applied[0] is not self.ema or applied[1] != self.ema.step:
+            weights = self.ema.apply()   # may restart the average (cycle_epoch): the step is noted after it
+            applied = self._ema_applied = (self.ema, self.ema.step, weights)
+        return applied[2]
 
     def checkpoint_snapshot(self, name: str = "last") -> ckpt.Snapshot:
         """``weights/<name>`` as it would be written now, in host memory (``Snapshot.write`` writes it): the

@@ -30,6 +30,12 @@ def _bn_ops(layer: nn.BatchNorm2D, inputs, output) -> int:
     return 4 * int(inputs[0].numel())
 
 
+def _dfl_ops(layer, inputs, output) -> int:
+    # thop counts DFL's 1x1 convolution (ultralytics calls it): output elements x bins; ppmulti's DFL computes
+    # the same product without calling the layer
+    return int(output.numel()) * layer.c1
+
+
 def _attention_ops(layer, inputs, output) -> int:
     # q^T k: [b, heads, N, N] x key_dim, then v attn^T: [b, heads, head_dim, N] x N
     b, _, h, w = inputs[0].shape
@@ -43,7 +49,7 @@ _RULES = {nn.Conv2D: _conv_ops, nn.BatchNorm2D: _bn_ops}
 def flops_at(model: nn.Layer, imgsz: int | Sequence[int] = 640, stride: int = 32) -> float:
     """GFLOPs of one image of size imgsz (an int or (h, w))."""
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else (int(imgsz[0]), int(imgsz[1]))
-    from ppmulti.rank.models.ultra_blocks import Attention
+    from ppmulti.rank.models.ultra_blocks import DFL, Attention
 
     linear, quadratic = [0], [0]
     hooks = []
@@ -56,6 +62,8 @@ def flops_at(model: nn.Layer, imgsz: int | Sequence[int] = 640, stride: int = 32
             hooks.append(layer.register_forward_post_hook(add(linear, _RULES[type(layer)])))
         elif isinstance(layer, Attention):
             hooks.append(layer.register_forward_post_hook(add(quadratic, _attention_ops)))
+        elif isinstance(layer, DFL):
+            hooks.append(layer.register_forward_post_hook(add(linear, _dfl_ops)))
     was_training = model.training
     model.eval()   # running statistics stay as they are
     try:

@@ -209,7 +209,7 @@ def eligible(layer) -> bool:
             and len(facts.padding) == 2 and layer.weight.dtype == paddle.float32)
 
 
-def _forward_with(op):
+def _forward_with(op, precision: str):
     def forward(self, x):
         import paddle
 
@@ -222,7 +222,14 @@ def _forward_with(op):
             x = x.contiguous()
         return op(x, self.weight, facts.stride, facts.padding, facts.groups, self.bias)
 
+    forward.precision = precision   # what ``swapped_precision`` reads: "float32" or "bf16"
     return forward
+
+
+def swapped_precision(layer) -> str | None:
+    """"float32" or "bf16" for a Conv2D that ``use_onednn_convs`` routed through the op, None for any other."""
+    method = layer.__dict__.get("forward")
+    return getattr(getattr(method, "__func__", None), "precision", None)
 
 
 def use_onednn_convs(model, bf16: bool = False) -> int:
@@ -233,7 +240,7 @@ def use_onednn_convs(model, bf16: bool = False) -> int:
     and models built elsewhere (export, evaluation tools) keep Paddle's own kernel.
     """
     load_op()
-    forward = _forward_with(_bf16_op if bf16 else _op)
+    forward = _forward_with(_bf16_op if bf16 else _op, "bf16" if bf16 else "float32")
     count = 0
     for layer in model.sublayers(include_self=True):
         if eligible(layer):

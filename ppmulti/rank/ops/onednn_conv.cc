@@ -225,6 +225,54 @@ std::shared_ptr<SiluPlan> SiluPlanFor(const Dims& shape) {
   return plan;
 }
 
+// Inference only: one convolution shape with its bias (the caller folds BatchNorm into weight and bias) and,
+// with ``silu``, SiLU applied by the convolution as a oneDNN post-op, so a conv+BN+SiLU layer is one primitive
+// and one pass over its output. No backward: evaluation and prediction run without gradients.
+struct InferPlan {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward fwd;
+  memory::desc x_plain, w_plain, y_plain;
+};
+
+std::shared_ptr<InferPlan> InferPlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
+                                        const std::vector<int>& pads, int groups, bool silu) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<InferPlan>> plans;
+  std::string key;
+  for (const auto& part : {x, w}) {
+    for (auto v : part) key += std::to_string(v) + ",";
+  }
+  for (const auto& part : {strides, pads}) {
+    for (auto v : part) key += std::to_string(v) + ";";
+  }
+  key += "g" + std::to_string(groups) + (silu ? "s" : "");
+  std::lock_guard<std::mutex> lock(mu);
+  auto found = plans.find(key);
+  if (found != plans.end()) return found->second;
+
+  const Dims y = OutShape(x, w, strides, pads);
+  const Dims wd = WeightDims(w, groups);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (silu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);   // x * sigmoid(1 * x)
+    attr.set_post_ops(ops);
+  }
+  auto plan = std::make_shared<InferPlan>();
+  plan->pd = dnnl::convolution_forward::primitive_desc(
+      Engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      memory::desc(x, DType::f32, Tag::any), memory::desc(wd, DType::f32, Tag::any),
+      memory::desc({w[0]}, DType::f32, Tag::x), memory::desc(y, DType::f32, Tag::any),
+      memory::dims{strides[0], strides[1]}, memory::dims{pads[0], pads[1]}, memory::dims{pads[0], pads[1]}, attr);
+  plan->fwd = dnnl::convolution_forward(plan->pd);
+  plan->x_plain = memory::desc(x, DType::f32, Tag::nchw);
+  plan->w_plain = memory::desc(wd, DType::f32, groups == 1 ? Tag::oihw : Tag::goihw);
+  plan->y_plain = memory::desc(y, DType::f32, Tag::nchw);
+  plans.emplace(key, plan);
+  return plan;
+}
+
 }  // namespace
 
 // ``b``: the bias, or nullptr for a convolution without one.
@@ -247,6 +295,31 @@ static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle
                                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->fwd_pd.scratchpad_desc())}};
   if (b != nullptr) args.emplace(DNNL_ARG_BIAS, memory(plan->fwd_pd.bias_desc(), Engine(), Data(*b)));
   plan->fwd.execute(s, args);
+  WriteBack(s, dst, plan->y_plain, y.data<float>());
+  s.wait();
+  return {y};
+}
+
+static std::vector<paddle::Tensor> InferForward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                                const paddle::Tensor& b, const std::vector<int>& strides,
+                                                const std::vector<int>& paddings, int groups, bool silu) {
+  const char* op = "ppmulti_onednn_conv2d_infer";
+  CheckDense(x, "input", op);
+  CheckDense(w, "weight", op);
+  CheckDense(b, "bias", op);
+  PD_CHECK(groups >= 1 && x.shape()[1] == w.shape()[1] * groups && w.shape()[0] % groups == 0,
+           op, ": the input's channels, the weight's and groups disagree");
+  PD_CHECK(b.shape() == Dims{w.shape()[0]}, op, ": the bias needs one value per output channel");
+  auto plan = InferPlanFor(x.shape(), w.shape(), strides, paddings, groups, silu);
+  auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
+  dnnl::stream s(Engine());
+  Workspace ws(x.place());
+  auto src = ws.Reordered(s, plan->x_plain, plan->pd.src_desc(), Data(x));
+  auto wei = ws.Reordered(s, plan->w_plain, plan->pd.weights_desc(), Data(w));
+  auto dst = ws.Destination(plan->y_plain, plan->pd.dst_desc(), y.data<float>());
+  plan->fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                        {DNNL_ARG_BIAS, memory(plan->pd.bias_desc(), Engine(), Data(b))},
+                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->pd.scratchpad_desc())}});
   WriteBack(s, dst, plan->y_plain, y.data<float>());
   s.wait();
   return {y};
@@ -460,6 +533,21 @@ PD_BUILD_GRAD_OP(ppmulti_onednn_conv2d_bf16_bias)
     .Outputs({paddle::Grad("X"), paddle::Grad("W"), paddle::Grad("B")})
     .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int"})
     .SetKernelFn(PD_KERNEL(OnednnConvBf16BiasBackward));
+
+std::vector<Dims> OnednnConvInferInferShape(const Dims& x, const Dims& w, const Dims&,
+                                            const std::vector<int>& strides, const std::vector<int>& paddings, int,
+                                            bool) {
+  return {OutShape(x, w, strides, paddings)};
+}
+
+// Inference only (no gradient op): conv + bias, SiLU fused with ``silu`` (InferPlan).
+PD_BUILD_OP(ppmulti_onednn_conv2d_infer)
+    .Inputs({"X", "W", "B"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "groups: int", "silu: bool"})
+    .SetKernelFn(PD_KERNEL(InferForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(OnednnConvInferInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(OnednnConvBiasInferDtype));
 
 PD_BUILD_OP(ppmulti_onednn_bf16_support)
     .Inputs({"X"})
