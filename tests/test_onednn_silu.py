@@ -246,9 +246,28 @@ def test_fused_inference_gives_the_models_eval_outputs(op, name, monkeypatch):
         assert float((a - b).abs().max()) == 0.0
 
 
-def test_fused_inference_leaves_training_and_bf16_layers_alone(op, monkeypatch):
+def test_fused_inference_gives_yolov5s_eval_outputs(op, monkeypatch):
+    """YOLOv5's fused conv+BN+SiLU layers (backbone and neck) fold the same way: eval outputs to rounding."""
+    monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
+    model = _yolov5_neck()
+    _with_running_statistics(model, seed=3)
+    swapped = ops_silu.use_onednn_silus(model)
+    ops_conv.use_onednn_convs(model)
+    model.eval()
+    x = paddle.randn([2, 3, 64, 96])
+    with paddle.no_grad():
+        want = _forward(model, x)
+        with ops_silu.fused_for_inference(model) as fused:
+            got = _forward(model, x)
+    assert fused == swapped > 20
+    for a, b in zip(got, want):
+        _close(a, b, rtol=2e-5)
+
+
+def test_fused_inference_leaves_training_and_paddle_convolutions_alone(op, monkeypatch):
     """A model in training mode inside the block computes its unfused training outputs (batch statistics), and
-    layers whose convolution is not oneDNN's float32 one (bf16, or Paddle's kernel) are not fused."""
+    layers whose convolution is not oneDNN's float32 op (here Paddle's kernel; the same check refuses bf16's)
+    are not fused."""
     from ppmulti.rank.models.ultra_model import UltraDetectionModel
 
     monkeypatch.delenv("PPMULTI_CPU_CONV", raising=False)
