@@ -65,11 +65,9 @@ Dims WeightDims(const Dims& w, int groups) {
   return {groups, w[0] / groups, w[1], w[2], w[3]};
 }
 
-// Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
-std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
-                                  const std::vector<int>& pads, int groups, bool bias, bool bf16) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<ConvPlan>> plans;
+// A convolution shape as a plan cache's key: input and weight dims, strides, paddings, groups.
+std::string ShapeKey(const Dims& x, const Dims& w, const std::vector<int>& strides, const std::vector<int>& pads,
+                     int groups) {
   std::string key;
   for (const auto& part : {x, w}) {
     for (auto v : part) key += std::to_string(v) + ",";
@@ -77,7 +75,15 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   for (const auto& part : {strides, pads}) {
     for (auto v : part) key += std::to_string(v) + ";";
   }
-  key += "g" + std::to_string(groups);
+  return key + "g" + std::to_string(groups);
+}
+
+// Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
+std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
+                                  const std::vector<int>& pads, int groups, bool bias, bool bf16) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<ConvPlan>> plans;
+  std::string key = ShapeKey(x, w, strides, pads, groups);
   if (bias) key += "b";
   if (bf16) key += "bf16";
   std::lock_guard<std::mutex> lock(mu);
@@ -238,14 +244,7 @@ std::shared_ptr<InferPlan> InferPlanFor(const Dims& x, const Dims& w, const std:
                                         const std::vector<int>& pads, int groups, bool silu) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<InferPlan>> plans;
-  std::string key;
-  for (const auto& part : {x, w}) {
-    for (auto v : part) key += std::to_string(v) + ",";
-  }
-  for (const auto& part : {strides, pads}) {
-    for (auto v : part) key += std::to_string(v) + ";";
-  }
-  key += "g" + std::to_string(groups) + (silu ? "s" : "");
+  const std::string key = ShapeKey(x, w, strides, pads, groups) + (silu ? "s" : "");
   std::lock_guard<std::mutex> lock(mu);
   auto found = plans.find(key);
   if (found != plans.end()) return found->second;
