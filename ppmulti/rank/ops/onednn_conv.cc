@@ -17,6 +17,9 @@
 // training step); oneDNN's kernel is vectorised and threaded, about 3x faster where fresh output pages do
 // not dominate. It lives here so that one build and one loaded library serve both ops;
 // ppmulti/rank/ops/silu.py decides where it runs.
+//
+// And ppmulti_onednn_conv2d_infer, for evaluation only (no gradient): a convolution with a bias and optionally
+// SiLU as a oneDNN post-op, what a conv+BN+SiLU layer becomes once silu.py folds BatchNorm into its weights.
 
 #include <algorithm>
 #include <memory>
