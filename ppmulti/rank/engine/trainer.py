@@ -160,6 +160,7 @@ class Trainer:
         self.last_metrics: dict | None = None   # the last evaluation's (EvaluationHook)
         self.class_maps: list[float] | None = None   # the last evaluation's mAP50-95 per class (EvaluationHook)
         self.ema = None              # EMAHook's ModelEMA when the config uses EMA
+        self._ema_applied = None     # (that EMA, its step, its apply()): inference_weights' one apply a step
         self.checkpoints = ckpt.BackgroundWriter()   # the checkpoint hook's epoch saves, written while training goes on
         self._add(*hooks)
 
@@ -354,7 +355,7 @@ class Trainer:
         per epoch, as its trainer applies once per snapshot epoch, not one per caller)."""
         if self.ema is None:
             return self.model.state_dict()
-        applied = getattr(self, "_ema_applied", None)
+        applied = self._ema_applied
         if applied is None or applied[0] is not self.ema or applied[1] != self.ema.step:
             weights = self.ema.apply()   # may restart the average (cycle_epoch): the step is noted after it
             applied = self._ema_applied = (self.ema, self.ema.step, weights)

@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -81,6 +82,13 @@ std::string ShapeKey(const Dims& x, const Dims& w, const std::vector<int>& strid
   return key + "g" + std::to_string(groups);
 }
 
+// The layouts of Paddle's tensors for a convolution: input, weight (grouped when groups > 1) and output.
+std::tuple<memory::desc, memory::desc, memory::desc> PlainLayouts(const Dims& x, const Dims& wd, const Dims& y,
+                                                                  int groups) {
+  return {memory::desc(x, DType::f32, Tag::nchw), memory::desc(wd, DType::f32, groups == 1 ? Tag::oihw : Tag::goihw),
+          memory::desc(y, DType::f32, Tag::nchw)};
+}
+
 // Building primitives costs milliseconds; a training run meets a few dozen shapes, so keep them all.
 std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vector<int>& strides,
                                   const std::vector<int>& pads, int groups, bool bias, bool bf16) {
@@ -130,9 +138,7 @@ std::shared_ptr<ConvPlan> PlanFor(const Dims& x, const Dims& w, const std::vecto
   plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
   plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
   plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
-  plan->x_plain = memory::desc(x, DType::f32, Tag::nchw);
-  plan->w_plain = memory::desc(wd, DType::f32, groups == 1 ? Tag::oihw : Tag::goihw);
-  plan->y_plain = memory::desc(y, DType::f32, Tag::nchw);
+  std::tie(plan->x_plain, plan->w_plain, plan->y_plain) = PlainLayouts(x, wd, y, groups);
   plans.emplace(key, plan);
   return plan;
 }
@@ -238,7 +244,7 @@ std::shared_ptr<SiluPlan> SiluPlanFor(const Dims& shape) {
 // with ``silu``, SiLU applied by the convolution as a oneDNN post-op, so a conv+BN+SiLU layer is one primitive
 // and one pass over its output. No backward: evaluation and prediction run without gradients.
 struct InferPlan {
-  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
   memory::desc x_plain, w_plain, y_plain;
 };
@@ -262,20 +268,38 @@ std::shared_ptr<InferPlan> InferPlanFor(const Dims& x, const Dims& w, const std:
     attr.set_post_ops(ops);
   }
   auto plan = std::make_shared<InferPlan>();
-  plan->pd = dnnl::convolution_forward::primitive_desc(
+  plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
       Engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       memory::desc(x, DType::f32, Tag::any), memory::desc(wd, DType::f32, Tag::any),
       memory::desc({w[0]}, DType::f32, Tag::x), memory::desc(y, DType::f32, Tag::any),
       memory::dims{strides[0], strides[1]}, memory::dims{pads[0], pads[1]}, memory::dims{pads[0], pads[1]}, attr);
-  plan->fwd = dnnl::convolution_forward(plan->pd);
-  plan->x_plain = memory::desc(x, DType::f32, Tag::nchw);
-  plan->w_plain = memory::desc(wd, DType::f32, groups == 1 ? Tag::oihw : Tag::goihw);
-  plan->y_plain = memory::desc(y, DType::f32, Tag::nchw);
+  plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
+  std::tie(plan->x_plain, plan->w_plain, plan->y_plain) = PlainLayouts(x, wd, y, groups);
   plans.emplace(key, plan);
   return plan;
 }
 
 }  // namespace
+
+// One forward pass through a plan's convolution (ConvPlan's for training, InferPlan's for inference), Paddle's
+// plain tensors reordered to the primitive's layouts and back; ``b``: the bias, or nullptr.
+template <typename Plan>
+paddle::Tensor Convolve(const Plan& plan, const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor* b,
+                        const std::vector<int>& strides, const std::vector<int>& paddings) {
+  auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
+  dnnl::stream s(Engine());
+  Workspace ws(x.place());
+  auto src = ws.Reordered(s, plan.x_plain, plan.fwd_pd.src_desc(), Data(x));
+  auto wei = ws.Reordered(s, plan.w_plain, plan.fwd_pd.weights_desc(), Data(w));
+  auto dst = ws.Destination(plan.y_plain, plan.fwd_pd.dst_desc(), y.data<float>());
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                                       {DNNL_ARG_SCRATCHPAD, ws.Make(plan.fwd_pd.scratchpad_desc())}};
+  if (b != nullptr) args.emplace(DNNL_ARG_BIAS, memory(plan.fwd_pd.bias_desc(), Engine(), Data(*b)));
+  plan.fwd.execute(s, args);
+  WriteBack(s, dst, plan.y_plain, y.data<float>());
+  s.wait();
+  return y;
+}
 
 // ``b``: the bias, or nullptr for a convolution without one.
 static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor* b,
@@ -286,20 +310,8 @@ static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle
   if (b != nullptr) CheckDense(*b, "bias");
   PD_CHECK(groups >= 1 && x.shape()[1] == w.shape()[1] * groups && w.shape()[0] % groups == 0,
            "ppmulti_onednn_conv2d: the input's channels, the weight's and groups disagree");
-  auto plan = PlanFor(x.shape(), w.shape(), strides, paddings, groups, b != nullptr, bf16);
-  auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
-  dnnl::stream s(Engine());
-  Workspace ws(x.place());
-  auto src = ws.Reordered(s, plan->x_plain, plan->fwd_pd.src_desc(), Data(x));
-  auto wei = ws.Reordered(s, plan->w_plain, plan->fwd_pd.weights_desc(), Data(w));
-  auto dst = ws.Destination(plan->y_plain, plan->fwd_pd.dst_desc(), y.data<float>());
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
-                                       {DNNL_ARG_SCRATCHPAD, ws.Make(plan->fwd_pd.scratchpad_desc())}};
-  if (b != nullptr) args.emplace(DNNL_ARG_BIAS, memory(plan->fwd_pd.bias_desc(), Engine(), Data(*b)));
-  plan->fwd.execute(s, args);
-  WriteBack(s, dst, plan->y_plain, y.data<float>());
-  s.wait();
-  return {y};
+  return {Convolve(*PlanFor(x.shape(), w.shape(), strides, paddings, groups, b != nullptr, bf16), x, w, b,
+                   strides, paddings)};
 }
 
 static std::vector<paddle::Tensor> InferForward(const paddle::Tensor& x, const paddle::Tensor& w,
@@ -312,19 +324,8 @@ static std::vector<paddle::Tensor> InferForward(const paddle::Tensor& x, const p
   PD_CHECK(groups >= 1 && x.shape()[1] == w.shape()[1] * groups && w.shape()[0] % groups == 0,
            op, ": the input's channels, the weight's and groups disagree");
   PD_CHECK(b.shape() == Dims{w.shape()[0]}, op, ": the bias needs one value per output channel");
-  auto plan = InferPlanFor(x.shape(), w.shape(), strides, paddings, groups, silu);
-  auto y = paddle::empty(OutShape(x.shape(), w.shape(), strides, paddings), x.dtype(), x.place());
-  dnnl::stream s(Engine());
-  Workspace ws(x.place());
-  auto src = ws.Reordered(s, plan->x_plain, plan->pd.src_desc(), Data(x));
-  auto wei = ws.Reordered(s, plan->w_plain, plan->pd.weights_desc(), Data(w));
-  auto dst = ws.Destination(plan->y_plain, plan->pd.dst_desc(), y.data<float>());
-  plan->fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
-                        {DNNL_ARG_BIAS, memory(plan->pd.bias_desc(), Engine(), Data(b))},
-                        {DNNL_ARG_SCRATCHPAD, ws.Make(plan->pd.scratchpad_desc())}});
-  WriteBack(s, dst, plan->y_plain, y.data<float>());
-  s.wait();
-  return {y};
+  return {Convolve(*InferPlanFor(x.shape(), w.shape(), strides, paddings, groups, silu), x, w, &b, strides,
+                   paddings)};
 }
 
 // Returns {dx, dw} without a bias, {dx, dw, db} with one.
