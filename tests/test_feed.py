@@ -119,6 +119,38 @@ def test_a_fresh_iterator_per_epoch_forks_new_workers_the_feed_does_not():
     feed.close()
 
 
+class _InOrder:
+    """An evaluation's batch sampler: the same order every pass, no set_epoch."""
+
+    def __iter__(self):
+        yield from ([i, i + 1] for i in range(0, N, 2))
+
+    def __len__(self):
+        return N // 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_evaluations_are_whole_passes_from_workers_forked_once(workers):
+    """data.feed.Passes (the evaluator's): each pass is the whole set in order, every pass from the same worker
+    processes, none left after close() and none of the batches they made ahead for a fourth pass in /dev/shm."""
+    from ppmulti.rank.data.feed import Passes
+
+    before = _children()
+    passes = Passes(_Reader(_InOrder(), workers))
+    seen = [[([int(v) for v in b["index"].numpy().ravel()], int(b["pid"].numpy()[0, 0])) for b in passes.next()]
+            for _ in range(3)]
+    forked = _children() - before
+    passes.close()
+    assert [[r[0] for r in rows] for rows in seen] == [list(_InOrder())] * 3
+    pids = {r[1] for rows in seen for r in rows}
+    if workers:
+        assert os.getpid() not in pids and len(pids) <= workers and len(forked) == workers
+    else:
+        assert pids == {os.getpid()} and forked == set()
+    assert _children() - before == set()
+    assert [n for n in os.listdir("/dev/shm") if n.split("_")[:2] in (["paddle", str(p)] for p in forked)] == []
+
+
 def test_a_resumed_epoch_starts_at_its_step_and_goes_on_to_the_next():
     feed = Feed(_Reader(_Shuffle(), 1))
     rows = _epoch(feed, 1, skip=3)

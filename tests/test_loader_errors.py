@@ -1,5 +1,5 @@
-"""A reader without workers (worker_num: 0) whose transform raises: the error reaches the trainer, with one line
-naming the image, instead of the rank waiting forever on Paddle's single-process queue."""
+"""A reader without workers (worker_num: 0) whose transform raises: the error reaches the trainer (or the
+evaluation), with one line naming the image, instead of the rank waiting forever on Paddle's single-process queue."""
 
 from __future__ import annotations
 
@@ -105,9 +105,12 @@ def test_without_workers_the_batches_are_the_dataloaders(tmp_path):
 
 @pytest.mark.timeout(120, method="thread")
 def test_an_evaluations_pass_without_workers_raises_too(tmp_path):
-    from ppmulti.rank.data.feed import reader_batches
+    from ppmulti.rank.data.feed import Passes
 
-    reader = _Reader(_Images(_images(tmp_path, 4, bad=2)), _Batches(4, False))
+    before = set(threading.enumerate())
+    passes = Passes(_Reader(_Images(_images(tmp_path, 4, bad=2)), _Batches(4, False)))
     with pytest.raises(Exception, match="'bytes' object has no attribute 'shape'"):
-        for _ in reader_batches(reader):
+        for _ in passes.next():
             pass
+    passes.close()
+    assert not [t for t in threading.enumerate() if t.name == "ppmulti-batches" and t not in before]

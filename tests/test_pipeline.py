@@ -43,7 +43,7 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
 
     from ppmulti.common.train_flags import build_parser
     from ppmulti.rank import config as config_mod
-    from ppmulti.rank.data.feed import reader_batches
+    from ppmulti.rank.data.feed import Feed
     from ppmulti.rank.entry import resolve
     from ppmulti.rank.yolo_config import apply_edit
 
@@ -63,10 +63,10 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
     np.random.seed(seed)
     # the trainer's way through a reader without workers (data.feed): one thread, stopped and joined by close(),
     # so that no batch of this call is drawn from the global generators after the next call has seeded them
-    batches = reader_batches(create("TrainReader")(create("TrainDataset")(), 0))
+    feed = Feed(create("TrainReader")(create("TrainDataset")(), 0))
     out = []
     try:
-        for i, data in enumerate(batches):
+        for i, data in feed.epoch(0):
             if i >= n_batches:
                 break
             if raw is not None:
@@ -75,7 +75,7 @@ def _batches(data_yaml, old: bool, n_batches: int, img: int = 320, seed: int = 0
             mask = data["pad_gt_mask"].numpy()[..., 0] > 0
             out.append((data["image"].numpy(), data["gt_bbox"].numpy(), mask))
     finally:
-        batches.close()
+        feed.close()
     return out
 
 

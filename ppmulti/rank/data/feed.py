@@ -1,4 +1,5 @@
-"""The training batches of a whole run from one loader iterator, so loader workers start once per run, not per epoch.
+"""A run's batches from one loader iterator, so loader workers start once per run, not per epoch (``Feed``: the
+training epochs; ``Passes``: the evaluations).
 
 Paddle's DataLoader forks its workers every time it is iterated, and ppmulti iterates a fresh one each epoch
 (so every rank shuffles by the same epoch, see ``compat.epoch_batches``). That costs every epoch a fork of the
@@ -257,16 +258,6 @@ def batches_of(dataloader: Any) -> Any:
     return iter(dataloader)
 
 
-def reader_batches(reader: Any) -> Any:
-    """One pass over a ppdet reader (an evaluation's): through ``ThreadBatches`` when it has no workers, so that a
-    transform that raises reaches the caller; the reader itself otherwise, or when it is not a ppdet reader."""
-    made = getattr(reader, "dataloader", None)
-    sampler = compat.batch_sampler(reader)
-    if made is None or sampler is None or getattr(made, "num_workers", 1) != 0:
-        return reader
-    return batches_of(compat.loader_like(reader, made.dataset, sampler))
-
-
 class Feed:
     """A trainer's batches, epoch by epoch: ``for step, batch in feed.epoch(e, skip, end)`` yields epoch
     ``e``'s steps from ``skip`` on. One loader iterator serves consecutive epochs up to ``end`` (the run's
@@ -328,3 +319,27 @@ class Feed:
             batches.close()
         elif batches is not None:
             compat.close_batches(batches)
+
+
+class Passes:
+    """Whole passes over a reader, one after another (a run's evaluations), all from one ``Feed`` iterator: its
+    workers are forked once, at the first pass, and make the next pass's first batches ahead. Iterated afresh each
+    time, ppdet's reader makes its next iterator as soon as one ends, so every evaluation forked workers that then
+    lived through the next training epoch, while each page the trainer wrote was copied once more (copy-on-write):
+    on a 2-core machine 0.5 s of an 8 s YOLO26n epoch in system time. Without workers the batches come from the
+    Feed's thread, whose errors reach the caller (Paddle's own thread would hang)."""
+
+    AHEAD = 1 << 20   # passes one iterator is made for; a run that asks for more starts another
+
+    def __init__(self, reader: Any):
+        self.feed = Feed(reader)
+        self.done = 0
+
+    def next(self) -> Iterator[Any]:
+        """The next pass's batches (to the Feed, pass k is epoch k)."""
+        number, self.done = self.done, self.done + 1
+        return (batch for _, batch in self.feed.epoch(number, 0, number + self.AHEAD))
+
+    def close(self) -> None:
+        """Stop the workers and drop the batches made ahead."""
+        self.feed.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ppmulti.rank import dist
+from ppmulti.rank.data.feed import Passes
 
 log = logging.getLogger("ppmulti")
 PREDICTIONS = "bbox.json"   # PaddleDetection's name for the detections in COCO form
@@ -109,6 +110,7 @@ class CocoEvaluator:
         batch_sampler = paddle.io.BatchSampler(sampler=sampler, batch_size=batch, drop_last=False)
         with prints_to_log():   # ppdet's reader parses the annotations again
             self.loader = create("EvalReader")(self.dataset, worker_num, batch_sampler)
+        self.passes = Passes(self.loader)   # every evaluation of a run from one loader iterator (data.feed)
         self.catid2clsid = self._class_ids()   # the annotation's category id -> the model's class id
         self.clsid2catid = {v: k for k, v in self.catid2clsid.items()}
         self._coco_gt = None
@@ -133,7 +135,6 @@ class CocoEvaluator:
         images = 0
         tic = time.time()
         from ppmulti.rank import heartbeat
-        from ppmulti.rank.data.feed import reader_batches
         from ppmulti.rank.engine.progress import track
 
         from ppmulti.rank.engine.val_loss import ValLoss
@@ -145,7 +146,7 @@ class CocoEvaluator:
         # CPU: each conv+BN+SiLU layer as one oneDNN convolution for this pass (ops.silu)
         with paddle.no_grad(), val_loss or contextlib.nullcontext(), fused_for_inference(model):
             # without workers: ppmulti's thread, whose errors reach here (Paddle's own would hang, data.feed)
-            for data in track(reader_batches(self.loader), "eval", total=len(self.loader)):  # a bar on rank 0
+            for data in track(self.passes.next(), "eval", total=len(self.loader)):  # a bar on rank 0
                 heartbeat.beat("evaluation")   # per batch: a long evaluation is moving, not hung
                 outs = model(data)
                 if val_loss is not None:
@@ -158,6 +159,10 @@ class CocoEvaluator:
                 detections.extend(get_infer_results(outs_np, self.clsid2catid).get("bbox", []))
         self.val_loss_state = None if val_loss is None else val_loss.state()
         return detections, images, time.time() - tic
+
+    def close(self) -> None:
+        """Stop the loader's workers (and the batches they made ahead for the next evaluation)."""
+        self.passes.close()
 
     def evaluate(self, model) -> EvalResult:
         """Score ``model`` on the whole eval set; every rank returns the same result."""

@@ -113,7 +113,10 @@ def evaluate(config: str, overrides: list[str], weights: str | None, save_json: 
     # YOLOv5 val.py's table: every class's row under 50 classes or with --verbose, else the 'all' row
     evaluator.table = "classes" if verbose or len(evaluator.catid2clsid) < 50 else "all"
     evaluator.keep_batches = 3 if outputs is not None and outputs.plots else 0   # val_batch0-2_*.jpg
-    result = evaluator.evaluate(model).as_dict()
+    try:
+        result = evaluator.evaluate(model).as_dict()
+    finally:
+        evaluator.close()
     if save_json and dist.is_main():
         atomic_write_text(save_json, json.dumps(result, indent=2) + "\n")
     if outputs is not None and dist.is_main():

@@ -44,6 +44,11 @@ class EvaluationHook(Hook):
 
             _say(diag.table(per_class=len(diag.names) > 1))
 
+    def close(self, trainer) -> None:
+        """However the run ends, the eval loader's workers end with it."""
+        if self.evaluator is not None:
+            self.evaluator.close()
+
     def evaluate(self, trainer):
         """Score the inference weights (EMA's when on) and put the trained weights back; rank 0 prints YOLOv5's
         table as ``self.table`` asks (CocoEvaluator.table)."""
