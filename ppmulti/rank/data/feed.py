@@ -333,11 +333,11 @@ class Passes:
 
     def __init__(self, reader: Any):
         self.feed = Feed(reader)
-        self.done = 0
+        self.begun = 0   # passes asked for so far
 
     def next(self) -> Iterator[Any]:
         """The next pass's batches (to the Feed, pass k is epoch k)."""
-        number, self.done = self.done, self.done + 1
+        number, self.begun = self.begun, self.begun + 1
         return (batch for _, batch in self.feed.epoch(number, 0, number + self.AHEAD))
 
     def close(self) -> None:

@@ -279,8 +279,6 @@ std::shared_ptr<InferPlan> InferPlanFor(const Dims& x, const Dims& w, const std:
   return plan;
 }
 
-}  // namespace
-
 // One forward pass through a plan's convolution (ConvPlan's for training, InferPlan's for inference), Paddle's
 // plain tensors reordered to the primitive's layouts and back; ``b``: the bias, or nullptr.
 template <typename Plan>
@@ -300,6 +298,8 @@ paddle::Tensor Convolve(const Plan& plan, const paddle::Tensor& x, const paddle:
   s.wait();
   return y;
 }
+
+}  // namespace
 
 // ``b``: the bias, or nullptr for a convolution without one.
 static std::vector<paddle::Tensor> Forward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor* b,
